@@ -1,0 +1,1 @@
+"""The `kvdeck` command: CLI, process start/stop, HTTP server, model store."""

@@ -1,0 +1,115 @@
+"""`kvdeck` entry point.
+
+`kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
+server; subcommands (pull, models, rm, quantize, eval-ppl, bench) are provided by
+the modules listed in SUBCOMMAND_MODULES, each exposing
+`COMMANDS: dict[name, (help, add_arguments(parser), run(args) -> int)]`.
+"""
+
+import argparse
+import importlib
+import sys
+from dataclasses import MISSING, fields
+
+from engine.config import EngineConfig
+
+SUBCOMMAND_MODULES = ("app.model_commands", "quant.cli", "app.bench")
+# Options that are not engine knobs on the command line.
+_HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, in kebab case (vLLM's names)."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None, help="model directory or hub id (default: demo)")
+    for f in fields(EngineConfig):
+        if f.name in _HIDDEN_ENGINE_FIELDS:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        if isinstance(default, bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"(default: {default})")
+            continue
+        kind = _flag_type(f.type)
+        group.add_argument(flag, type=kind, default=None, help=f"(default: {default})")
+
+
+def _flag_type(annotation: object) -> type:
+    text = str(annotation)
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The engine options the user actually set (others keep EngineConfig's defaults)."""
+    kwargs: dict[str, object] = {}
+    for f in fields(EngineConfig):
+        if f.name in _HIDDEN_ENGINE_FIELDS:
+            continue
+        value = getattr(args, f.name, None)
+        if value is not None:
+            kwargs[f.name] = value
+    return kwargs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kvdeck",
+        description="Local LLM engine with a live view of its paged KV cache.",
+    )
+    parser.add_argument("--serve", action="store_true", help="run the OpenAI-compatible server")
+    add_engine_arguments(parser)
+    serve = parser.add_argument_group("server (with --serve)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require this bearer token")
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--max-queue-len", type=int, default=256,
+                       help="waiting requests accepted before answering 429")
+    serve.add_argument("--allow-insecure-bind", action="store_true",
+                       help="allow a non-loopback --host without --api-key")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    handlers = {}
+    for module_name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name != module_name:
+                raise
+            continue
+        for name, (help_text, add_arguments, run) in module.COMMANDS.items():
+            sub = subparsers.add_parser(name, help=help_text, description=help_text)
+            add_arguments(sub)
+            handlers[name] = run
+    parser.set_defaults(_handlers=handlers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command:
+            return int(args._handlers[args.command](args) or 0)
+        engine_kwargs = engine_kwargs_from_args(args)
+        EngineConfig.from_kwargs(args.model, **engine_kwargs)  # fail fast on bad flags
+        if args.serve:
+            from app.serve import run_server
+
+            return run_server(args, engine_kwargs)
+        from tui.app import run_tui
+
+        return run_tui(args.model, engine_kwargs)
+    except ValueError as exc:
+        print(f"kvdeck: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

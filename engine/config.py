@@ -1,0 +1,113 @@
+"""Engine configuration: vLLM's knob names, validated with errors that name the field."""
+
+from dataclasses import dataclass, fields
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+}
+QUANTIZATIONS = ("awq", "bnb-nf4")
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # local directory or hub id; None means the bundled demo model
+    tokenizer: str | None = None
+    block_size: int = 16
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: 8192 on CUDA, 2048 on CPU
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_gib: float = 1.0  # KV pool size where no GPU is profiled
+    num_gpu_blocks_override: int | None = None  # fix the pool size (tests, debugging)
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
+    seed: int = 0
+    load_format: str = "auto"  # auto | dummy
+    quantization: str | None = None  # awq | bnb-nf4 | None (detected from config.json)
+    device: str = "auto"  # auto | cuda | cpu
+    attention_backend: str = "auto"  # auto | triton | torch
+    enforce_eager: bool = False  # no CUDA graphs
+    trust_remote_code: bool = False  # refused: kvdeck runs only its own model code
+    allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _positive_int("block_size", self.block_size)
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}")
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_num_batched_tokens is not None:
+            _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if not isinstance(self.gpu_memory_utilization, int | float) or not (
+            0.0 < self.gpu_memory_utilization <= 1.0
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if not isinstance(self.kv_cache_memory_gib, int | float) or self.kv_cache_memory_gib <= 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
+        if self.num_gpu_blocks_override is not None:
+            _positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override)
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.load_format not in ("auto", "dummy"):
+            raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}"
+            )
+        if self.device not in ("auto", "cuda", "cpu"):
+            raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
+        if self.attention_backend not in ("auto", "triton", "torch"):
+            raise ValueError(
+                f"attention_backend must be 'auto', 'triton' or 'torch', got {self.attention_backend!r}"
+            )
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.trust_remote_code:
+            raise ValueError(
+                "trust_remote_code is not supported: kvdeck runs only its own model implementations"
+            )
+
+    @property
+    def torch_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    @property
+    def batched_token_budget(self) -> int:
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 8192 if self.torch_device.type == "cuda" else 2048
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_kwargs(cls, model: str | None, **kwargs: object) -> "EngineConfig":
+        unknown = sorted(set(kwargs) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(model=model, **kwargs)  # type: ignore[arg-type]
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -1,0 +1,71 @@
+"""The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
+
+from engine.config import EngineConfig
+from engine.llm_engine import LLMEngine
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
+
+
+class LLM:
+    def __init__(self, model: str | None = None, **config: object) -> None:
+        self.engine = LLMEngine(EngineConfig.from_kwargs(model, **config))
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def generate(
+        self,
+        prompts: str | list[int] | list[str] | list[list[int]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Run every prompt to completion with continuous batching; outputs in prompt order."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        if not isinstance(prompts, list) or not prompts:
+            raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of those")
+        params = self._params_per_prompt(sampling_params, len(prompts))
+        return self._run([lambda i=i: self.engine.add_request(None, prompts[i], params[i])
+                          for i in range(len(prompts))])
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """One conversation (a list of messages) or several; the chat template is applied."""
+        conversations = messages if messages and isinstance(messages[0], list) else [messages]
+        params = self._params_per_prompt(sampling_params, len(conversations))
+        return self._run([lambda i=i: self.engine.add_chat_request(None, conversations[i], params[i])
+                          for i in range(len(conversations))])
+
+    @staticmethod
+    def _params_per_prompt(params, count: int) -> list[SamplingParams]:
+        if params is None:
+            return [SamplingParams()] * count
+        if isinstance(params, SamplingParams):
+            return [params] * count
+        if len(params) != count:
+            raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+        return list(params)
+
+    def _run(self, adders) -> list[RequestOutput]:
+        request_ids: list[str] = []
+        try:
+            for add in adders:
+                request_ids.append(add())
+            finished: dict[str, RequestOutput] = {}
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    if output.finished:
+                        finished[output.request_id] = output
+        except BaseException:
+            # Bad input or an interrupt: leave nothing queued behind.
+            self.engine.abort_request(request_ids)
+            raise
+        return [finished[rid] for rid in request_ids]

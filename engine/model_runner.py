@@ -1,0 +1,208 @@
+"""Owns the model and the KV pool; turns a scheduled batch into one forward pass.
+
+The batch is packed flat (varlen): all scheduled tokens of all requests in one row,
+with query start offsets, context lengths, block tables and a slot per new token.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from engine.config import DTYPES, EngineConfig
+from engine.loader import init_dummy_weights, load_weights
+from engine.model_config import ModelConfig
+from engine.models import model_class_for
+from engine.models.layers import AttentionMetadata, PagedAttention
+from engine.models.linear import get_linear_method
+from engine.request import Request
+from engine.sampler import SampleResult, Sampler
+from engine.scheduler import ScheduledBatch
+from kernels import select_ops
+
+logger = logging.getLogger(__name__)
+ProgressCallback = Callable[[str, str], None]
+
+
+def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> torch.dtype:
+    if config.dtype != "auto":
+        return DTYPES[config.dtype]
+    if device.type != "cuda":
+        return torch.float32
+    if model_config.checkpoint_dtype == torch.float32:
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return model_config.checkpoint_dtype
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        model_dir,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        progress = progress or (lambda stage, message: None)
+        self.config = config
+        self.model_config = model_config
+        self.device = config.torch_device
+        self.dtype = resolve_dtype(config, model_config, self.device)
+        self.block_size = config.block_size
+        self.ops = select_ops(config.attention_backend, self.device)
+        progress("loading", f"loading weights from {model_dir}")
+        self.model = self._build_model(model_dir)
+        self.sampler = Sampler(self.device, config.seed)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.num_blocks = 0
+        self.k_caches: list[torch.Tensor] = []
+        self.v_caches: list[torch.Tensor] = []
+
+    def _build_model(self, model_dir) -> torch.nn.Module:
+        cls = model_class_for(self.model_config.architecture)
+        linear_method = get_linear_method(self.config.quantization, self.model_config.quantization_config)
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.model_config, self.ops, linear_method, self.dtype)
+        finally:
+            torch.set_default_dtype(previous_dtype)
+        if self.config.load_format == "dummy":
+            init_dummy_weights(model, self.config.seed)
+        else:
+            load_weights(model, model_dir, self.config.allow_pickle)
+        return model.eval()
+
+    # ---- the KV pool -------------------------------------------------------------
+    @property
+    def bytes_per_block(self) -> int:
+        cfg = self.model_config
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * element
+
+    def determine_num_blocks(self, progress: ProgressCallback | None = None) -> int:
+        if self.config.num_gpu_blocks_override is not None:
+            return self.config.num_gpu_blocks_override
+        if self.device.type != "cuda":
+            return int(self.config.kv_cache_memory_gib * 2**30) // self.bytes_per_block
+        if progress:
+            progress("profiling", "profiling peak memory with a full-size batch")
+        return self._profile_num_gpu_blocks()
+
+    def _profile_num_gpu_blocks(self) -> int:
+        budget = self.config.batched_token_budget
+        seq_len = min(budget, self.config.max_model_len or budget)
+        num_seqs = max(1, budget // seq_len)
+        scratch_blocks = num_seqs * -(-seq_len // self.block_size)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.allocate_kv_cache(scratch_blocks)
+        scratch_bytes = scratch_blocks * self.bytes_per_block
+        self._dummy_forward(num_seqs, seq_len)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        self.release_kv_cache()
+        free, total = torch.cuda.mem_get_info()
+        # Memory held outside torch's allocator (other processes, CUDA context) also counts.
+        non_torch = total - free - torch.cuda.memory_reserved()
+        available = total * self.config.gpu_memory_utilization - (peak - scratch_bytes) - non_torch
+        num_blocks = int(available // self.bytes_per_block)
+        if num_blocks <= 0:
+            raise ValueError(
+                "no GPU memory left for the KV cache after loading the model; raise "
+                "gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        return num_blocks
+
+    @torch.inference_mode()
+    def _dummy_forward(self, num_seqs: int, seq_len: int) -> None:
+        tokens = num_seqs * seq_len
+        blocks_per_seq = -(-seq_len // self.block_size)
+        tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=self.device)
+        tables = tables.view(num_seqs, blocks_per_seq)
+        positions = torch.arange(seq_len, device=self.device).repeat(num_seqs)
+        slots = (tables.long()[:, :, None] * self.block_size
+                 + torch.arange(self.block_size, device=self.device)).view(num_seqs, -1)[:, :seq_len]
+        meta = AttentionMetadata(
+            slot_mapping=slots.reshape(-1),
+            block_tables=tables,
+            query_start_loc=torch.arange(0, tokens + 1, seq_len, dtype=torch.int32, device=self.device),
+            seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=self.device),
+            max_query_len=seq_len,
+            max_seq_len=seq_len,
+        )
+        input_ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, positions, meta)
+        self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        cfg = self.model_config
+        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.attention_layers]
+        self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.attention_layers]
+        for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
+            layer.k_cache, layer.v_cache = k, v
+        self.num_blocks = num_blocks
+
+    def release_kv_cache(self) -> None:
+        for layer in self.attention_layers:
+            layer.k_cache = layer.v_cache = torch.empty(0)
+        self.k_caches, self.v_caches = [], []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    # ---- one step ------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:
+        """Run the batch; a result for each request that reached the end of its tokens."""
+        started = time.perf_counter()
+        input_ids, positions, slots = [], [], []
+        query_start_loc, seq_lens, tables = [0], [], []
+        sample_rows: list[int] = []
+        sample_requests: list[Request] = []
+        sample_batch_index: list[int] = []
+        bs = self.block_size
+        for request, num_new in zip(batch.requests, batch.num_new_tokens):
+            start = request.num_computed_tokens
+            end = start + num_new
+            table = request.block_table
+            if num_new == 1:
+                input_ids.append(request.token_id_at(start))
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                input_ids.extend(request.all_token_ids[start:end])
+                positions.extend(range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_start_loc.append(query_start_loc[-1] + num_new)
+            seq_lens.append(end)
+            tables.append(table)
+            if end == request.num_tokens:
+                sample_rows.append(len(input_ids) - 1)
+                sample_requests.append(request)
+                sample_batch_index.append(len(seq_lens) - 1)
+        width = max(len(t) for t in tables)
+        padded_tables = [t + [0] * (width - len(t)) for t in tables]
+        device = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
+            block_tables=torch.tensor(padded_tables, dtype=torch.int32).to(device, non_blocking=True),
+            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32).to(device, non_blocking=True),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
+            torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
+            meta,
+        )
+        results: list[SampleResult | None] = [None] * len(batch.requests)
+        if sample_requests:
+            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=device)])
+            sampled = self.sampler.sample(logits, sample_requests)
+            for i, result in zip(sample_batch_index, sampled):
+                results[i] = result
+        self.last_step_duration = time.perf_counter() - started
+        return results

@@ -1,0 +1,57 @@
+"""What the engine hands back: vLLM-shaped request outputs."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestMetrics:
+    """Wall-clock timestamps (time.time()) of one request's life."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+    @property
+    def time_to_first_token(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def queue_time(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+
+@dataclass(slots=True)
+class Logprob:
+    token_id: int
+    logprob: float
+    decoded: str | None = None
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    logprobs: list[dict[int, Logprob]] | None = None
+    stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics
+    # Streaming: the text and token ids that arrived since the previous output.
+    delta_text: str = ""
+    delta_token_ids: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0

@@ -1,0 +1,54 @@
+"""One place that decides which implementation of each op the engine runs."""
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kernels.activation import silu_and_mul_torch
+from kernels.attention import paged_attention_torch
+from kernels.kv_cache import write_kv_cache_torch
+from kernels.rmsnorm import rms_norm_torch
+from kernels.rope import apply_rope_torch
+
+BACKENDS = ("auto", "triton", "torch")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    name: str
+    paged_attention: Callable
+    write_kv_cache: Callable
+    rms_norm: Callable
+    apply_rope: Callable
+    silu_and_mul: Callable
+
+
+TORCH_OPS = KernelOps(
+    name="torch",
+    paged_attention=paged_attention_torch,
+    write_kv_cache=write_kv_cache_torch,
+    rms_norm=rms_norm_torch,
+    apply_rope=apply_rope_torch,
+    silu_and_mul=silu_and_mul_torch,
+)
+
+
+def triton_interpreter_enabled() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def select_ops(backend: str, device: torch.device) -> KernelOps:
+    """`auto`: Triton on CUDA, torch elsewhere. `triton` anywhere (CPU needs TRITON_INTERPRET=1)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return TORCH_OPS
+    if device.type != "cuda" and not triton_interpreter_enabled():
+        raise ValueError(
+            "attention_backend='triton' on CPU needs TRITON_INTERPRET=1 set before kvdeck starts"
+        )
+    from kernels.triton_ops import TRITON_OPS
+
+    return TRITON_OPS

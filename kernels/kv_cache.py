@@ -1,0 +1,25 @@
+"""Write this step's keys and values into the paged cache by slot mapping."""
+
+import torch
+
+
+def write_kv_cache_torch(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """key/value: [num_tokens, num_kv_heads, head_dim]; slot = block_id * block_size + offset.
+
+    Negative slots (padding tokens) are skipped.
+    """
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    flat_k = k_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = v_cache.view(-1, num_kv_heads, head_dim)
+    slots = slot_mapping.long()
+    if bool((slots < 0).any()):
+        keep = slots >= 0
+        slots, key, value = slots[keep], key[keep], value[keep]
+    flat_k[slots] = key.to(k_cache.dtype)
+    flat_v[slots] = value.to(v_cache.dtype)

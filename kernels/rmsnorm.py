@@ -1,0 +1,23 @@
+"""RMSNorm with an optional fused residual add."""
+
+import torch
+
+
+def rms_norm_torch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Normalise the last dim in fp32, as Hugging Face's Llama does.
+
+    With `residual`, computes `x + residual` first and returns (normed, new_residual).
+    """
+    if residual is not None:
+        x = x + residual
+        residual = x
+    dtype = x.dtype
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * x32.to(dtype)
+    return out if residual is None else (out, residual)
