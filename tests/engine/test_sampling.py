@@ -1,0 +1,108 @@
+"""Sampling: seeds, penalties, stops, logprobs, and rejection of bad parameters."""
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_llama_dir):
+    return LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)
+
+
+def _tokens(llm, prompts, params):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+def test_same_seed_same_tokens_whatever_the_batch(llm):
+    seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=12, ignore_eos=True)
+    alone = _tokens(llm, ["The quick brown fox"], seeded)[0]
+    other = SamplingParams(temperature=1.2, max_tokens=20, ignore_eos=True)
+    batch = llm.generate(
+        ["Some other prompt", "The quick brown fox", "Hi there"], [other, seeded, other]
+    )
+    assert batch[1].outputs[0].token_ids == alone
+    different = SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True)
+    assert _tokens(llm, ["The quick brown fox"], different)[0] != alone
+
+
+def test_top_k_one_is_greedy(llm):
+    greedy = _tokens(llm, ["Paged attention"], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    top1 = _tokens(llm, ["Paged attention"],
+                   SamplingParams(temperature=0.9, top_k=1, max_tokens=8, ignore_eos=True))
+    tiny_p = _tokens(llm, ["Paged attention"],
+                     SamplingParams(temperature=0.9, top_p=1e-6, max_tokens=8, ignore_eos=True))
+    assert greedy == top1 == tiny_p
+
+
+def test_repetition_and_frequency_penalties_change_output(llm):
+    base = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    plain = _tokens(llm, ["The the the"], base)[0]
+    penalised = _tokens(llm, ["The the the"], SamplingParams(
+        temperature=0, max_tokens=24, ignore_eos=True, repetition_penalty=5.0,
+        frequency_penalty=2.0, presence_penalty=2.0))[0]
+    assert penalised != plain
+    assert len(set(penalised)) >= len(set(plain))
+
+
+def test_stop_token_ids_and_min_tokens(llm):
+    free_run = _tokens(llm, ["Hello"], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))[0]
+    stop_id = free_run[3]
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                  stop_token_ids=[stop_id]))[0].outputs[0]
+    assert out.token_ids == free_run[: free_run.index(stop_id) + 1]
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    out = llm.generate(["Hello"], SamplingParams(temperature=0, max_tokens=10, ignore_eos=True,
+                                                  stop_token_ids=[stop_id], min_tokens=6))[0].outputs[0]
+    assert len(out.token_ids) >= 6 and stop_id not in out.token_ids[:5]
+
+
+def test_max_tokens_finish_reason_length(llm):
+    out = llm.generate("Hello", SamplingParams(max_tokens=5, ignore_eos=True))[0]
+    assert out.finished and out.outputs[0].finish_reason == "length"
+    assert len(out.outputs[0].token_ids) == 5
+    assert out.metrics.first_token_time >= out.metrics.arrival_time
+    assert out.metrics.finished_time >= out.metrics.first_token_time
+
+
+def test_logprobs_include_sampled_token(llm):
+    out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=4, logprobs=3,
+                                               ignore_eos=True))[0].outputs[0]
+    assert len(out.logprobs) == 4
+    for token_id, entry in zip(out.token_ids, out.logprobs):
+        assert token_id in entry and len(entry) >= 3
+        best = max(entry.values(), key=lambda lp: lp.logprob)
+        assert best.token_id == token_id  # greedy picks the most likely token
+        assert all(lp.logprob <= 0 for lp in entry.values())
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.5),
+        ("temperature", "hot"),
+        ("top_p", 1.5),
+        ("top_p", 0.0),
+        ("top_k", -2),
+        ("min_p", 2.0),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("repetition_penalty", 0.0),
+        ("max_tokens", 0),
+        ("max_tokens", -3),
+        ("min_tokens", -1),
+        ("logprobs", 50),
+        ("n", 2),
+        ("seed", 1.5),
+        ("stop", [""]),
+        ("stop_token_ids", [-1]),
+    ],
+)
+def test_invalid_parameters_rejected_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field.rstrip("s") if field == "stop_token_ids" else field):
+        SamplingParams(**{field: value})
+
+
+def test_min_tokens_above_max_tokens_rejected():
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=10, max_tokens=5)
