@@ -156,9 +156,9 @@ class EngineCoreLoop:
 class EngineCoreProcess:
     """Parent-side handle: spawns the core, feeds its input pipe, reads its output pipe.
 
-    `on_message` and `on_exit` are called from the reader thread; the caller hops to its
-    own event loop. `on_exit` is called once, after the process has ended (or at least
-    closed its end of the pipe), so the exit code is usually known by then.
+    `on_message(handle, message)` and `on_exit(handle)` are called from the reader thread;
+    the caller hops to its own event loop. `on_exit` is called once, after the process has
+    ended (or at least closed its end of the pipe), so the exit code is usually known.
     """
 
     def __init__(self, config: EngineConfig, on_message, on_exit) -> None:
@@ -211,8 +211,8 @@ class EngineCoreProcess:
 
     def stop(self, timeout: float = 5.0) -> None:
         """Ask the core to stop, then terminate, then kill; blocks until it is gone."""
-        if self._process is None:
-            return
+        if self._process is None or self._process.pid is None:
+            return  # never started
         self.send(Shutdown())
         self._outbox.put(_STOP_WRITER)
         self._process.join(timeout)
@@ -245,7 +245,7 @@ class EngineCoreProcess:
     def _read_loop(self, conn: Connection) -> None:
         try:
             while True:
-                self._on_message(conn.recv())
+                self._on_message(self, conn.recv())
         except (EOFError, OSError):
             pass
         finally:
@@ -254,7 +254,7 @@ class EngineCoreProcess:
             if self._process is not None:
                 self._process.join(2.0)  # reap it, so the exit code is known
             _LIVE_PROCESSES.discard(self)
-            self._on_exit()
+            self._on_exit(self)
 
 
 _STOP_WRITER = object()

@@ -23,7 +23,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig, progress: ProgressCallback | None = None) -> None:
         self.config = config
         self.core = EngineCore(config, progress)
-        self.tokenizer = load_tokenizer(self.core.model_dir, config.tokenizer)
+        self.tokenizer = load_tokenizer(
+            self.core.model_dir, config.tokenizer, required=config.load_format != "dummy"
+        )
         self.output_processor = OutputProcessor(self.tokenizer)
         self._ids = itertools.count()
         eos = getattr(self.tokenizer, "eos_token_id", None)

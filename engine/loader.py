@@ -27,6 +27,8 @@ def resolve_model_path(model: str | None) -> Path:
     path = Path(os.path.expanduser(model))
     if path.is_dir():
         return path
+    if path.is_file() and path.name == "config.json":
+        return path.parent  # a bare config: enough for load_format='dummy'
     if path.exists():
         raise ValueError(f"model path {model!r} is a file; give the model's directory")
     if model.count("/") != 1 or model.startswith((".", "/")):

@@ -80,7 +80,7 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
             attention_bias=bool(raw.get("attention_bias", False)),
             rope_theta=rope_theta,
             rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
-            checkpoint_dtype=DTYPES.get(str(raw.get("torch_dtype") or raw.get("dtype") or "float32").replace("torch.", ""), torch.float32),
+            checkpoint_dtype=_checkpoint_dtype(raw),
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             bos_token_id=raw.get("bos_token_id"),
             quantization_config=quant if isinstance(quant, dict) else None,
@@ -89,3 +89,8 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
     except KeyError as exc:
         where = f" in {model_dir}/config.json" if model_dir else ""
         raise ValueError(f"config.json is missing the field {exc.args[0]!r}{where}") from exc
+
+
+def _checkpoint_dtype(raw: dict) -> torch.dtype:
+    name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").replace("torch.", "")
+    return DTYPES.get(name, torch.float32)

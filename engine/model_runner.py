@@ -17,7 +17,7 @@ from engine.models import model_class_for
 from engine.models.layers import AttentionMetadata, PagedAttention
 from engine.models.linear import get_linear_method
 from engine.request import Request
-from engine.sampler import SampleResult, Sampler
+from engine.sampler import Sampler, SampleResult
 from engine.scheduler import ScheduledBatch
 from kernels import select_ops
 
@@ -139,8 +139,9 @@ class ModelRunner:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         cfg = self.model_config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.attention_layers]
-        self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in self.attention_layers]
+        layers = self.attention_layers
+        self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
+        self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
         for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
             layer.k_cache, layer.v_cache = k, v
         self.num_blocks = num_blocks

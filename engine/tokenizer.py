@@ -3,13 +3,29 @@
 from pathlib import Path
 
 
-def load_tokenizer(model_dir: Path, tokenizer: str | None = None):
+class NoTokenizer:
+    """Stands in where a model has no tokenizer (a bare config with dummy weights):
+    prompts must be token ids and outputs carry no text."""
+
+    eos_token_id = None
+    chat_template = None
+
+    def encode(self, text: str) -> list[int]:
+        raise ValueError("this model has no tokenizer; give prompts as token ids")
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return ""
+
+
+def load_tokenizer(model_dir: Path, tokenizer: str | None = None, required: bool = True):
     from transformers import AutoTokenizer
 
     source = tokenizer or str(model_dir)
     try:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=False)
     except (OSError, ValueError) as exc:
+        if not required:
+            return NoTokenizer()
         raise ValueError(f"cannot load a tokenizer from {source}: {exc}") from exc
 
 
@@ -19,7 +35,10 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> tuple[str | None, list[
         if not prompt:
             raise ValueError("prompt must not be empty")
         return prompt, tokenizer.encode(prompt)
-    if isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+    is_ids = isinstance(prompt, list | tuple) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in prompt
+    )
+    if is_ids:
         if not prompt:
             raise ValueError("prompt must not be empty")
         return None, list(prompt)

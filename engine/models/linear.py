@@ -41,7 +41,9 @@ class Linear(nn.Module):
         self.output_size = sum(output_sizes)
         self.shard_offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.method = method
-        self.bias = nn.Parameter(torch.zeros(self.output_size, dtype=dtype), requires_grad=False) if bias else None
+        self.bias = (
+            nn.Parameter(torch.zeros(self.output_size, dtype=dtype), requires_grad=False) if bias else None
+        )
         method.create_weights(self, dtype)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard_id: int | None) -> None:

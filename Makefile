@@ -1,0 +1,17 @@
+# The two commands of the README. Both set up .venv on first use.
+.PHONY: run test lint
+
+ARGS ?=
+
+run:
+	@bash scripts/bootstrap.sh
+	@.venv/bin/kvdeck $(ARGS)
+
+test:
+	@bash scripts/bootstrap.sh test
+	@.venv/bin/python -m ruff check .
+	@.venv/bin/python -m pytest -q --timeout=600
+
+lint:
+	@bash scripts/bootstrap.sh test
+	@.venv/bin/python -m ruff check .

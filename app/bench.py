@@ -1,0 +1,124 @@
+"""`kvdeck bench throughput|serve`: speed figures against a baseline in the same run."""
+
+import argparse
+import sys
+
+from app.cli import add_engine_arguments, engine_kwargs_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve}", required=True)
+    tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload")
+    add_engine_arguments(tp)
+    _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
+    tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
+    tp.add_argument("--baseline", choices=["hf", "none"], default="none",
+                    help="also run Hugging Face transformers generate on the same requests")
+    tp.add_argument("--baseline-batch-size", type=int, default=None,
+                    help="static batch size of the baseline (default: what fits)")
+    from app import bench_serve
+
+    sv = sub.add_parser("serve", help="online latency and throughput against a running server")
+    bench_serve.add_arguments(sv)
+    _add_workload_arguments(sv)
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = True) -> None:
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", default="100:1024", help="MIN:MAX prompt tokens")
+    parser.add_argument("--output-len", default="100:1024", help="MIN:MAX output tokens")
+    if with_seed:
+        parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--plot", default=None, help="draw the figures into this PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.num_prompts <= 0:
+        raise ValueError(f"--num-prompts must be positive, got {args.num_prompts}")
+    if args.bench_command == "serve":
+        from app.bench_serve import run_serve_benchmark
+
+        return run_serve_benchmark(args)
+    return run_throughput(args)
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    import torch
+
+    from app.bench_plot import plot_throughput
+    from app.bench_result import build_result, write_json_atomic
+    from app.bench_throughput import (
+        parse_range,
+        requests_from_file,
+        run_hf_baseline,
+        run_kvdeck,
+        synthetic_requests,
+    )
+    from engine import LLM
+
+    input_len = parse_range(args.input_len, "--input-len")
+    output_len = parse_range(args.output_len, "--output-len")
+    args.seed = args.seed if args.seed is not None else 0
+    engine_kwargs = engine_kwargs_from_args(args)
+    engine_kwargs.setdefault("max_model_len", input_len[1] + output_len[1])
+    llm = LLM(args.model, **engine_kwargs)
+    core = llm.engine.core
+    if args.prompts_file:
+        requests = requests_from_file(args.prompts_file, llm.get_tokenizer(), output_len,
+                                      args.seed, args.num_prompts)
+    else:
+        requests = synthetic_requests(args.num_prompts, input_len, output_len,
+                                      core.model_config.vocab_size, args.seed)
+    print(f"kvdeck: {len(requests)} requests on {core.model_dir.name} "
+          f"({core.runner.device}, {core.runner.dtype}, {core.block_manager.num_blocks} KV blocks)",
+          file=sys.stderr)
+    kvdeck = run_kvdeck(llm, requests)
+    figures: dict = {"kvdeck": kvdeck}
+    _print_line("kvdeck", kvdeck)
+    if args.baseline == "hf":
+        del llm, core
+        device = "cuda" if torch.cuda.is_available() and engine_kwargs.get("device") != "cpu" else "cpu"
+        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        batch_size = args.baseline_batch_size or _baseline_batch_size(device, len(requests))
+        from engine.loader import resolve_model_path
+
+        dummy = engine_kwargs.get("load_format") == "dummy"
+        baseline = run_hf_baseline(resolve_model_path(args.model), requests, batch_size, device,
+                                   dtype, dummy=dummy)
+        figures["baseline"] = {"name": "hf-transformers-generate", **baseline}
+        figures["ratio"] = kvdeck["output_tokens_per_s"] / baseline["output_tokens_per_s"]
+        _print_line("hf", baseline)
+        print(f"ratio (kvdeck / hf, output tokens/s): {figures['ratio']:.2f}x")
+    config = {
+        "model": args.model or "demo", "num_prompts": args.num_prompts,
+        "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
+        "engine": engine_kwargs, "prompts_file": args.prompts_file,
+    }
+    result = build_result("throughput", config, figures)
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        plot_throughput(result, args.plot)
+    return 0
+
+
+def _baseline_batch_size(device: str, num_requests: int) -> int:
+    # On CPU memory is no limit for the tiny models benchmarked there; on GPU, transformers'
+    # static cache grows with batch x length, so stay at a size that fits an 80 GB card.
+    return min(num_requests, 64 if device == "cpu" else 128)
+
+
+def _print_line(name: str, figures: dict) -> None:
+    print(f"{name:>7}: {figures['output_tokens_per_s']:9.1f} output tok/s  "
+          f"{figures['total_tokens_per_s']:9.1f} total tok/s  "
+          f"{figures['requests_per_s']:7.2f} req/s  ({figures['elapsed_s']:.1f} s)")
+    if "kv_waste_at_peak" in figures:
+        print(f"         peak KV usage {figures['peak_kv_usage']:.1%}, KV waste at peak "
+              f"{figures['kv_waste_at_peak']:.2%} (contiguous max-length allocation: "
+              f"{figures['contiguous_kv_waste_at_peak']:.1%}), preemptions "
+              f"{figures['preemptions']}, prefix-cache hit rate {figures['prefix_cache_hit_rate']:.1%}")
+
+
+COMMANDS = {"bench": ("benchmark throughput or serving latency", add_arguments, run)}

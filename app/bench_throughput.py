@@ -1,0 +1,138 @@
+"""`kvdeck bench throughput`: offline throughput on a synthetic workload, with an
+optional Hugging Face `generate` baseline on the same requests in the same run."""
+
+import random
+import time
+from dataclasses import dataclass
+
+from engine import LLM, SamplingParams
+
+
+@dataclass(slots=True)
+class BenchRequest:
+    prompt_token_ids: list[int]
+    output_len: int
+
+
+def parse_range(text: str, name: str) -> tuple[int, int]:
+    try:
+        low, _, high = text.partition(":")
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise ValueError(f"{name} must look like MIN:MAX (e.g. 100:1024), got {text!r}") from None
+    if lo <= 0 or hi < lo:
+        raise ValueError(f"{name} must satisfy 0 < MIN <= MAX, got {text!r}")
+    return lo, hi
+
+
+def synthetic_requests(num: int, input_len: tuple[int, int], output_len: tuple[int, int],
+                       vocab_size: int, seed: int) -> list[BenchRequest]:
+    """Random-token prompts, lengths uniform in the ranges (the nano-vllm / vLLM workload)."""
+    rng = random.Random(seed)
+    return [
+        BenchRequest(
+            [rng.randrange(vocab_size) for _ in range(rng.randint(*input_len))],
+            rng.randint(*output_len),
+        )
+        for _ in range(num)
+    ]
+
+
+def requests_from_file(path: str, tokenizer, output_len: tuple[int, int], seed: int,
+                       num: int) -> list[BenchRequest]:
+    rng = random.Random(seed)
+    lines = [line.strip() for line in open(path, encoding="utf-8") if line.strip()]
+    if not lines:
+        raise ValueError(f"prompt file {path} has no prompts")
+    return [BenchRequest(tokenizer.encode(lines[i % len(lines)]), rng.randint(*output_len))
+            for i in range(num)]
+
+
+def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
+    """Run all requests through the engine's step loop, sampling KV figures every step."""
+    engine = llm.engine
+    core = engine.core
+    block_size = core.config.block_size
+    stats0 = engine.stats()
+    started = time.perf_counter()
+    for i, r in enumerate(requests):
+        engine.add_request(f"bench-{i}", r.prompt_token_ids,
+                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
+    peak = {"usage": 0.0, "allocated": 0, "filled": 0, "running": 0}
+    output_tokens = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            output_tokens += len(out.delta_token_ids)
+        running = core.scheduler.running
+        usage = core.block_manager.usage
+        if usage >= peak["usage"]:
+            allocated = sum(len(r.block_table) for r in running) * block_size
+            # After the step, computed tokens are exactly the filled slots.
+            filled = sum(r.num_computed_tokens for r in running)
+            peak = {"usage": usage, "allocated": allocated, "filled": filled, "running": len(running)}
+    elapsed = time.perf_counter() - started
+    stats = engine.stats()
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    queries = stats.prefix_cache_queries - stats0.prefix_cache_queries
+    hits = stats.prefix_cache_hits - stats0.prefix_cache_hits
+    contiguous = peak["running"] * core.max_model_len
+    return {
+        "elapsed_s": elapsed,
+        "requests_per_s": len(requests) / elapsed,
+        "output_tokens_per_s": output_tokens / elapsed,
+        "total_tokens_per_s": (output_tokens + prompt_tokens) / elapsed,
+        "output_tokens": output_tokens,
+        "prompt_tokens": prompt_tokens,
+        "peak_kv_usage": peak["usage"],
+        "kv_waste_at_peak": 1 - peak["filled"] / peak["allocated"] if peak["allocated"] else 0.0,
+        "contiguous_kv_waste_at_peak": 1 - peak["filled"] / contiguous if contiguous else 0.0,
+        "preemptions": stats.num_preemptions - stats0.num_preemptions,
+        "prefix_cache_hit_rate": hits / queries if queries else 0.0,
+        "steps": stats.num_steps - stats0.num_steps,
+    }
+
+
+def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, device: str,
+                    dtype, dummy: bool = False) -> dict:
+    """transformers `generate` in static batches (left-padded, greedy, EOS ignored).
+
+    A static batch runs until its longest request is done; only the tokens each request
+    asked for count as output, as in vLLM's and nano-vllm's comparisons.
+    """
+    import torch
+    import transformers
+
+    if dummy:
+        config = transformers.AutoConfig.from_pretrained(model_dir)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = model.to(device).eval()
+    model.generation_config.eos_token_id = None
+    started = time.perf_counter()
+    for start in range(0, len(requests), batch_size):
+        batch = requests[start : start + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        ids = torch.zeros(len(batch), width, dtype=torch.long)
+        mask = torch.zeros(len(batch), width, dtype=torch.long)
+        for row, r in enumerate(batch):
+            ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+            mask[row, width - len(r.prompt_token_ids) :] = 1
+        with torch.inference_mode():
+            model.generate(
+                ids.to(device), attention_mask=mask.to(device), do_sample=False,
+                max_new_tokens=max(r.output_len for r in batch), pad_token_id=0,
+            )
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    output_tokens = sum(r.output_len for r in requests)
+    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
+    return {
+        "elapsed_s": elapsed,
+        "requests_per_s": len(requests) / elapsed,
+        "output_tokens_per_s": output_tokens / elapsed,
+        "total_tokens_per_s": (output_tokens + prompt_tokens) / elapsed,
+        "output_tokens": output_tokens,
+        "batch_size": batch_size,
+    }

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create .venv and install kvdeck into it (idempotent; fast when already done).
+# Torch: on a machine with an NVIDIA driver pip's default (CUDA) build is right; without
+# one we ask for the CPU build (KVDECK_TORCH overrides the requirement either way).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extras="${1:-}"
+python="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    "$python" -m venv .venv
+fi
+venv_python=.venv/bin/python
+if ! "$venv_python" -c "import torch" 2>/dev/null; then
+    if [ -n "${KVDECK_TORCH:-}" ]; then
+        torch_spec="$KVDECK_TORCH"
+    elif command -v nvidia-smi >/dev/null 2>&1; then
+        torch_spec="torch"
+    else
+        torch_spec="torch==2.13.0"
+    fi
+    echo "bootstrap: installing $torch_spec"
+    "$venv_python" -m pip install -q "$torch_spec"
+fi
+stamp=".venv/.kvdeck-installed${extras:+-$extras}"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    echo "bootstrap: installing kvdeck${extras:+[$extras]}"
+    "$venv_python" -m pip install -q -e ".${extras:+[$extras]}"
+    touch "$stamp"
+fi
