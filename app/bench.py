@@ -119,6 +119,8 @@ def _print_line(name: str, figures: dict) -> None:
               f"{figures['kv_waste_at_peak']:.2%} (contiguous max-length allocation: "
               f"{figures['contiguous_kv_waste_at_peak']:.1%}), preemptions "
               f"{figures['preemptions']}, prefix-cache hit rate {figures['prefix_cache_hit_rate']:.1%}")
+        print(f"         host work (schedule, prepare inputs, update) {figures['host_overhead_share']:.1%} "
+              "of step time")
 
 
 COMMANDS = {"bench": ("benchmark throughput or serving latency", add_arguments, run)}

@@ -54,6 +54,7 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     core = engine.core
     block_size = core.config.block_size
     stats0 = engine.stats()
+    core.timings = type(core.timings)()
     started = time.perf_counter()
     for i, r in enumerate(requests):
         engine.add_request(f"bench-{i}", r.prompt_token_ids,
@@ -89,6 +90,11 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
         "preemptions": stats.num_preemptions - stats0.num_preemptions,
         "prefix_cache_hit_rate": hits / queries if queries else 0.0,
         "steps": stats.num_steps - stats0.num_steps,
+        "step_time_breakdown_s": {
+            "schedule": core.timings.schedule_s, "prepare_inputs": core.timings.prepare_s,
+            "model_and_sampling": core.timings.model_s, "update_outputs": core.timings.update_s,
+        },
+        "host_overhead_share": core.timings.host_share,
     }
 
 

@@ -25,6 +25,30 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
+class StepTimings:
+    """Where step time goes: host work (schedule, prepare, update) vs the model + sampler."""
+
+    steps: int = 0
+    schedule_s: float = 0.0
+    prepare_s: float = 0.0
+    model_s: float = 0.0
+    update_s: float = 0.0
+
+    def add(self, schedule: float, prepare: float, model: float, update: float) -> None:
+        self.steps += 1
+        self.schedule_s += schedule
+        self.prepare_s += prepare
+        self.model_s += model
+        self.update_s += update
+
+    @property
+    def host_share(self) -> float:
+        host = self.schedule_s + self.prepare_s + self.update_s
+        total = host + self.model_s
+        return host / total if total else 0.0
+
+
+@dataclass(slots=True)
 class EngineCoreRequest:
     request_id: str
     prompt_token_ids: list[int]
@@ -74,6 +98,7 @@ class EngineCore:
         self.num_steps = 0
         self.last_step = (0, 0, 0, 0.0)  # prefill tokens, decode tokens, seqs, seconds
         self.blocks_written_last_step: list[int] = []
+        self.timings = StepTimings()
         logger.info("KV cache: %d blocks of %d tokens", num_blocks, config.block_size)
         progress("ready", f"{num_blocks} KV blocks of {config.block_size} tokens")
 
@@ -151,10 +176,13 @@ class EngineCore:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
+        scheduled = time.perf_counter()
         results = self.runner.execute(batch)
+        executed = time.perf_counter()
         sampled = [r.token_id if r is not None else None for r in results]
         self.blocks_written_last_step = _blocks_written(batch, self.config.block_size)
         finished = self.scheduler.update_from_output(batch, sampled)
@@ -179,6 +207,12 @@ class EngineCore:
             )
         for request in finished:
             self._forget(request)
+        self.timings.add(
+            schedule=scheduled - started,
+            prepare=self.runner.last_prepare_duration,
+            model=executed - scheduled - self.runner.last_prepare_duration,
+            update=time.perf_counter() - executed,
+        )
         return outputs
 
     def _forget(self, request: Request) -> None:

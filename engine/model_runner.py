@@ -7,6 +7,7 @@ with query start offsets, context lengths, block tables and a slot per new token
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,6 +24,17 @@ from kernels import select_ops
 
 logger = logging.getLogger(__name__)
 ProgressCallback = Callable[[str, str], None]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    meta: AttentionMetadata | None = None
+    num_requests: int = 0
+    sample_rows: list[int] = field(default_factory=list)  # flat row of each sampled request
+    sample_requests: list[Request] = field(default_factory=list)
+    sample_batch_index: list[int] = field(default_factory=list)
 
 
 def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> torch.dtype:
@@ -55,6 +67,8 @@ class ModelRunner:
         self.sampler = Sampler(self.device, config.seed)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
+        self.last_prepare_duration = 0.0
+        self.last_step_duration = 0.0
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
 
@@ -154,17 +168,13 @@ class ModelRunner:
             torch.cuda.empty_cache()
 
     # ---- one step ------------------------------------------------------------------
-    @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:
-        """Run the batch; a result for each request that reached the end of its tokens."""
-        started = time.perf_counter()
+    def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
+        """Pack the batch into flat tensors on the device (host lists, one copy each)."""
         input_ids, positions, slots = [], [], []
         query_start_loc, seq_lens, tables = [0], [], []
-        sample_rows: list[int] = []
-        sample_requests: list[Request] = []
-        sample_batch_index: list[int] = []
+        inputs = StepInputs()
         bs = self.block_size
-        for request, num_new in zip(batch.requests, batch.num_new_tokens):
+        for index, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
             start = request.num_computed_tokens
             end = start + num_new
             table = request.block_table
@@ -180,30 +190,46 @@ class ModelRunner:
             seq_lens.append(end)
             tables.append(table)
             if end == request.num_tokens:
-                sample_rows.append(len(input_ids) - 1)
-                sample_requests.append(request)
-                sample_batch_index.append(len(seq_lens) - 1)
+                inputs.sample_rows.append(len(input_ids) - 1)
+                inputs.sample_requests.append(request)
+                inputs.sample_batch_index.append(index)
         width = max(len(t) for t in tables)
         padded_tables = [t + [0] * (width - len(t)) for t in tables]
-        device = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(slots, dtype=torch.long).to(device, non_blocking=True),
-            block_tables=torch.tensor(padded_tables, dtype=torch.int32).to(device, non_blocking=True),
-            query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32).to(device, non_blocking=True),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32).to(device, non_blocking=True),
+        inputs.input_ids = self._to_device(input_ids, torch.long)
+        inputs.positions = self._to_device(positions, torch.long)
+        inputs.meta = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.long),
+            block_tables=self._to_device(padded_tables, torch.int32),
+            query_start_loc=self._to_device(query_start_loc, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long).to(device, non_blocking=True),
-            torch.tensor(positions, dtype=torch.long).to(device, non_blocking=True),
-            meta,
-        )
-        results: list[SampleResult | None] = [None] * len(batch.requests)
-        if sample_requests:
-            logits = self.model.compute_logits(hidden[torch.tensor(sample_rows, device=device)])
-            sampled = self.sampler.sample(logits, sample_requests)
-            for i, result in zip(sample_batch_index, sampled):
+        inputs.num_requests = len(batch.requests)
+        return inputs
+
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            # Pinned memory lets the copy run asynchronously with the host's next work.
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[SampleResult | None]:
+        """Run the batch; a result for each request that reached the end of its tokens."""
+        started = time.perf_counter()
+        inputs = self.prepare_inputs(batch)
+        prepared = time.perf_counter()
+        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        results: list[SampleResult | None] = [None] * inputs.num_requests
+        if inputs.sample_requests:
+            rows = torch.tensor(inputs.sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden[rows])
+            sampled = self.sampler.sample(logits, inputs.sample_requests)
+            for i, result in zip(inputs.sample_batch_index, sampled):
                 results[i] = result
-        self.last_step_duration = time.perf_counter() - started
+        finished = time.perf_counter()
+        self.last_prepare_duration = prepared - started
+        self.last_step_duration = finished - started
         return results

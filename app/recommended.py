@@ -1,0 +1,158 @@
+"""Models that suit one workstation GPU, with parameter counts and memory needs computed
+from their architecture (the numbers in each model's config.json), not typed in."""
+
+from dataclasses import dataclass
+
+GiB = 1024**3
+AWQ_GROUP_SIZE = 128
+# CUDA context, activations and allocator slack for a single-GPU engine at small batch.
+RUNTIME_OVERHEAD_BYTES = int(1.0 * GiB)
+
+
+@dataclass(frozen=True, slots=True)
+class Architecture:
+    """The config.json fields that decide size: one per family member."""
+
+    family: str  # llama | mistral | qwen2 | qwen3
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    vocab_size: int
+    tie_word_embeddings: bool
+    head_dim: int | None = None  # None: hidden_size // num_heads
+
+    @property
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+
+@dataclass(frozen=True, slots=True)
+class RecommendedModel:
+    repo_id: str
+    arch: Architecture
+    quantization: str | None = None  # "awq" for INT4 checkpoints
+    gated: bool = False  # needs a licence accepted on the hub and HF_TOKEN
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryEstimate:
+    weight_bytes: int
+    kv_cache_bytes: int
+    overhead_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_cache_bytes + self.overhead_bytes
+
+
+def parameter_counts(arch: Architecture) -> tuple[int, int]:
+    """(parameters in decoder-layer linears, all other parameters)."""
+    h, d = arch.hidden_size, arch.head_size
+    q_out, kv_out = arch.num_heads * d, arch.num_kv_heads * d
+    attention = h * q_out + 2 * h * kv_out + q_out * h
+    mlp = 3 * h * arch.intermediate_size
+    linear = arch.num_layers * (attention + mlp)
+    per_layer_other = 2 * h  # input and post-attention RMSNorm
+    if arch.family == "qwen2":
+        per_layer_other += q_out + 2 * kv_out  # q/k/v biases
+    if arch.family == "qwen3":
+        per_layer_other += 2 * d  # q_norm, k_norm
+    embeddings = arch.vocab_size * h * (1 if arch.tie_word_embeddings else 2)
+    other = arch.num_layers * per_layer_other + embeddings + h  # + final norm
+    return linear, other
+
+
+def num_parameters(arch: Architecture) -> int:
+    linear, other = parameter_counts(arch)
+    return linear + other
+
+
+def weight_bytes(arch: Architecture, quantization: str | None) -> int:
+    linear, other = parameter_counts(arch)
+    if quantization == "awq":
+        # 4-bit weights; per group of 128 inputs an fp16 scale and a 4-bit zero point.
+        packed = linear // 2 + linear // AWQ_GROUP_SIZE * 2 + linear // AWQ_GROUP_SIZE // 2
+        return packed + other * 2
+    return (linear + other) * 2  # bf16 / fp16
+
+
+def kv_cache_bytes_per_token(arch: Architecture, dtype_bytes: int = 2) -> int:
+    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_size * dtype_bytes
+
+
+def memory_estimate(model: RecommendedModel, context_tokens: int = 8192) -> MemoryEstimate:
+    """GPU memory to serve one sequence of `context_tokens` (more sequences share the pool)."""
+    if context_tokens <= 0:
+        raise ValueError(f"context_tokens must be positive, got {context_tokens}")
+    return MemoryEstimate(
+        weight_bytes=weight_bytes(model.arch, model.quantization),
+        kv_cache_bytes=kv_cache_bytes_per_token(model.arch) * context_tokens,
+        overhead_bytes=RUNTIME_OVERHEAD_BYTES,
+    )
+
+
+def format_params(count: int) -> str:
+    if count >= 1e9:
+        return f"{count / 1e9:.2f}B"
+    return f"{count / 1e6:.0f}M" if count >= 1e6 else f"{count / 1e3:.0f}K"
+
+
+_QWEN25_05B = Architecture("qwen2", 896, 4864, 24, 14, 2, 151936, True)
+_QWEN25_15B = Architecture("qwen2", 1536, 8960, 28, 12, 2, 151936, True)
+_QWEN25_3B = Architecture("qwen2", 2048, 11008, 36, 16, 2, 151936, True)
+_QWEN25_7B = Architecture("qwen2", 3584, 18944, 28, 28, 4, 152064, False)
+_QWEN3_06B = Architecture("qwen3", 1024, 3072, 28, 16, 8, 151936, True, head_dim=128)
+_QWEN3_17B = Architecture("qwen3", 2048, 6144, 28, 16, 8, 151936, True, head_dim=128)
+_QWEN3_4B = Architecture("qwen3", 2560, 9728, 36, 32, 8, 151936, True, head_dim=128)
+_QWEN3_8B = Architecture("qwen3", 4096, 12288, 36, 32, 8, 151936, False, head_dim=128)
+_LLAMA32_1B = Architecture("llama", 2048, 8192, 16, 32, 8, 128256, True)
+_LLAMA32_3B = Architecture("llama", 3072, 8192, 28, 24, 8, 128256, True)
+_LLAMA31_8B = Architecture("llama", 4096, 14336, 32, 32, 8, 128256, False)
+_MISTRAL_7B_V03 = Architecture("mistral", 4096, 14336, 32, 32, 8, 32768, False)
+_MISTRAL_7B_V02 = Architecture("mistral", 4096, 14336, 32, 32, 8, 32000, False)
+
+RECOMMENDED: tuple[RecommendedModel, ...] = (
+    RecommendedModel("Qwen/Qwen2.5-0.5B-Instruct", _QWEN25_05B, note="fast start, small GPUs"),
+    RecommendedModel("Qwen/Qwen2.5-0.5B-Instruct-AWQ", _QWEN25_05B, "awq"),
+    RecommendedModel("Qwen/Qwen2.5-1.5B-Instruct", _QWEN25_15B),
+    RecommendedModel("Qwen/Qwen2.5-1.5B-Instruct-AWQ", _QWEN25_15B, "awq"),
+    RecommendedModel("Qwen/Qwen2.5-3B-Instruct", _QWEN25_3B),
+    RecommendedModel("Qwen/Qwen2.5-3B-Instruct-AWQ", _QWEN25_3B, "awq"),
+    RecommendedModel("Qwen/Qwen2.5-7B-Instruct", _QWEN25_7B),
+    RecommendedModel("Qwen/Qwen2.5-7B-Instruct-AWQ", _QWEN25_7B, "awq", note="7B on 8 GB"),
+    RecommendedModel("Qwen/Qwen3-0.6B", _QWEN3_06B),
+    RecommendedModel("Qwen/Qwen3-1.7B", _QWEN3_17B),
+    RecommendedModel("Qwen/Qwen3-4B", _QWEN3_4B),
+    RecommendedModel("Qwen/Qwen3-4B-AWQ", _QWEN3_4B, "awq"),
+    RecommendedModel("Qwen/Qwen3-8B", _QWEN3_8B),
+    RecommendedModel("Qwen/Qwen3-8B-AWQ", _QWEN3_8B, "awq"),
+    RecommendedModel("meta-llama/Llama-3.2-1B-Instruct", _LLAMA32_1B, gated=True),
+    RecommendedModel("hugging-quants/Llama-3.2-1B-Instruct-AWQ-INT4", _LLAMA32_1B, "awq"),
+    RecommendedModel("meta-llama/Llama-3.2-3B-Instruct", _LLAMA32_3B, gated=True),
+    RecommendedModel("hugging-quants/Llama-3.2-3B-Instruct-AWQ-INT4", _LLAMA32_3B, "awq"),
+    RecommendedModel("meta-llama/Llama-3.1-8B-Instruct", _LLAMA31_8B, gated=True),
+    RecommendedModel(
+        "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4", _LLAMA31_8B, "awq", note="8B on 8 GB"
+    ),
+    RecommendedModel("mistralai/Mistral-7B-Instruct-v0.3", _MISTRAL_7B_V03, gated=True),
+    RecommendedModel("TheBloke/Mistral-7B-Instruct-v0.2-AWQ", _MISTRAL_7B_V02, "awq"),
+)
+
+
+def local_memory_estimate(config: dict, weight_bytes_on_disk: int,
+                          context_tokens: int = 8192) -> MemoryEstimate:
+    """The same estimate for a model on disk: its weights as stored, KV from its config."""
+    if context_tokens <= 0:
+        raise ValueError(f"context_tokens must be positive, got {context_tokens}")
+    heads = int(config.get("num_attention_heads") or 1)
+    head_size = int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    layers = int(config.get("num_hidden_layers") or 0)
+    return MemoryEstimate(
+        weight_bytes=weight_bytes_on_disk,
+        kv_cache_bytes=2 * layers * kv_heads * head_size * 2 * context_tokens,
+        overhead_bytes=RUNTIME_OVERHEAD_BYTES,
+    )
