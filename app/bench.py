@@ -61,7 +61,13 @@ def run_throughput(args: argparse.Namespace) -> int:
     output_len = parse_range(args.output_len, "--output-len")
     args.seed = args.seed if args.seed is not None else 0
     engine_kwargs = engine_kwargs_from_args(args)
-    engine_kwargs.setdefault("max_model_len", input_len[1] + output_len[1])
+    if not args.prompts_file:
+        # The workload's longest request: the length a contiguous allocator would reserve.
+        from engine.loader import resolve_model_path
+        from engine.model_config import read_model_config
+
+        limit = read_model_config(resolve_model_path(args.model)).max_position_embeddings
+        engine_kwargs.setdefault("max_model_len", min(limit, input_len[1] + output_len[1]))
     llm = LLM(args.model, **engine_kwargs)
     core = llm.engine.core
     if args.prompts_file:

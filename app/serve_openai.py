@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from app.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from app.serve_errors import OpenAIError, bad_request, sse_error
-from engine.client import EngineClient, EngineDeadError, EngineNotReadyError
+from engine.client import EngineClient, EngineDeadError, EngineNotReadyError, RequestStream
 from engine.metrics import EngineMetrics
 from engine.outputs import Logprob, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -50,16 +50,19 @@ class PreparedPrompt:
 class EventStreamResponse(StreamingResponse):
     """SSE response that always closes its generator, so a disconnect aborts the request."""
 
-    def __init__(self, content: AsyncIterator[str]) -> None:
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
         super().__init__(content, media_type="text/event-stream",
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._source = content
+        self._streams = streams
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
             await self._source.aclose()
+            for stream in self._streams:  # also when the body never started
+                stream.cancel()
 
 
 # ---- checks shared by both endpoints -----------------------------------------------------
@@ -129,6 +132,23 @@ def prepare(state: ServeState, prompt_ids: list[int], params: SamplingParams,
     return PreparedPrompt(request_id, prompt_ids, params)
 
 
+def submit(state: ServeState, prepared: list[PreparedPrompt]) -> list[RequestStream]:
+    """Check for queue room and queue, with no await in between (no other request can
+    slip in); all or nothing."""
+    check_queue(state, len(prepared))
+    streams: list[RequestStream] = []
+    try:
+        for p in prepared:
+            streams.append(state.client.add_request(p.prompt_token_ids, p.params,
+                                                    request_id=p.request_id))
+    except (ValueError, EngineDeadError, EngineNotReadyError) as exc:
+        for stream in streams:
+            stream.cancel()
+        status = 400 if isinstance(exc, ValueError) else 503
+        raise OpenAIError(status, str(exc)) from None
+    return streams
+
+
 # ---- /v1/completions ---------------------------------------------------------------------
 async def create_completion(state: ServeState, req: CompletionRequest, raw: Request):
     check_model(state, req.model)
@@ -151,12 +171,12 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
                                  else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs)
         prepared.append(prepare(state, ids, params, f"{request_id}-{i}",
                                 req.max_tokens is not None))
-    check_queue(state, len(prepared))
+    streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStreamResponse(_completion_stream(state, prepared, request_id, include_usage,
-                                                      req.logprobs))
-    finals = await _run_to_end(state, prepared, raw)
+        return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
+                                                      req.logprobs), streams)
+    finals = await _run_to_end(streams, raw)
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": _completion_logprobs(out, 0, req.logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
@@ -165,13 +185,13 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
                          "model": state.model_name, "choices": choices, "usage": _usage(finals)})
 
 
-async def _completion_stream(state: ServeState, prepared: list[PreparedPrompt], request_id: str,
+async def _completion_stream(state: ServeState, streams: list[RequestStream], request_id: str,
                              include_usage: bool, logprobs: int | None) -> AsyncIterator[str]:
     created = int(time.time())
-    sent_logprobs = [0] * len(prepared)
-    finals: list[RequestOutput | None] = [None] * len(prepared)
+    sent_logprobs = [0] * len(streams)
+    finals: list[RequestOutput | None] = [None] * len(streams)
     try:
-        async with aclosing(_merged(state.client, prepared)) as outputs:
+        async with aclosing(_merged(streams)) as outputs:
             async for index, out in outputs:
                 completion = out.outputs[0]
                 if out.finished:
@@ -223,11 +243,12 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     params = sampling_params(req, max_tokens, logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     prepared = [prepare(state, ids, params, request_id, max_tokens is not None)]
-    check_queue(state, 1)
+    streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStreamResponse(_chat_stream(state, prepared[0], include_usage, logprobs))
-    (out,) = await _run_to_end(state, prepared, raw)
+        return EventStreamResponse(_chat_stream(state, streams[0], include_usage, logprobs),
+                                   streams)
+    (out,) = await _run_to_end(streams, raw)
     completion = out.outputs[0]
     choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
               "logprobs": _chat_logprobs(out, 0, logprobs),
@@ -237,10 +258,10 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
                          "choices": [choice], "usage": _usage([out])})
 
 
-async def _chat_stream(state: ServeState, prepared: PreparedPrompt, include_usage: bool,
+async def _chat_stream(state: ServeState, stream: RequestStream, include_usage: bool,
                        logprobs: int | None) -> AsyncIterator[str]:
     created = int(time.time())
-    base = {"id": prepared.request_id, "object": "chat.completion.chunk", "created": created,
+    base = {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
             "model": state.model_name}
 
     def chunk(delta: dict, finish_reason=None, chunk_logprobs=None, stop_reason=None) -> str:
@@ -254,7 +275,7 @@ async def _chat_stream(state: ServeState, prepared: PreparedPrompt, include_usag
     sent_logprobs = 0
     final: RequestOutput | None = None
     try:
-        async with aclosing(_merged(state.client, [prepared])) as outputs:
+        async with aclosing(_merged([stream])) as outputs:
             yield chunk({"role": "assistant", "content": ""})
             async for _, out in outputs:
                 completion = out.outputs[0]
@@ -277,27 +298,30 @@ async def _chat_stream(state: ServeState, prepared: PreparedPrompt, include_usag
 
 
 # ---- running requests ----------------------------------------------------------------------
-async def _final_output(client: EngineClient, p: PreparedPrompt) -> RequestOutput:
+async def _final_output(stream: RequestStream) -> RequestOutput:
     last = None
-    async with aclosing(_merged(client, [p])) as outputs:
-        async for _, out in outputs:
+    try:
+        async for out in stream:
             last = out
+    finally:
+        stream.cancel()
     return last
 
 
-async def _run_to_end(state: ServeState, prepared: list[PreparedPrompt],
-                      raw: Request) -> list[RequestOutput]:
+async def _run_to_end(streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
     """Run to completion; if the HTTP client goes away first, abort (frees the blocks)."""
-    work = asyncio.ensure_future(
-        asyncio.gather(*(_final_output(state.client, p) for p in prepared)))
+    work = asyncio.ensure_future(asyncio.gather(*(_final_output(s) for s in streams)))
     watcher = asyncio.ensure_future(_wait_disconnect(raw))
     try:
         await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         watcher.cancel()
-        if not work.done():
-            work.cancel()  # each generate() aborts its request as it unwinds
-    if not work.done() or work.cancelled():
+        finished = work.done()
+        if not finished:
+            work.cancel()
+        for stream in streams:
+            stream.cancel()
+    if not finished:
         raise OpenAIError(400, "the client disconnected", code="client_disconnected")
     try:
         return work.result()
@@ -312,29 +336,23 @@ async def _wait_disconnect(raw: Request) -> None:
         pass
 
 
-async def _merged(client: EngineClient,
-                  prepared: list[PreparedPrompt]) -> AsyncIterator[tuple[int, RequestOutput]]:
+async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, output) from one or several requests, as they arrive."""
-    if len(prepared) == 1:
-        p = prepared[0]
-        async with aclosing(client.generate(p.prompt_token_ids, p.params,
-                                            request_id=p.request_id)) as outputs:
-            async for out in outputs:
-                yield 0, out
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
         return
     queue: asyncio.Queue = asyncio.Queue()
 
-    async def pump(index: int, p: PreparedPrompt) -> None:
+    async def pump(index: int, stream: RequestStream) -> None:
         try:
-            async with aclosing(client.generate(p.prompt_token_ids, p.params,
-                                                request_id=p.request_id)) as outputs:
-                async for out in outputs:
-                    queue.put_nowait((index, out))
+            async for out in stream:
+                queue.put_nowait((index, out))
         except Exception as exc:
             queue.put_nowait(exc)
 
-    tasks = [asyncio.ensure_future(pump(i, p)) for i, p in enumerate(prepared)]
-    remaining = len(prepared)
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    remaining = len(streams)
     try:
         while remaining:
             item = await queue.get()

@@ -1,0 +1,55 @@
+"""`kvdeck bench throughput` on a tiny model: JSON fields, ratio from measured numbers."""
+
+import json
+
+import pytest
+
+from app.cli import main
+
+
+def test_throughput_with_hf_baseline(tiny_llama_dir, tmp_path, capsys):
+    out, plot = tmp_path / "r.json", tmp_path / "r.png"
+    code = main([
+        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-prompts", "6",
+        "--input-len", "8:40", "--output-len", "4:24", "--seed", "3", "--baseline", "hf",
+        "--kv-cache-memory-gib", "0.01", "--out", str(out), "--plot", str(plot),
+    ])
+    assert code == 0
+    result = json.loads(out.read_text())
+    kv, base = result["kvdeck"], result["baseline"]
+    assert result["ratio"] == pytest.approx(kv["output_tokens_per_s"] / base["output_tokens_per_s"])
+    assert kv["output_tokens"] == base["output_tokens"]  # same requests, same tokens asked for
+    assert kv["output_tokens_per_s"] == pytest.approx(kv["output_tokens"] / kv["elapsed_s"])
+    assert 0 < kv["peak_kv_usage"] <= 1
+    assert 0 <= kv["kv_waste_at_peak"] < kv["contiguous_kv_waste_at_peak"] < 1
+    assert 0 < kv["host_overhead_share"] < 1
+    assert result["config"]["num_prompts"] == 6 and result["config"]["seed"] == 3
+    assert result["environment"]["torch"] and result["command"].startswith("kvdeck")
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "ratio (kvdeck / hf" in capsys.readouterr().out
+
+
+def test_prefix_cache_hits_on_repeated_prompts_file(tiny_llama_dir, tmp_path):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("Paged attention stores keys and values in fixed-size blocks. " * 3 + "\n")
+    out = tmp_path / "r.json"
+    assert main([
+        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-prompts", "4",
+        "--output-len", "4:8", "--prompts-file", str(prompts), "--kv-cache-memory-gib", "0.01",
+        "--max-num-seqs", "1", "--out", str(out),
+    ]) == 0
+    assert json.loads(out.read_text())["kvdeck"]["prefix_cache_hit_rate"] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [("--input-len", "10", None), ("--input-len", "9:3", "MIN <= MAX"), ("--output-len", "x:y", "MIN:MAX")],
+)
+def test_bad_ranges(tiny_llama_dir, flag, value, message, capsys):
+    argv = ["bench", "throughput", "--model", str(tiny_llama_dir), "--num-prompts", "1",
+            "--kv-cache-memory-gib", "0.01", "--output-len", "2:3", flag, value]
+    code = main(argv)
+    if message is None:
+        assert code == 0  # "10" means 10:10
+    else:
+        assert code == 2 and message in capsys.readouterr().err
