@@ -49,7 +49,10 @@ def requests_from_file(path: str, tokenizer, output_len: tuple[int, int], seed: 
 
 
 def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
-    """Run all requests through the engine's step loop, sampling KV figures every step."""
+    """Run all requests through the engine's step loop, sampling KV figures every step.
+
+    Like nano-vllm's bench and the baseline, token ids only: no detokenising.
+    """
     engine = llm.engine
     core = engine.core
     block_size = core.config.block_size
@@ -58,7 +61,8 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     started = time.perf_counter()
     for i, r in enumerate(requests):
         engine.add_request(f"bench-{i}", r.prompt_token_ids,
-                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True))
+                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                          detokenize=False))
     peak = {"usage": 0.0, "allocated": 0, "filled": 0, "running": 0}
     output_tokens = 0
     while engine.has_unfinished_requests():

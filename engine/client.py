@@ -106,6 +106,8 @@ class EngineClient:
         try:
             if self.tokenizer is None:
                 self.model_dir = await asyncio.to_thread(resolve_model_path, self.config.model)
+                if not (self.model_dir / "config.json").is_file():
+                    raise EngineStartError(f"{self.model_dir} has no config.json: not a model")
                 tokenizer = await asyncio.to_thread(load_tokenizer, self.model_dir,
                                                     self.config.tokenizer)
                 self._set_tokenizer(tokenizer)
@@ -214,14 +216,18 @@ class EngineClient:
             if any(t >= vocab for t in params.stop_token_ids):
                 raise ValueError(f"stop_token_ids must be in [0, {vocab})")
 
-    async def generate(
+    def add_request(
         self,
         prompt: str | list[int] | None,
         params: SamplingParams,
         request_id: str | None = None,
         messages: list[dict] | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; leaving the loop early aborts the request."""
+    ) -> "RequestStream":
+        """Queue a request now and return its stream (closing the stream early aborts it).
+
+        Synchronous, so a caller can check capacity and queue without another task
+        slipping in between. ValueError for bad input, before anything is queued.
+        """
         self._require_ready()
         prompt_text, prompt_ids = self.encode(prompt, messages)
         self.check_request(prompt_ids, params)
@@ -235,21 +241,22 @@ class EngineClient:
                                            arrival_time)
         self._process.send(AddRequest(EngineCoreRequest(
             request_id, prompt_ids, params, arrival_time, list(self._tokenizer_eos))))
-        finished = False
+        return RequestStream(self, request_id, stream)
+
+    async def generate(
+        self,
+        prompt: str | list[int] | None,
+        params: SamplingParams,
+        request_id: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream one request's outputs; leaving the loop early aborts the request."""
+        stream = self.add_request(prompt, params, request_id, messages)
         try:
-            while True:
-                item = await stream.queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    raise item
-                finished = item.finished
-                yield item
-                if finished:
-                    return
+            async for out in stream:
+                yield out
         finally:
-            self._streams.pop(request_id, None)
-            if not finished:  # the caller stopped listening (cancelled, closed, broke out)
-                self._abort_in_engine(request_id)
+            await stream.aclose()
 
     async def abort(self, request_id: str) -> None:
         """Stop a request now; its blocks are freed and its stream ends with "abort"."""
@@ -307,7 +314,7 @@ class EngineClient:
 
     def _finish_aborted(self, request_id: str) -> None:
         out = self._abort_in_engine(request_id)
-        stream = self._streams.get(request_id)
+        stream = self._streams.pop(request_id, None)
         if out is not None and stream is not None:
             stream.queue.put_nowait(out)
 
@@ -345,7 +352,7 @@ class EngineClient:
             logger.error("engine start-up failed:\n%s", message.traceback)
         elif isinstance(message, RequestRejected):
             self._output_processor.abort(message.request_id)
-            stream = self._streams.get(message.request_id)
+            stream = self._streams.pop(message.request_id, None)
             if stream is not None:
                 stream.queue.put_nowait(ValueError(message.message))
         elif isinstance(message, EngineCrashed):
@@ -363,6 +370,8 @@ class EngineClient:
                 if stream is not None:
                     stream.has_output = True
                     stream.queue.put_nowait(out)
+                    if out.finished:
+                        del self._streams[out.request_id]
         if message.stats is not None:
             self.last_stats = message.stats
             for reader in self._stats_readers:
@@ -383,8 +392,46 @@ class EngineClient:
         for request_id, stream in list(self._streams.items()):
             self._output_processor.abort(request_id)
             stream.queue.put_nowait(EngineDeadError(detail))
+        self._streams.clear()
         for reader in self._stats_readers:
             _put_latest(reader, EngineDeadError(detail))
+
+
+class RequestStream:
+    """The outputs of one queued request, as an async iterator.
+
+    Ends after the finished output; raises EngineDeadError if the engine dies, ValueError
+    if the core refused the request. aclose() before the end aborts the request.
+    """
+
+    def __init__(self, client: EngineClient, request_id: str, stream: _Stream) -> None:
+        self.request_id = request_id
+        self._client = client
+        self._stream = stream
+        self._done = False
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        item = await self._stream.queue.get()
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        self._done = item.finished
+        return item
+
+    def cancel(self) -> None:
+        """Abort the request unless it already ended (idempotent)."""
+        if not self._done:
+            self._done = True
+            self._client._streams.pop(self.request_id, None)
+            self._client._abort_in_engine(self.request_id)
+
+    async def aclose(self) -> None:
+        self.cancel()  # the caller stopped listening (cancelled, closed, broke out)
 
 
 def _put_latest(reader: asyncio.Queue, item: object) -> None:

@@ -90,7 +90,7 @@ class OutputProcessor:
                     logprob.decoded = self.tokenizer.decode([logprob.token_id])
             state.logprobs.extend(core_output.new_logprobs)
         detok = state.detokenizer
-        delta = detok.add_tokens(new_ids, finished=core_output.finished)
+        delta = detok.add_tokens(new_ids, core_output.finished) if state.params.detokenize else ""
         finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
         if detok.stop_reason is not None:
             finish_reason, stop_reason = "stop", detok.stop_reason

@@ -22,6 +22,7 @@ class SamplingParams:
     logprobs: int | None = None  # number of top logprobs to return beside the sampled token
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    detokenize: bool = True  # False: token ids only (benchmarks), no text, no stop strings
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -62,6 +63,8 @@ class SamplingParams:
             )
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, low=0, high=20)
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
