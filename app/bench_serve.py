@@ -101,19 +101,29 @@ async def _run(args, requests, model: str, headers: dict) -> tuple[list[RequestR
         return results, time.perf_counter() - started
 
 
-def _server_info(base_url: str, headers: dict, model: str | None) -> tuple[str, int]:
-    """The model name to ask for and its vocabulary size (from /tokenize or a default)."""
+_SAMPLE_TEXT = (
+    "The engine schedules requests in blocks of sixteen tokens, reuses cached prefixes, "
+    "and streams every answer back; 0123456789 quick brown fox, jumps over lazy dogs!"
+)
+
+
+def _server_info(base_url: str, headers: dict, model: str | None) -> tuple[str, list[int]]:
+    """The model name to ask for, and token ids the server's tokenizer certainly has."""
     import httpx
 
-    resp = httpx.get(base_url.rstrip("/") + "/v1/models", headers=headers, timeout=10)
+    base = base_url.rstrip("/")
+    resp = httpx.get(base + "/v1/models", headers=headers, timeout=10)
     if resp.status_code != 200:
         raise ValueError(f"{base_url}/v1/models answered {resp.status_code}: {resp.text[:200]}")
     models = resp.json().get("data") or []
     if not models:
         raise ValueError(f"{base_url} serves no model")
     name = model or models[0]["id"]
-    vocab = 1000  # token ids below this exist in every tokenizer kvdeck supports
-    return name, vocab
+    resp = httpx.post(base + "/tokenize", json={"model": name, "prompt": _SAMPLE_TEXT},
+                      headers=headers, timeout=10)
+    if resp.status_code == 200 and resp.json().get("tokens"):
+        return name, sorted(set(resp.json()["tokens"]))
+    return name, list(range(1000))  # servers without /tokenize: ids every real vocabulary has
 
 
 def run_serve_benchmark(args: argparse.Namespace) -> int:
@@ -122,13 +132,17 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
     from app.bench_throughput import parse_range, synthetic_requests
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    import httpx
+
     try:
-        model, vocab = _server_info(args.base_url, headers, args.model)
-    except OSError as exc:
+        model, token_pool = _server_info(args.base_url, headers, args.model)
+    except (OSError, httpx.HTTPError) as exc:
         raise ValueError(f"cannot reach a server at {args.base_url}: {exc}") from None
     input_len = parse_range(args.input_len, "--input-len")
     output_len = parse_range(args.output_len, "--output-len")
-    requests = synthetic_requests(args.num_prompts, input_len, output_len, vocab, args.seed)
+    requests = synthetic_requests(args.num_prompts, input_len, output_len, len(token_pool), args.seed)
+    for r in requests:
+        r.prompt_token_ids = [token_pool[i] for i in r.prompt_token_ids]
     print(f"bench serve: {len(requests)} requests to {args.base_url} ({model}), rate "
           f"{args.request_rate}/s, concurrency {args.max_concurrency or 'unbounded'}", file=sys.stderr)
     results, duration = asyncio.run(_run(args, requests, model, headers))
