@@ -95,3 +95,12 @@ def test_unsupported_rope_scaling(tiny_llama_dir, tmp_path):
     (bad / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="rope scaling type 'yarn'"):
         LLM(str(bad))
+
+
+def test_bfloat16_engine_on_cpu(tiny_llama_dir):
+    """dtype='bfloat16' puts every weight and the KV cache in bf16 (norms included)."""
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory_gib=0.01)
+    runner = llm.engine.core.runner
+    assert {p.dtype for p in runner.model.parameters()} == {torch.bfloat16}
+    assert runner.k_caches[0].dtype == torch.bfloat16
+    assert len(_tokens(llm)) == 6
