@@ -11,6 +11,7 @@ header parsed and consistent with the file's size. Until then it is "pending" in
 registry and the store does not list it.
 """
 
+import contextlib
 import errno
 import fnmatch
 import hashlib
@@ -18,11 +19,12 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import filelock
 import httpx2
 from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url
 from huggingface_hub.errors import (
@@ -33,7 +35,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 from huggingface_hub.file_download import http_get
-from huggingface_hub.utils import build_hf_headers
+from huggingface_hub.utils import WeakFileLock, build_hf_headers
 
 from app import paths, registry
 from app.download_progress import (
@@ -45,7 +47,7 @@ from app.download_progress import (
     tqdm_class_for,
 )
 from app.model_inspect import SUPPORTED_ARCHITECTURES, InvalidModelError, describe_model
-from app.model_store import LocalModel, find_model
+from app.model_store import LocalModel, hf_snapshot_model
 
 # Root-level files kvdeck needs; subfolders (e.g. Llama's `original/`) are never fetched.
 ALLOW_PATTERNS = (
@@ -182,8 +184,8 @@ def _download(
     repo_dir = paths.repo_cache_folder(repo_id)
     snapshot = repo_dir / "snapshots" / commit
     if registry.hf_key(repo_id, commit) in registry.read()["verified"]:
-        model = find_model(repo_id)
-        if model is not None and model.commit == commit:
+        model = hf_snapshot_model(repo_id, commit)
+        if model is not None:
             return model  # already complete and verified
     existed_before = repo_dir.exists()
     registry.mark_pending(repo_id, revision, commit)
@@ -216,9 +218,9 @@ def _download(
          "architecture": described.architecture, "files": [f.name for f in remote]},
     )  # fmt: skip
     tracker.set_phase("done")
-    model = find_model(repo_id)
-    if model is None or model.commit != commit:
-        raise CorruptFile(f"{repo_id}: verified but not listed (another snapshot in the cache?)")
+    model = hf_snapshot_model(repo_id, commit)
+    if model is None:  # removed under our feet (a concurrent `kvdeck rm`)
+        raise CorruptFile(f"{repo_id}: the downloaded files disappeared before registration")
     return model
 
 
@@ -247,13 +249,19 @@ class _Session:
         blobs = self.repo_dir / "blobs"
         blobs.mkdir(parents=True, exist_ok=True)
         blob, partial = blobs / etag, blobs / f"{etag}.incomplete"
-        if not blob.exists():
-            self._transfer(file, entry, meta.location, url, meta.size or file.size, partial)
-            self._verify(file, entry, partial)
-            os.replace(partial, blob)
-        elif not _hash_matches(blob, file):  # a blob some other tool left: check it too
-            blob.unlink()
-            raise CorruptFile(f"{file.name}: cached copy failed verification and was removed; retry")
+        # huggingface_hub's own lock for this blob: another kvdeck (or hub client) fetching
+        # the same file waits instead of appending to the same partial file.
+        lock = paths.hf_hub_cache() / ".locks" / self.repo_dir.name / f"{etag}.lock"
+        with _blob_lock(lock, self.tracker.cancel):
+            if not blob.exists():
+                self._transfer(file, entry, meta.location, url, meta.size or file.size, partial)
+                self._verify(file, entry, partial)
+                os.replace(partial, blob)
+            elif not _hash_matches(blob, file):  # a blob some other tool left: check it too
+                blob.unlink()
+                raise CorruptFile(
+                    f"{file.name}: cached copy failed verification and was removed; retry"
+                )
         _link(pointer, blob)
         self.tracker.finish_file(entry)
 
@@ -344,6 +352,19 @@ def _check_disk_space(repo_dir: Path, remote: list[_RemoteFile], entries: list[F
             f"not enough disk space in {repo_dir.parent}: need {needed / 1e9:.2f} GB more,"
             f" {free / 1e9:.2f} GB free"
         )
+
+
+@contextlib.contextmanager
+def _blob_lock(path: Path, cancel: CancelToken) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        cancel.check()  # waiting on another download stays cancellable
+        try:
+            with WeakFileLock(path, timeout=0.5):
+                yield
+                return
+        except filelock.Timeout:
+            continue
 
 
 def _hash_matches(path: Path, file: _RemoteFile) -> bool:

@@ -42,17 +42,16 @@ class TerminalProgress:
 
     def _draw(self, p: DownloadProgress) -> None:
         width = shutil.get_terminal_size((80, 24)).columns
-        current = next((f for f in p.files if f.name == p.current_file), None)
-        file_part = ""
-        if current is not None and current.state != "done" and current.size:
-            file_part = f" {current.name} {100 * current.done / current.size:3.0f}%"
         stats = (
             f" {format_bytes(p.done_bytes)}/{format_bytes(p.total_bytes)}"
-            f" {format_bytes(p.speed_bps)}/s ETA {format_eta(p.eta_s)} {p.phase}{file_part}"
+            f" {format_bytes(p.speed_bps)}/s ETA {format_eta(p.eta_s)} {p.phase}"
         )
         bar_width = max(10, min(40, width - len(stats) - 8))
         filled = int(bar_width * p.fraction)
         line = f"[{'#' * filled}{'.' * (bar_width - filled)}] {100 * p.fraction:3.0f}%{stats}"
+        current = next((f for f in p.files if f.name == p.current_file), None)
+        if current is not None and current.state != "done" and current.size:
+            line += f" {current.name} {100 * current.done / current.size:3.0f}%"
         self.out.write("\r" + line[: width - 1].ljust(width - 1))
 
     def _clear(self) -> None:

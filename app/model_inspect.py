@@ -12,16 +12,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-# The engine's list once it exists; until then the four families kvdeck implements.
-try:
-    from engine.models import SUPPORTED_ARCHITECTURES as _ENGINE_ARCHITECTURES
-except ImportError:  # engine.models does not export it yet
-    _ENGINE_ARCHITECTURES = None
-
-SUPPORTED_ARCHITECTURES: frozenset[str] = frozenset(
-    _ENGINE_ARCHITECTURES
-    or ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM")
-)
+from engine.models import SUPPORTED_ARCHITECTURES
 
 _MAX_HEADER_BYTES = 100 * 1024 * 1024  # safetensors' own limit
 _DTYPE_BYTES = {

@@ -26,6 +26,7 @@ __all__ = [
     "PendingDownload",
     "list_models",
     "find_model",
+    "hf_snapshot_model",
     "delete_model",
     "pending_downloads",
     "free_disk_bytes",
@@ -74,6 +75,16 @@ def find_model(name_or_path: str) -> LocalModel | None:
             if model.path.resolve() == resolved:
                 return model
     return None
+
+
+def hf_snapshot_model(repo_id: str, commit: str) -> LocalModel | None:
+    """One snapshot of a hub repo in the cache, described as the list would (None if incomplete)."""
+    model = _describe_or_none(paths.repo_cache_folder(repo_id) / "snapshots" / commit, repo_id,
+                              "hf-cache")  # fmt: skip
+    if model is not None:
+        model.commit = commit
+        model.verified = registry.hf_key(repo_id, commit) in registry.read()["verified"]
+    return model
 
 
 def pending_downloads() -> list[PendingDownload]:

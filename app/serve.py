@@ -12,6 +12,7 @@ import ipaddress
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
@@ -46,7 +47,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     model_name = served_model_name or client.model_name
     metrics = EngineMetrics(model_name, lambda: client.last_stats)
     client.add_output_listener(metrics.observe_output)
-    state = ServeState(client, metrics, model_name, max_queue_len, api_key)
+    state = ServeState(client, metrics, model_name, max_queue_len)
+    created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -76,7 +78,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
 
     @app.get("/v1/models")
     async def list_models() -> JSONResponse:
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "kvdeck",
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "kvdeck",
                 "root": str(client.model_dir or client.model_name),
                 "max_model_len": client.max_model_len or None}
         return JSONResponse({"object": "list", "data": [card]})

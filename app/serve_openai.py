@@ -37,7 +37,6 @@ class ServeState:
     metrics: EngineMetrics
     model_name: str  # what /v1/models lists and requests must name
     max_queue_len: int
-    api_key: str | None = None
 
 
 @dataclass(slots=True)
@@ -113,12 +112,17 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None,
 
 
 def prepare(state: ServeState, prompt_ids: list[int], params: SamplingParams,
-            request_id: str, max_tokens_given: bool) -> PreparedPrompt:
+            request_id: str, max_tokens_given: bool, prompt_field: str = "prompt") -> PreparedPrompt:
     client = state.client
     try:
         client.check_request(prompt_ids, params)
     except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="prompt", code="context_length_exceeded") from None
+        error = bad_request(exc, _PARAM_NAMES)
+        if error.param == "prompt":
+            error.param = prompt_field
+        if "max_model_len" in error.message:
+            error.code = "context_length_exceeded"
+        raise error from None
     if params.max_tokens is None:
         params.max_tokens = client.max_model_len - len(prompt_ids)
     elif max_tokens_given and len(prompt_ids) + params.max_tokens > client.max_model_len:
@@ -242,7 +246,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    prepared = [prepare(state, ids, params, request_id, max_tokens is not None)]
+    prepared = [prepare(state, ids, params, request_id, max_tokens is not None, "messages")]
     streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -386,14 +390,15 @@ def _usage(finals: list[RequestOutput | None]) -> dict:
 
 
 def _sse(body: dict) -> str:
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    # ASCII-escaped: clients that split lines on U+2028 or NEL must not cut an event in two
+    return f"data: {json.dumps(body)}\n\n"
 
 
 def _new_logprobs(out: RequestOutput, start: int) -> list[tuple[int, dict[int, Logprob]]]:
     completion = out.outputs[0]
     end = len(completion.token_ids)  # the shared logprobs list may already be longer
     entries = (completion.logprobs or [])[start:end]
-    return list(zip(completion.token_ids[start:end], entries, strict=True))
+    return list(zip(completion.token_ids[start:end], entries, strict=False))
 
 
 def _top(entry: dict[int, Logprob], num: int) -> list[Logprob]:

@@ -66,6 +66,13 @@ class EngineMetrics:
         self.generation_len = Histogram("vllm:request_generation_tokens",
                                         "Generated tokens per request.", name,
                                         buckets=TOKEN_COUNT_BUCKETS, registry=reg)
+        # Series exist (at 0) from the start, so rate() works from the first scrape.
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
+                       self.queue_time, self.prefill_time, self.decode_time, self.prompt_len,
+                       self.generation_len):
+            metric.labels(model_name)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(model_name, reason)
         reg.register(_EngineStatsCollector(model_name, stats_source))
         # request id -> (tokens seen, time of the newest token), while the request runs
         self._progress: dict[str, tuple[int, float | None]] = {}

@@ -25,5 +25,10 @@ stamp=".venv/.kvdeck-installed${extras:+-$extras}"
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     echo "bootstrap: installing kvdeck${extras:+[$extras]}"
     "$venv_python" -m pip install -q -e ".${extras:+[$extras]}"
+    if [ "$extras" = "test" ]; then
+        # The AutoAWQ package is the reference for checkpoint compatibility; its pins are
+        # older than the transformers we need, so it goes in without its dependencies.
+        "$venv_python" -m pip install -q --no-deps "autoawq==0.2.9"
+    fi
     touch "$stamp"
 fi

@@ -1,0 +1,263 @@
+"""W4A16 GEMM (AWQ INT4 weights, fp16 activations) against fp16 cuBLAS.
+
+For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
+  fp16      torch.matmul(x, W) with a dense fp16 weight (cuBLAS)
+  triton    kernels.w4a16_gemm.w4a16_gemm_triton with its default tiles and split-K
+  best      the fastest of a small sweep of tiles/split-K for the Triton kernel
+  dequant   dequantise-then-matmul (the torch path the dispatch uses for large M)
+  auto      kernels.w4a16_gemm.w4a16_gemm(backend="auto"), what the engine runs
+and checks each result against the reference. The memory-bound limit of the speed-up
+is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros).
+
+    python benchmarks/bench_w4a16.py                 # H100/H200: writes benchmarks/results/
+    python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
+    python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.1-8B shapes,
+                                                     #   dummy AWQ INT4 vs dummy bf16 weights
+    TRITON_INTERPRET=1 python benchmarks/bench_w4a16.py --smoke   # CPU: tiny shapes, no timing
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kernels.w4a16_gemm import (  # noqa: E402
+    PACK_FACTOR,
+    TRITON_MAX_TOKENS,
+    dequantize_awq,
+    w4a16_gemm,
+    w4a16_gemm_triton,
+)
+
+SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
+TOKENS = (1, 4, 16, 64, 256)
+GROUP = 128
+SWEEP = (
+    {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 8},
+    {"block_m": 16, "block_n": 128, "block_k": 128, "split_k": 4},
+    {"block_m": 16, "block_n": 128, "block_k": 128, "split_k": 8, "num_warps": 8},
+    {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 16, "num_stages": 4},
+    {"block_m": 16, "block_n": 128, "block_k": 64, "split_k": 8},
+    {"block_m": 16, "block_n": 256, "block_k": 64, "split_k": 4},
+    {"block_m": 32, "block_n": 128, "block_k": 64, "split_k": 2},
+    {"block_m": 64, "block_n": 128, "block_k": 64, "split_k": 1},
+    {"block_m": 64, "block_n": 128, "block_k": 32, "split_k": 2},
+    {"block_m": 128, "block_n": 128, "block_k": 32, "split_k": 1},
+)
+
+
+def random_awq(k: int, n: int, device: str, dtype: torch.dtype):
+    qweight = torch.randint(-(2**31), 2**31 - 1, (k, n // PACK_FACTOR), dtype=torch.int32,
+                            device=device)
+    qzeros = torch.randint(-(2**31), 2**31 - 1, (k // GROUP, n // PACK_FACTOR),
+                           dtype=torch.int32, device=device)
+    scales = (torch.rand(k // GROUP, n, device=device) * 0.002 + 0.0005).to(dtype)
+    return qweight, qzeros, scales
+
+
+def time_ms(fn, cuda_graph: bool) -> float:
+    import triton.testing
+
+    if cuda_graph:
+        return float(triton.testing.do_bench_cudagraph(fn, rep=100))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=100))
+
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
+}
+TINY_LLAMA = {**LLAMA_31_8B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
+              "version": "gemm"}
+
+
+def e2e_decode(variant: str, smoke: bool) -> dict:
+    """Decode throughput of one engine (run in its own process so GPU memory is freed)."""
+    import tempfile
+    import time
+
+    from engine import LLM, SamplingParams
+
+    config = dict(TINY_LLAMA if smoke else LLAMA_31_8B)
+    if variant == "awq":
+        config["quantization_config"] = AWQ_CONFIG
+    dtype = "float16" if variant == "awq" else "bfloat16"
+    with tempfile.TemporaryDirectory() as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(config))
+        kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
+        llm = LLM(model=model_dir, load_format="dummy", max_model_len=2048, **kwargs)
+        rows = []
+        for batch in (1, 16) if not smoke else (1, 2):
+            new_tokens = 8 if smoke else 256
+            params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+            prompts = [[(7 * i + j) % 900 + 10 for j in range(128)] for i in range(batch)]
+            llm.generate(prompts[:1], SamplingParams(max_tokens=4, ignore_eos=True))  # warm-up
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params)
+            wall = time.perf_counter() - start
+            decode = [(o.metrics.last_token_time - o.metrics.first_token_time)
+                      / max(1, len(o.outputs[0].token_ids) - 1) for o in outputs]
+            rows.append({
+                "batch": batch, "prompt_tokens": 128, "new_tokens": new_tokens,
+                "wall_s": wall, "output_tokens_per_s": batch * new_tokens / wall,
+                "mean_inter_token_latency_ms": 1e3 * sum(decode) / len(decode),
+            })
+    return {"variant": variant, "dtype": kwargs.get("dtype"), "runs": rows}
+
+
+def git_commit() -> str:
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                               text=True, check=True).stdout.strip()
+        return commit + ("-dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing: bool,
+                cuda_graph: bool) -> dict:
+    qweight, qzeros, scales = random_awq(k, n, device, dtype)
+    x = torch.randn(m, k, device=device, dtype=dtype)
+    dense = dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype)
+    reference = (x.float() @ dense.float()).to(dtype)
+    tolerance = 2e-2 * float(reference.abs().max()) + 1e-3
+    candidates = {
+        "triton": lambda: w4a16_gemm_triton(x, qweight, qzeros, scales, GROUP),
+        "dequant": lambda: x @ dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype),
+        "auto": lambda: w4a16_gemm(x, qweight, qzeros, scales, GROUP),
+    }
+    row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP}
+    for name, fn in candidates.items():
+        error = float((fn() - reference).abs().max())
+        row[f"{name}_max_abs_err"] = error
+        if error > tolerance:
+            raise AssertionError(f"{name} wrong at m={m} k={k} n={n}: max error {error}")
+    if not timing:
+        return row
+    row["fp16_ms"] = time_ms(lambda: x @ dense, cuda_graph)
+    for name, fn in candidates.items():
+        row[f"{name}_ms"] = time_ms(fn, cuda_graph)
+    best_ms, best_cfg = float("inf"), None
+    for cfg in SWEEP:
+        if cfg["block_m"] > max(16, 2 * m):
+            continue
+        fn = lambda cfg=cfg: w4a16_gemm_triton(x, qweight, qzeros, scales, GROUP, **cfg)  # noqa: E731
+        if float((fn() - reference).abs().max()) > tolerance:
+            raise AssertionError(f"sweep config {cfg} wrong at m={m} k={k} n={n}")
+        ms = time_ms(fn, cuda_graph)
+        if ms < best_ms:
+            best_ms, best_cfg = ms, cfg
+    row["best_ms"], row["best_config"] = best_ms, best_cfg
+    int4_bytes = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
+    io_bytes = (m * k + m * n) * 2
+    row["memory_bound_speedup_limit"] = (k * n * 2 + io_bytes) / (int4_bytes + io_bytes)
+    for name in ("triton", "best", "dequant", "auto"):
+        row[f"{name}_speedup_vs_fp16"] = row["fp16_ms"] / row[f"{name}_ms"]
+    row["triton_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["triton_ms"] * 1e-3) / 1e9
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes, correctness only (CPU with TRITON_INTERPRET=1)")
+    parser.add_argument("--cuda-graph", action="store_true", help="time inside CUDA graphs")
+    parser.add_argument("--e2e", action="store_true",
+                        help="also measure engine decode tokens/s, AWQ vs bf16 (dummy weights)")
+    parser.add_argument("--e2e-one", choices=("awq", "bf16"), help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/)")
+    args = parser.parse_args(argv)
+    if args.e2e_one:
+        print("E2E_RESULT " + json.dumps(e2e_decode(args.e2e_one, args.smoke)))
+        return 0
+    if args.smoke:
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            parser.error("--smoke on CPU needs TRITON_INTERPRET=1")
+        device, dtype = ("cuda", torch.float16) if torch.cuda.is_available() else ("cpu",
+                                                                                   torch.float32)
+        shapes, tokens, timing = ((256, 128), (128, 256)), (1, 4, 17), False
+    else:
+        if not torch.cuda.is_available():
+            parser.error("the benchmark needs a CUDA GPU (use --smoke to check it on CPU)")
+        device, dtype = "cuda", torch.float16
+        shapes, tokens, timing = SHAPES, TOKENS, True
+    torch.manual_seed(0)
+    rows = []
+    for k, n in shapes:
+        for m in tokens:
+            row = bench_shape(m, k, n, device, dtype, timing, args.cuda_graph)
+            rows.append(row)
+            if timing:
+                print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
+                      f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_fp16']:.2f}x)"
+                      f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
+                      f"  dequant {row['dequant_ms'] * 1e3:8.1f} us  "
+                      f"limit {row['memory_bound_speedup_limit']:.2f}x", flush=True)
+            else:
+                print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e}")
+    e2e = []
+    if args.e2e:
+        for variant in ("awq", "bf16"):
+            command = [sys.executable, __file__, "--e2e-one", variant]
+            command += ["--smoke"] if args.smoke else []
+            done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("E2E_RESULT ")]
+            if done.returncode != 0 or not lines:
+                raise RuntimeError(f"e2e {variant} failed:\n{done.stderr[-3000:]}")
+            e2e.append(json.loads(lines[-1][len("E2E_RESULT "):]))
+            for run in e2e[-1]["runs"]:
+                print(f"e2e {variant:4s} batch {run['batch']:3d}: "
+                      f"{run['output_tokens_per_s']:9.1f} tok/s  "
+                      f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
+    if not timing and args.out is None:
+        return 0
+    import triton
+
+    result = {
+        "benchmark": "w4a16_gemm",
+        "device": (torch.cuda.get_device_name() if device == "cuda"
+                   else platform.processor() or "cpu"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cuda": torch.version.cuda,
+        "commit": git_commit(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "timing": ("cuda_graph" if args.cuda_graph else "eager (triton.testing.do_bench)"),
+        "dtype": str(dtype).replace("torch.", ""),
+        "triton_max_tokens_dispatch": TRITON_MAX_TOKENS,
+        "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "results": rows,
+        "e2e_decode": e2e,
+    }
+    out = Path(args.out) if args.out else (
+        REPO / "benchmarks" / "results"
+        / f"w4a16_{result['device'].replace(' ', '_')}_{result['date_utc'][:10]}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Every Triton kernel against its torch reference on the GPU, in bf16 and fp16.
+
+Run by `bench_kernels.py` (results go into its JSON) or alone:
+`python benchmarks/check_kernels_gpu.py` (exit 1 on any mismatch, 2 without CUDA).
+"""
+
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_kernels  # noqa: E402  (beside this script)
+
+
+def check_all() -> list[dict]:
+    """Every kernel vs its torch reference on this GPU, bf16 and fp16."""
+    from kernels.attention import paged_attention_torch
+    from kernels.attention_triton import paged_attention_triton_impl
+    from kernels.dispatch import TORCH_OPS
+    from kernels.triton_ops import TRITON_OPS
+
+    device = bench_kernels.DEVICE
+    rows = []
+
+    def record(name: str, dtype_name: str, got: torch.Tensor, want: torch.Tensor, tol: float):
+        # |got - want| / (1 + |want|): absolute near zero, relative for large outputs.
+        want = want.float()
+        err = ((got.float() - want).abs() / (1 + want.abs())).max().item()
+        rows.append({"case": name, "dtype": dtype_name, "max_err": err, "ok": err <= tol})
+        print(f"check {name:36s} {dtype_name} err={err:.2e} {'ok' if err <= tol else 'FAIL'}")
+
+    for dtype_name, dtype in bench_kernels.DTYPES.items():
+        tol = 2e-2 if dtype == torch.bfloat16 else 3e-3  # a few ulp of the output dtype
+        for model in bench_kernels.MODELS:
+            for block_size in (16, 32):
+                # Mixed batch: decode rows and prefill/extend chunks of ragged lengths.
+                inputs = list(bench_kernels.paged_inputs(5, 1, 700, model, dtype, block_size))
+                q_lens = torch.tensor([1, 37, 1, 300, 5], device=device, dtype=torch.int32)
+                inputs[4] = torch.cat([q_lens.new_zeros(1), q_lens.cumsum(0)]).int()
+                inputs[5] = torch.tensor([700, 37, 129, 650, 16], device=device).int()
+                inputs[0] = torch.randn(int(q_lens.sum()), *inputs[0].shape[1:], dtype=dtype,
+                                        device=device)
+                inputs[7] = 300
+                want = paged_attention_torch(*[t.float() if i < 3 else t
+                                               for i, t in enumerate(inputs)])
+                got = paged_attention_triton_impl(*inputs)
+                record(f"attention_mixed_{model}_bs{block_size}", dtype_name, got, want, tol)
+            decode = bench_kernels.paged_inputs(2, 1, 3000, model, dtype, 16)
+            want = paged_attention_torch(*[t.float() if i < 3 else t
+                                           for i, t in enumerate(decode)])
+            for segments in (1, 4, 16):
+                got = paged_attention_triton_impl(*decode, num_segments=segments)
+                record(f"attention_decode_{model}_split{segments}", dtype_name, got, want, tol)
+        x = torch.randn(64, 4096, dtype=dtype, device=device)
+        r, w = torch.randn_like(x), torch.rand(4096, dtype=dtype, device=device)
+        record("rms_norm", dtype_name, TRITON_OPS.rms_norm(x, w, 1e-6),
+               TORCH_OPS.rms_norm(x, w, 1e-6), tol)
+        got, want = TRITON_OPS.rms_norm(x, w, 1e-6, r), TORCH_OPS.rms_norm(x, w, 1e-6, r)
+        record("rms_norm_residual", dtype_name, torch.cat(got), torch.cat(want), tol)
+        record("silu_and_mul", dtype_name, TRITON_OPS.silu_and_mul(x), TORCH_OPS.silu_and_mul(x),
+               tol)
+        from kernels.rope import build_cos_sin_cache
+
+        cache = build_cos_sin_cache(1.0 / 10000 ** (torch.arange(0, 64, 2) / 64), 4096).to(device)
+        positions = torch.randint(0, 4096, (64,), device=device)
+        for neox in (True, False):
+            q = torch.randn(64, 8, 128, dtype=dtype, device=device)
+            k = torch.randn(64, 2, 128, dtype=dtype, device=device)
+            want = TORCH_OPS.apply_rope(positions, q, k, cache, neox)
+            got = TRITON_OPS.apply_rope(positions, q.clone(), k.clone(), cache, neox)
+            record(f"rope_partial_{'neox' if neox else 'interleaved'}", dtype_name,
+                   torch.cat([got[0], got[1]], 1), torch.cat([want[0], want[1]], 1), tol)
+        key = torch.randn(50, 2, 128, dtype=dtype, device=device)
+        caches = [torch.zeros(8, 16, 2, 128, dtype=dtype, device=device) for _ in range(4)]
+        slots = torch.randperm(128, device=device)[:50]
+        slots[::7] = -1
+        TRITON_OPS.write_kv_cache(key, key, caches[0], caches[1], slots)
+        TORCH_OPS.write_kv_cache(key, key, caches[2], caches[3], slots)
+        record("write_kv_cache", dtype_name, torch.cat(caches[:2]), torch.cat(caches[2:]), 0.0)
+    return rows
+
+
+def main() -> int:
+    if not torch.cuda.is_available():
+        print("check_kernels_gpu: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    rows = check_all()
+    failed = [row for row in rows if not row["ok"]]
+    print(f"{len(rows) - len(failed)}/{len(rows)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

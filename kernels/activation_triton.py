@@ -1,0 +1,50 @@
+"""Triton SiLU-and-mul: out = silu(gate) * up for x = gate | up along the last dim.
+
+Rounds like `kernels.activation.silu_and_mul_torch` (silu rounded to the input dtype before
+the product). Import through `kernels.triton_ops`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.elementwise_tiling import num_warps_for, rows_per_program
+
+MAX_BLOCK = 1024  # columns per program; wider rows take several programs
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, num_rows, d, ROWS: tl.constexpr, BLOCK: tl.constexpr
+):
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = (rows[:, None] < num_rows) & (cols[None, :] < d)
+    gate_ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
+    gate = tl.load(gate_ptrs, mask=mask, other=0.0)
+    up = tl.load(gate_ptrs + d, mask=mask, other=0.0)
+    g = gate.to(tl.float32)
+    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    """x: [..., 2 * d] holding gate | up; returns [..., d]."""
+    if x.dim() == 0 or x.shape[-1] % 2:
+        raise ValueError(f"last dim of x must be even (gate | up), got shape {tuple(x.shape)}")
+    d = x.shape[-1] // 2
+    x_rows = x.reshape(-1, 2 * d)
+    if x_rows.stride(-1) != 1:
+        x_rows = x_rows.contiguous()
+    out = torch.empty((*x.shape[:-1], d), dtype=x.dtype, device=x.device)
+    out_rows = out.view(-1, d)
+    num_rows = x_rows.shape[0]
+    if num_rows > 0 and d > 0:
+        block = min(MAX_BLOCK, triton.next_power_of_2(d))
+        rows = rows_per_program(num_rows, block, x.device)
+        _silu_and_mul_kernel[(triton.cdiv(num_rows, rows), triton.cdiv(d, block))](
+            x_rows, out_rows, x_rows.stride(0), out_rows.stride(0), num_rows, d,
+            ROWS=rows, BLOCK=block, num_warps=num_warps_for(rows * block),
+        )
+    return out

@@ -1,0 +1,62 @@
+"""Launch policy of the Triton paged attention: tile configs and the flash-decoding split.
+
+Kept apart from the kernel so it can be read, tested and tuned without triton.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# Flash-decoding only pays off when each segment still streams a few KV tiles.
+MIN_TOKENS_PER_SEGMENT = 256
+MAX_SEGMENTS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionConfig:
+    block_m: int  # rows per program = BLOCK_Q query tokens * GROUP heads (padded)
+    tile_n: int  # KV tokens per inner-loop tile
+    num_warps: int
+    num_stages: int
+
+
+# Chosen without a GPU: no register spills and shared memory within sm_86's 99 KiB at head
+# dims 64..128 (tests/kernels/compile_for_gpu.py --ptxas-info). GPU timings are still to be
+# taken (benchmarks/bench_kernels.py --sweep compares alternatives).
+DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=3)
+PREFILL_CONFIG = AttentionConfig(block_m=64, tile_n=64, num_warps=8, num_stages=2)
+PREFILL_CONFIG_SMALL_HEAD = AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=2)
+
+
+# The CPU interpreter pays per program and per op, not per element: big tiles, few loops.
+INTERPRETER_CONFIG = AttentionConfig(block_m=128, tile_n=128, num_warps=4, num_stages=1)
+
+
+def default_config(max_query_len: int, head_dim: int, device: torch.device) -> AttentionConfig:
+    """Tiles for this batch: decode-only batches stream K/V, prefill chunks need big dots."""
+    if device.type != "cuda":
+        return INTERPRETER_CONFIG
+    if max_query_len == 1:
+        return DECODE_CONFIG
+    return PREFILL_CONFIG_SMALL_HEAD if head_dim <= 64 else PREFILL_CONFIG
+
+
+def choose_num_segments(
+    num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int, num_sms: int
+) -> int:
+    """Flash-decoding split count: >1 only for all-decode batches too small to fill the GPU."""
+    programs = num_seqs * num_kv_heads
+    if max_query_len != 1 or programs >= 2 * num_sms:
+        return 1
+    wanted = min(
+        math.ceil(2 * num_sms / programs), max_seq_len // MIN_TOKENS_PER_SEGMENT, MAX_SEGMENTS
+    )
+    # Powers of two keep the number of compiled variants small.
+    return 1 if wanted < 2 else 1 << (wanted.bit_length() - 1)
+
+
+def streaming_multiprocessors(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 1  # the interpreter gains nothing from splitting
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,21 @@
+"""The Triton implementation of every op, bundled for `kernels.dispatch.select_ops`.
+
+Imported lazily by the dispatch: on CPU, TRITON_INTERPRET=1 must already be set when this
+module (and so `triton.jit`) first runs, or the kernels would be built for a GPU.
+"""
+
+from kernels.activation_triton import silu_and_mul_triton
+from kernels.attention_triton import paged_attention_triton
+from kernels.dispatch import KernelOps
+from kernels.kv_cache_triton import write_kv_cache_triton
+from kernels.rmsnorm_triton import rms_norm_triton
+from kernels.rope_triton import apply_rope_triton
+
+TRITON_OPS = KernelOps(
+    name="triton",
+    paged_attention=paged_attention_triton,
+    write_kv_cache=write_kv_cache_triton,
+    rms_norm=rms_norm_triton,
+    apply_rope=apply_rope_triton,
+    silu_and_mul=silu_and_mul_triton,
+)

@@ -1,0 +1,265 @@
+"""AWQ over a Hugging Face causal LM, one decoder layer at a time.
+
+Only the embeddings (to catch layer 0's inputs) and the layer being quantised sit on the
+compute device, so a 7B model in fp16 needs about one layer of GPU memory plus the
+calibration activations. For each layer: record the inputs of its linears on the
+calibration batch (its fp outputs become the next layer's inputs, as in AutoAWQ), search
+and fold the scales of the four groups (norm -> q/k/v, v -> o when shapes allow,
+norm -> gate/up, up -> down), search clipping, then quantise and pack. The model is
+left holding the dequantised INT4 weights (what the checkpoint computes), so it can be
+evaluated directly afterwards.
+"""
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels.w4a16_gemm import dequantize_awq
+from quant.awq_search import (
+    apply_clip,
+    fold_scales_into_linear,
+    fold_scales_into_norm,
+    search_clip,
+    search_scale,
+)
+from quant.packing import pack_awq_weight
+
+# Families whose decoder layers have Llama's shape (RMSNorm, q/k/v/o, gate/up/down).
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+LINEAR_NAMES = (
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+)
+# Linears whose input is recorded; the others read the same tensor.
+INPUT_OF = {
+    "self_attn.q_proj": "self_attn.q_proj", "self_attn.k_proj": "self_attn.q_proj",
+    "self_attn.v_proj": "self_attn.q_proj", "self_attn.o_proj": "self_attn.o_proj",
+    "mlp.gate_proj": "mlp.gate_proj", "mlp.up_proj": "mlp.gate_proj",
+    "mlp.down_proj": "mlp.down_proj",
+}
+# q/k feed a dot product with each other: clipping them is scored badly by a linear error.
+NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
+
+
+@dataclass(frozen=True, slots=True)
+class AWQSettings:
+    group_size: int = 128
+    n_grid: int = 20
+    duo_scaling: bool = True
+    clip: bool = True
+    batch_size: int = 8  # calibration samples per forward (bounds activation memory)
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizeProgress:
+    layer: int  # layers finished
+    num_layers: int
+    elapsed_s: float
+    eta_s: float
+
+    def fraction(self) -> float:
+        return self.layer / self.num_layers
+
+
+ProgressCallback = Callable[[QuantizeProgress], None]
+
+
+def check_supported(config) -> None:
+    """Refuse, before any work, models whose shape AWQ-in-kvdeck cannot handle."""
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"unsupported architecture {model_type!r} for AWQ quantisation; supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+        )
+
+
+def check_group_divisibility(config, group_size: int) -> None:
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    dims = {
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_attention_heads * head_dim": config.num_attention_heads * head_dim,
+    }
+    for name, size in dims.items():
+        if size % group_size != 0:
+            raise ValueError(
+                f"{name} = {size} is not divisible by the AWQ group size {group_size}"
+            )
+    outputs = {
+        "num_key_value_heads * head_dim": config.num_key_value_heads * head_dim,
+        "intermediate_size": config.intermediate_size,
+    }
+    for name, size in outputs.items():
+        if size % 8 != 0:
+            raise ValueError(f"{name} = {size} is not a multiple of 8 (int4 packing)")
+
+
+class _StopForward(Exception):
+    pass
+
+
+@torch.no_grad()
+def quantize_awq(
+    model: nn.Module,
+    calibration_ids: torch.Tensor,
+    settings: AWQSettings = AWQSettings(),
+    device: torch.device | str = "cpu",
+    progress: ProgressCallback | None = None,
+) -> dict[str, torch.Tensor]:
+    """Quantise every decoder-layer linear of `model` (on CPU; moved to `device` a layer at a
+    time). Returns the packed tensors {"model.layers.i.<linear>.qweight": ..., "...qzeros",
+    "...scales"} in AutoAWQ's GEMM layout; norms and biases are updated in the model."""
+    check_supported(model.config)
+    check_group_divisibility(model.config, settings.group_size)
+    if calibration_ids.dim() != 2 or calibration_ids.numel() == 0:
+        raise ValueError("calibration_ids must be a non-empty [num_samples, seq_len] tensor")
+    device = torch.device(device)
+    layers = model.model.layers
+    hidden, layer_kwargs = _catch_layer0_inputs(model, calibration_ids, settings.batch_size, device)
+    packed: dict[str, torch.Tensor] = {}
+    start = time.monotonic()
+    for index, layer in enumerate(layers):
+        layer.to(device)
+        inputs, next_hidden = _record_linear_inputs(layer, hidden, layer_kwargs,
+                                                    settings.batch_size)
+        _search_and_fold_scales(layer, inputs, layer_kwargs, settings)
+        for name in LINEAR_NAMES:
+            linear = layer.get_submodule(name)
+            if settings.clip and name not in NO_CLIP:
+                max_val = search_clip(linear.weight, inputs[INPUT_OF[name]], settings.group_size)
+                apply_clip(linear, max_val, settings.group_size)
+            qweight, qzeros, scales = pack_awq_weight(linear.weight.data, settings.group_size)
+            prefix = f"model.layers.{index}.{name}"
+            packed[f"{prefix}.qweight"] = qweight.cpu()
+            packed[f"{prefix}.qzeros"] = qzeros.cpu()
+            packed[f"{prefix}.scales"] = scales.cpu()
+            dense = dequantize_awq(qweight, qzeros, scales.float(), settings.group_size)
+            linear.weight.data = dense.t().to(linear.weight.dtype).contiguous()
+        layer.to("cpu")
+        del inputs
+        hidden = next_hidden
+        if progress is not None:
+            elapsed = time.monotonic() - start
+            done = index + 1
+            progress(QuantizeProgress(done, len(layers), elapsed,
+                                      elapsed / done * (len(layers) - done)))
+    return packed
+
+
+def _catch_layer0_inputs(
+    model: nn.Module, ids: torch.Tensor, batch_size: int, device: torch.device
+) -> tuple[list[torch.Tensor], dict]:
+    """Run the model up to layer 0 and keep what it receives (hidden states and kwargs)."""
+    inner = model.model
+    inner.embed_tokens.to(device)
+    if getattr(inner, "rotary_emb", None) is not None:
+        inner.rotary_emb.to(device)
+    caught: list[torch.Tensor] = []
+    kwargs_seen: dict = {}
+
+    def hook(module, args, kwargs):
+        caught.append(args[0] if args else kwargs["hidden_states"])
+        if not kwargs_seen:
+            kwargs_seen.update(kwargs)
+        raise _StopForward
+
+    handle = inner.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
+    try:
+        for start in range(0, ids.shape[0], batch_size):
+            try:
+                model(ids[start:start + batch_size].to(device), use_cache=False)
+            except _StopForward:
+                pass
+    finally:
+        handle.remove()
+        inner.embed_tokens.to("cpu")
+    kwargs_seen.pop("hidden_states", None)
+    kwargs_seen["use_cache"] = False
+    kwargs_seen["past_key_values"] = None
+    # No padding in calibration: every sample has the same mask, positions and rotary
+    # tables; keep one row so they broadcast over batches of any size.
+    batch = caught[0].shape[0]
+    return caught, {key: _first_row(value, batch) for key, value in kwargs_seen.items()}
+
+
+def _first_row(value, batch: int):
+    if isinstance(value, tuple):
+        return tuple(_first_row(item, batch) for item in value)
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == batch:
+        return value[:1]
+    return value
+
+
+def _layer_output(output) -> torch.Tensor:
+    return output[0] if isinstance(output, tuple) else output
+
+
+def _record_linear_inputs(
+    layer: nn.Module, hidden: list[torch.Tensor], kwargs: dict, batch_size: int
+) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+    recorded: dict[str, list[torch.Tensor]] = {name: [] for name in set(INPUT_OF.values())}
+    handles = [
+        layer.get_submodule(name).register_forward_hook(
+            lambda module, args, output, name=name: recorded[name].append(args[0])
+        )
+        for name in recorded
+    ]
+    try:
+        outputs = [_layer_output(layer(chunk, **kwargs)) for chunk in hidden]
+    finally:
+        for handle in handles:
+            handle.remove()
+    return {name: torch.cat(chunks, dim=0) for name, chunks in recorded.items()}, outputs
+
+
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int):
+    def run(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([fn(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+
+    return run
+
+
+def _search_and_fold_scales(
+    layer: nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict, settings: AWQSettings
+) -> None:
+    attn, mlp = layer.self_attn, layer.mlp
+    attn_kwargs = {k: v for k, v in kwargs.items() if k != "use_cache"}
+    batch, group, grid = settings.batch_size, settings.group_size, settings.n_grid
+
+    def attention(x: torch.Tensor) -> torch.Tensor:
+        return _layer_output(attn(hidden_states=x, **attn_kwargs))
+
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    gate_up = [mlp.gate_proj, mlp.up_proj]
+    # All four searches score the layer as it came in; the folds are applied afterwards.
+    qkv_scales = search_scale(_chunked(attention, batch), qkv, inputs["self_attn.q_proj"],
+                              group, grid, settings.duo_scaling)
+    v_o_scales = None
+    if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
+        # With grouped-query attention v's rows do not map one to one onto o's inputs.
+        v_o_scales = search_scale(_chunked(attn.o_proj, batch), [attn.o_proj],
+                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling)
+    mlp_scales = search_scale(_chunked(mlp, batch), gate_up, inputs["mlp.gate_proj"],
+                              group, grid, settings.duo_scaling)
+    down_scales = search_scale(_chunked(mlp.down_proj, batch), [mlp.down_proj],
+                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling)
+
+    # The recorded inputs are divided too: the clip search then sees what the scaled
+    # weights will really be multiplied with.
+    fold_scales_into_norm(layer.input_layernorm, qkv, qkv_scales)
+    _divide(inputs, "self_attn.q_proj", qkv_scales)
+    if v_o_scales is not None:
+        fold_scales_into_linear(attn.v_proj, [attn.o_proj], v_o_scales)
+        _divide(inputs, "self_attn.o_proj", v_o_scales)
+    fold_scales_into_norm(layer.post_attention_layernorm, gate_up, mlp_scales)
+    _divide(inputs, "mlp.gate_proj", mlp_scales)
+    fold_scales_into_linear(mlp.up_proj, [mlp.down_proj], down_scales)
+    _divide(inputs, "mlp.down_proj", down_scales)
+
+
+def _divide(inputs: dict[str, torch.Tensor], name: str, scales: torch.Tensor) -> None:
+    inputs[name] = inputs[name] / scales.to(inputs[name].dtype)

@@ -1,0 +1,133 @@
+"""`kvdeck quantize` and `kvdeck eval-ppl` (registered by app/cli.py through COMMANDS)."""
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from quant.awq_quantizer import QuantizeProgress
+
+BAR_WIDTH = 30
+
+
+def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="model directory (or hub id in the local cache)")
+    parser.add_argument("--method", choices=("awq",), default="awq",
+                        help="quantisation method (default: awq)")
+    parser.add_argument("--out", default=None,
+                        help="output directory (default: <source>-awq beside the source)")
+    parser.add_argument("--calib-file", default=None,
+                        help="calibration text (default: assets/calibration/calibration.txt)")
+    parser.add_argument("--num-samples", type=int, default=128,
+                        help="calibration sequences (default: 128)")
+    parser.add_argument("--seq-len", type=int, default=512,
+                        help="tokens per calibration sequence (default: 512)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+                        help="where layers are quantised (default: cuda if available)")
+
+
+def format_seconds(seconds: float) -> str:
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+
+
+def progress_line(event: QuantizeProgress) -> str:
+    filled = int(BAR_WIDTH * event.fraction())
+    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
+    return (
+        f"AWQ [{bar}] layer {event.layer}/{event.num_layers}  "
+        f"elapsed {format_seconds(event.elapsed_s)}  ETA {format_seconds(event.eta_s)}"
+    )
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    from quant.awq_pipeline import QuantizeJob, run_quantize_job
+
+    job = QuantizeJob(
+        source=args.source, out_dir=args.out, calib_file=args.calib_file,
+        num_samples=args.num_samples, seq_len=args.seq_len, device=args.device,
+    )
+    stream = sys.stderr
+
+    def show(event: QuantizeProgress) -> None:
+        end = "\n" if event.layer == event.num_layers else ""
+        stream.write("\r" + progress_line(event) + end)
+        stream.flush()
+
+    print(f"quantising {args.source} with AWQ (4-bit, group 128) ...", file=stream)
+    start = time.monotonic()
+    try:
+        out_dir = run_quantize_job(job, progress=show)
+    except OSError as exc:
+        print(f"\nkvdeck: error: {exc.strerror or exc}", file=stream)
+        return 1
+    except KeyboardInterrupt:
+        print("\nkvdeck: interrupted; nothing was written", file=stream)
+        return 130
+    print(f"wrote {out_dir} in {format_seconds(time.monotonic() - start)}")
+    return 0
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", help="model directory (fp or AWQ checkpoint)")
+    parser.add_argument("--file", required=True, help="text file to score")
+    parser.add_argument("--seq-len", type=int, default=512,
+                        help="tokens per scored window (default: 512)")
+    parser.add_argument("--max-windows", type=int, default=None,
+                        help="score at most this many windows (default: the whole file)")
+    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+
+
+def run_eval_ppl(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from quant.awq_pipeline import pick_device, resolve_model_dir
+    from quant.hf_int4 import load_awq_into_transformers
+    from quant.perplexity import hf_logits_fn, perplexity
+
+    model_dir = resolve_model_dir(args.model)
+    text_path = Path(args.file)
+    if not text_path.is_file():
+        raise ValueError(f"--file {args.file!r} does not exist")
+    if args.max_windows is not None and args.max_windows <= 0:
+        raise ValueError(f"--max-windows must be > 0, got {args.max_windows}")
+    device = pick_device(args.device)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    config = json.loads((model_dir / "config.json").read_text())
+    quant_method = (config.get("quantization_config") or {}).get("quant_method")
+    if quant_method == "awq":
+        # kvdeck's INT4 linear layers inside the transformers model of the architecture.
+        model = load_awq_into_transformers(model_dir, device, dtype)
+        kind = "AWQ INT4 (kvdeck W4A16 layers)"
+    elif quant_method is None:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+        kind = f"dense {str(dtype).replace('torch.', '')}"
+    else:
+        raise ValueError(f"cannot evaluate quant_method {quant_method!r}; kvdeck reads AWQ")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    text = text_path.read_text(encoding="utf-8", errors="replace")
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    result = perplexity(hf_logits_fn(model), ids, args.seq_len, args.max_windows)
+    print(
+        f"perplexity: {result.perplexity:.4f}  ({result.num_tokens} tokens, "
+        f"{result.num_windows} windows of up to {args.seq_len}; {kind} on {device.type})"
+    )
+    return 0
+
+
+COMMANDS = {
+    "quantize": (
+        "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)",
+        add_quantize_arguments,
+        run_quantize,
+    ),
+    "eval-ppl": (
+        "perplexity of a model (dense or AWQ) on a text file",
+        add_eval_arguments,
+        run_eval_ppl,
+    ),
+}

@@ -1,0 +1,134 @@
+"""`kvdeck pull / models / rm` through app.cli, against the loopback hub."""
+
+import io
+import json
+
+import pytest
+
+from app import model_store
+from app.cli import main
+from app.recommended import RECOMMENDED, format_params, memory_estimate, num_parameters, weight_bytes
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_pull_models_rm_round_trip(hub, capsys, monkeypatch):
+    assert main(["pull", "tiny/llama"]) == 0
+    out = capsys.readouterr().out
+    assert "verified tiny/llama (LlamaForCausalLM" in out
+    assert "done  model-00002-of-00003.safetensors" in out
+
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    header, row = out.splitlines()[:2]
+    assert header.split() == ["NAME", "ARCH", "PARAMS", "DTYPE", "QUANT", "SIZE", "OK", "SOURCE"]
+    listed = model_store.find_model("tiny/llama")
+    params = format_params(listed.num_params)
+    assert params.endswith("K")  # the tiny model has under a million parameters
+    assert row.split()[:5] == ["tiny/llama", "LlamaForCausalLM", params, "float16", "-"]
+    assert "free disk:" in out
+
+    assert main(["models", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    [model] = data["models"]
+    assert model["name"] == "tiny/llama" and model["supported"] and model["verified"]
+    assert data["pending"] == [] and data["free_disk_bytes"] > 0
+
+    # Without a terminal and without --yes, rm refuses.
+    monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))
+    assert main(["rm", "tiny/llama"]) == 1
+    assert "--yes" in capsys.readouterr().err
+    assert main(["rm", "tiny/llama", "--yes"]) == 0
+    assert model_store.list_models() == []
+    assert main(["rm", "tiny/llama", "--yes"]) == 1
+    assert "no local model" in capsys.readouterr().err
+
+
+def test_rm_asks_for_confirmation_on_a_terminal(hub, capsys):
+    from app.download import download_model
+    from app.model_commands import run_rm
+
+    download_model("tiny/llama")
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    args = type("Args", (), {"name": "tiny/llama", "yes": False})()
+    assert run_rm(args, out=io.StringIO(), stdin=Tty("n\n")) == 1
+    assert [m.name for m in model_store.list_models()] == ["tiny/llama"]
+    assert run_rm(args, out=io.StringIO(), stdin=Tty("y\n")) == 0
+    assert model_store.list_models() == []
+
+
+def test_pull_errors_are_clear_and_exit_nonzero(hub, capsys):
+    assert main(["pull", "tiny/missing"]) == 1
+    assert "no such model" in capsys.readouterr().err
+    assert main(["pull", "tiny/gated-llama"]) == 1
+    assert "gated" in capsys.readouterr().err
+    assert main(["pull", "tiny/gpt2ish"]) == 1
+    assert "not supported" in capsys.readouterr().err
+    assert main(["models"]) == 0
+    assert "no local models" in capsys.readouterr().out
+
+
+def test_models_recommended_lists_memory_needs(kvdeck_env, capsys):
+    assert main(["models", "--recommended", "--context", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4" in out
+    assert "8.03B" in out
+
+
+# Parameter counts that the hub reports for these checkpoints (safetensors metadata).
+PUBLISHED_PARAMS = {
+    "Qwen/Qwen2.5-0.5B-Instruct": 494_032_768,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "Qwen/Qwen3-8B": 8_190_735_360,
+    "meta-llama/Llama-3.2-1B-Instruct": 1_235_814_400,
+    "meta-llama/Llama-3.2-3B-Instruct": 3_212_749_824,
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+    "mistralai/Mistral-7B-Instruct-v0.3": 7_248_023_552,
+}
+
+
+def test_recommended_parameter_counts_match_published_ones():
+    by_id = {r.repo_id: r for r in RECOMMENDED}
+    for repo_id, published in PUBLISHED_PARAMS.items():
+        assert num_parameters(by_id[repo_id].arch) == published, repo_id
+
+
+def test_recommended_memory_estimates_are_consistent():
+    by_id = {r.repo_id: r for r in RECOMMENDED}
+    fp = by_id["meta-llama/Llama-3.1-8B-Instruct"]
+    awq = by_id["hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"]
+    assert weight_bytes(fp.arch, None) == 2 * 8_030_261_248
+    # INT4 shrinks the linears about 4x; embeddings stay fp16.
+    assert 0.3 < weight_bytes(awq.arch, "awq") / weight_bytes(fp.arch, None) < 0.36
+    e1, e2 = memory_estimate(fp, 4096), memory_estimate(fp, 8192)
+    assert e2.kv_cache_bytes == 2 * e1.kv_cache_bytes == 2 * 4096 * 131072  # 128 KiB per token
+    assert e2.total_bytes > e1.total_bytes
+    with pytest.raises(ValueError, match="context_tokens"):
+        memory_estimate(fp, 0)
+    for r in RECOMMENDED:  # every curated model is one kvdeck runs
+        assert r.arch.family in ("llama", "mistral", "qwen2", "qwen3")
+
+
+def test_terminal_progress_draws_bar_speed_eta_and_files(monkeypatch):
+    from app.download_progress import DownloadProgress, FileProgress
+    from app.model_commands import TerminalProgress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "160")
+    out = Tty()
+    bar = TerminalProgress(out)
+    files = [FileProgress("config.json", 100, 100, "done"),
+             FileProgress("model.safetensors", 4_000_000, 1_000_000, "downloading")]
+    bar(DownloadProgress("org/m", "downloading", files, 4_000_100, 1_000_100, 2e6, 1.5,
+                         "model.safetensors"))  # fmt: skip
+    text = out.getvalue()
+    assert "done  config.json (100 B)" in text
+    assert "[##########" in text and " 25%" in text and "2.0 MB/s" in text and "ETA 00:01" in text
+    assert "model.safetensors  25%" in text

@@ -1,0 +1,267 @@
+"""The official openai client against a live `kvdeck --serve`, checked against the offline LLM."""
+
+import asyncio
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine import LLM, SamplingParams
+from tests.serve.conftest import KV_GIB, start_server, stop_server
+
+pytestmark = pytest.mark.timeout(120)
+
+PROMPTS = ["The quick brown fox", "Paged attention stores", "def add(a, b):"]
+MESSAGES = [{"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "What is prefix caching?"}]
+
+
+@pytest.fixture(scope="module")
+def server(serve_model_dir, tmp_path_factory):
+    live = start_server(serve_model_dir, tmp_path_factory.mktemp("serve_logs"))
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def api(server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def model_name(api) -> str:
+    return api.models.list().data[0].id
+
+
+@pytest.fixture(scope="module")
+def offline(serve_model_dir) -> LLM:
+    return LLM(str(serve_model_dir), kv_cache_memory_gib=float(KV_GIB))
+
+
+def metrics(server) -> dict[str, float]:
+    """Every sample as 'name{label=value,...}' -> value (model_name label left out)."""
+    text = httpx.get(f"{server.base_url}/metrics").text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "model_name")
+            samples[f"{s.name}{{{labels}}}"] = s.value
+    return samples
+
+
+def wait_idle(server, timeout: float = 10.0) -> dict[str, float]:
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(server)
+        idle = m["vllm:num_requests_running{}"] == 0 and m["vllm:num_requests_waiting{}"] == 0
+        if (idle and m["vllm:kv_cache_usage_perc{}"] == 0) or time.monotonic() > deadline:
+            return m
+        time.sleep(0.05)
+
+
+def test_health_and_models(server, api, serve_model_dir):
+    health = httpx.get(f"{server.base_url}/health")
+    assert health.status_code == 200 and health.json()["status"] == "ready"
+    models = api.models.list().data
+    assert [m.id for m in models] == [str(serve_model_dir)]
+
+
+def test_completion_equals_offline_greedy(api, model_name, offline):
+    expected = offline.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=12))
+    for prompt, want in zip(PROMPTS, expected, strict=True):
+        got = api.completions.create(model=model_name, prompt=prompt, max_tokens=12,
+                                     temperature=0)
+        assert got.choices[0].text == want.outputs[0].text
+        assert got.choices[0].finish_reason == want.outputs[0].finish_reason
+        assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+        assert got.usage.completion_tokens == len(want.outputs[0].token_ids)
+        assert got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens
+
+
+def test_completion_stream_equals_non_stream(api, model_name):
+    whole = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=20,
+                                   temperature=0, extra_body={"ignore_eos": True})
+    chunks = list(api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=20,
+                                         temperature=0, stream=True,
+                                         stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_chat_equals_offline_greedy(api, model_name, offline):
+    want = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=16))[0]
+    got = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=16,
+                                      temperature=0)
+    assert got.choices[0].message.role == "assistant"
+    assert got.choices[0].message.content == want.outputs[0].text
+    assert got.usage.prompt_tokens == len(want.prompt_token_ids)
+    assert got.usage.completion_tokens == len(want.outputs[0].token_ids)
+
+
+def test_chat_stream(api, model_name):
+    whole = api.chat.completions.create(model=model_name, messages=MESSAGES, temperature=0,
+                                        max_completion_tokens=10)
+    stream = api.chat.completions.create(model=model_name, messages=MESSAGES, temperature=0,
+                                         max_completion_tokens=10, stream=True,
+                                         stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == [whole.choices[0].finish_reason]
+    assert chunks[-1].usage.total_tokens == whole.usage.total_tokens
+
+
+def test_stop_string_cuts_the_text(api, model_name):
+    free = api.completions.create(model=model_name, prompt=PROMPTS[1], max_tokens=24,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    text = free.choices[0].text
+    stop = text[6:9]
+    assert len(stop) == 3
+    for stream in (False, True):
+        got = api.completions.create(model=model_name, prompt=PROMPTS[1], max_tokens=24,
+                                     temperature=0, stop=[stop], stream=stream,
+                                     extra_body={"ignore_eos": True})
+        if stream:
+            chunks = list(got)
+            out = "".join(c.choices[0].text for c in chunks)
+            reason = chunks[-1].choices[0].finish_reason
+        else:
+            out, reason = got.choices[0].text, got.choices[0].finish_reason
+        assert out == text[: text.index(stop)]
+        assert reason == "stop"
+
+
+def test_seed_reproducibility(api, model_name):
+    def sample(seed: int) -> str:
+        return api.completions.create(model=model_name, prompt=PROMPTS[2], max_tokens=16,
+                                      temperature=1.0, seed=seed,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+
+    first, again, other = sample(7), sample(7), sample(8)
+    assert first == again
+    assert first != other
+
+
+def test_logprobs(api, model_name):
+    chat = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=5,
+                                       temperature=0, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0 and len(entry.top_logprobs) == 3
+        # greedy: the sampled token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+    comp = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=5,
+                                  temperature=0, logprobs=2)
+    lp = comp.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    assert "".join(lp.tokens) == comp.choices[0].text
+
+
+def test_tokenize_detokenize(server, api, model_name):
+    tok = httpx.post(f"{server.base_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
+    assert tok["count"] == len(tok["tokens"]) > 0
+    detok = httpx.post(f"{server.base_url}/detokenize", json={"tokens": tok["tokens"]}).json()
+    assert detok["prompt"] == PROMPTS[0]
+    usage = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=1).usage
+    assert usage.prompt_tokens == tok["count"]
+    chat_tok = httpx.post(f"{server.base_url}/tokenize", json={"messages": MESSAGES}).json()
+    chat = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=1)
+    assert chat.usage.prompt_tokens == chat_tok["count"]
+
+
+def test_metrics_move_and_settle(server, api, model_name):
+    before = wait_idle(server)
+    out = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=7,
+                                 temperature=0, extra_body={"ignore_eos": True})
+    after = wait_idle(server)
+    assert after["vllm:kv_cache_usage_perc{}"] == 0
+    assert after["vllm:num_requests_running{}"] == 0
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["vllm:generation_tokens_total{}"] == 7
+    assert delta["vllm:prompt_tokens_total{}"] == out.usage.prompt_tokens
+    assert delta["vllm:request_success_total{finished_reason=length}"] == 1
+    assert delta["vllm:prefix_cache_queries_total{}"] == out.usage.prompt_tokens
+    for histogram in ("time_to_first_token_seconds", "e2e_request_latency_seconds",
+                      "request_queue_time_seconds"):
+        assert delta[f"vllm:{histogram}_count{{}}"] == 1
+    assert delta["vllm:inter_token_latency_seconds_count{}"] == 6
+    assert after["vllm:e2e_request_latency_seconds_sum{}"] > 0
+    assert after["kvdeck:num_kv_blocks{}"] > 0
+
+
+async def test_64_concurrent_streams(server, model_name, offline):
+    prompts = [f"request {i}: {PROMPTS[i % 3]}" for i in range(64)]
+    expected = offline.generate(prompts, SamplingParams(temperature=0, max_tokens=16,
+                                                        ignore_eos=True))
+    api = openai.AsyncOpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                             http_client=httpx.AsyncClient(limits=httpx.Limits(
+                                 max_connections=100)))
+
+    async def one(prompt: str) -> tuple[str, int, str]:
+        stream = await api.completions.create(model=model_name, prompt=prompt, max_tokens=16,
+                                              temperature=0, stream=True,
+                                              stream_options={"include_usage": True},
+                                              extra_body={"ignore_eos": True})
+        text, usage, reason = "", None, None
+        async for chunk in stream:
+            if chunk.choices:
+                text += chunk.choices[0].text
+                reason = chunk.choices[0].finish_reason or reason
+            if chunk.usage:
+                usage = chunk.usage.completion_tokens
+        return text, usage, reason
+
+    results = await asyncio.wait_for(asyncio.gather(*(one(p) for p in prompts)), 90)
+    await api.close()
+    assert [r[0] for r in results] == [e.outputs[0].text for e in expected]
+    assert all(r[1] == 16 and r[2] == "length" for r in results)
+    assert wait_idle(server)["vllm:kv_cache_usage_perc{}"] == 0
+
+
+def test_disconnect_mid_stream_aborts(server, api, model_name):
+    before = wait_idle(server)
+    body = {"model": model_name, "prompt": PROMPTS[0], "max_tokens": 480, "ignore_eos": True,
+            "stream": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{server.base_url}/v1/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()  # kept referenced: dropping it closes the stream
+            received = 0
+            while received < 3:
+                received += next(lines).startswith("data: {")
+            # while it runs, the engine holds blocks for it (stats arrive ~15 times a second)
+            deadline = time.monotonic() + 5
+            while metrics(server)["vllm:kv_cache_usage_perc{}"] == 0:
+                assert time.monotonic() < deadline, "the running request holds no blocks"
+                time.sleep(0.02)
+    after = wait_idle(server)  # leaving the block closed the connection mid-stream
+    assert after["vllm:kv_cache_usage_perc{}"] == 0
+    assert after["vllm:num_requests_running{}"] == 0
+    aborted = after.get("vllm:request_success_total{finished_reason=abort}", 0)
+    assert aborted - before.get("vllm:request_success_total{finished_reason=abort}", 0) == 1
+    generated = after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"]
+    assert generated < 480  # stopped early, not run to the end
+    # and the server keeps serving
+    assert api.completions.create(model=model_name, prompt="ok", max_tokens=2).usage
+
+
+def test_disconnect_before_a_plain_response_aborts(server):
+    before = wait_idle(server)
+    body = {"prompt": PROMPTS[1], "max_tokens": 480, "ignore_eos": True}
+    with pytest.raises(httpx.TimeoutException):  # the client gives up and hangs up
+        httpx.post(f"{server.base_url}/v1/completions", json=body,
+                   timeout=httpx.Timeout(10.0, read=0.5))
+    after = wait_idle(server)
+    key = "vllm:request_success_total{finished_reason=abort}"
+    assert after.get(key, 0) - before.get(key, 0) == 1
+    assert after["vllm:kv_cache_usage_perc{}"] == 0
+

@@ -1,0 +1,50 @@
+"""Fixtures for the TUI tests: the app wired to the deterministic fake engine client."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.tui.fake_engine import FakeEngineClient
+from tui.app import KvdeckApp
+
+
+class FakeFactory:
+    """Makes fake clients (a restart makes a new one) and remembers them."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.kwargs = kwargs
+        self.clients: list[FakeEngineClient] = []
+
+    def __call__(self) -> FakeEngineClient:
+        client = FakeEngineClient(**self.kwargs)  # type: ignore[arg-type]
+        self.clients.append(client)
+        return client
+
+    @property
+    def client(self) -> FakeEngineClient:
+        return self.clients[-1]
+
+
+@pytest.fixture
+def make_app(tmp_path: Path) -> Callable[..., tuple[KvdeckApp, FakeFactory]]:
+    def make(**fake_kwargs: object) -> tuple[KvdeckApp, FakeFactory]:
+        factory = FakeFactory(**fake_kwargs)
+        app = KvdeckApp(factory, model_name="fake-llama", transcript_dir=tmp_path / "chats")
+        return app, factory
+
+    return make
+
+
+async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 5.0,
+                   step: float = 0.02) -> bool:
+    """Let the app run until condition() holds (True) or timeout passes (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await pilot.pause(step)
+    return condition()

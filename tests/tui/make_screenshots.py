@@ -1,0 +1,101 @@
+"""Take the README's screenshots: the chat beside the dashboard during a load burst.
+
+    python -m tests.tui.make_screenshots [--model DIR] [--out assets/screenshots]
+
+Runs the real engine (CPU is fine) on the given model, or on the bundled demo model, or,
+when neither exists, on a tiny random Llama built on the fly. Writes SVG files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+
+from textual.widgets import DataTable, Input
+
+from tui.app import KvdeckApp
+from tui.chat_settings import ChatSettings
+from tui.engine_factory import real_client_factory
+from tui.load_generator import LoadSpec
+
+REPO = Path(__file__).resolve().parents[2]
+# 48 requests of 12 prompt + 24 output blocks would need 1728 blocks: more than the pool, so
+# the burst shows chunked prefill, prefix sharing and then preemption; long outputs keep it
+# running long enough to catch on a fast machine.
+ENGINE = dict(num_gpu_blocks_override=1024, max_model_len=512)
+BURST = LoadSpec(num_requests=48, prompt_tokens=192, output_tokens=384, shared_prefix_tokens=64)
+
+
+async def until(pilot, condition, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        await pilot.pause(0.05)
+    return False
+
+
+async def shoot(model: str, out_dir: Path, size: tuple[int, int], prefix: str,
+                with_latency: bool) -> list[Path]:
+    settings = ChatSettings(temperature=0.8, max_tokens=48, seed=1)
+    with tempfile.TemporaryDirectory() as chats:
+        app = KvdeckApp(real_client_factory(model, dict(ENGINE)), model_name=Path(model).name,
+                        transcript_dir=Path(chats), chat_settings=settings)
+        written = []
+        async with app.run_test(size=size) as pilot:
+            if not await until(pilot, lambda: app.engine_ready, 180):
+                raise RuntimeError(f"the engine did not start: {app.client.health()}")
+            chat = app.screen.chat
+            chat.query_one("#prompt", Input).focus()
+            await pilot.press(*"What does the block map show?")
+            await pilot.press("enter")
+            await until(pilot, lambda: not chat.generating, 60)
+            app._fire_load(BURST)
+            state = app.dashboard_state
+            if not await until(pilot, lambda: state.stats is not None
+                               and state.stats.num_running >= 24
+                               and state.stats.kv_cache_usage > 0.6, 120):
+                raise RuntimeError("the burst never filled the KV pool")
+            await pilot.pause(0.5)  # a few decode steps: block tables grow, ITL points appear
+            table = app.screen.query_one("#request-table", DataTable)
+            if table.row_count > 1:
+                table.focus()
+                await pilot.press("down")
+                await pilot.pause(0.3)
+            path = out_dir / f"{prefix}-load-burst.svg"
+            app.save_screenshot(str(path))
+            written.append(path)
+            if with_latency:
+                await pilot.press("f3")
+                await pilot.pause(1.0)
+                path = out_dir / f"{prefix}-latency.svg"
+                app.save_screenshot(str(path))
+                written.append(path)
+            await app.load.stop()
+        return written
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--out", type=Path, default=REPO / "assets" / "screenshots")
+    args = parser.parse_args()
+    model = args.model
+    if model is None and (REPO / "assets" / "demo_model" / "config.json").is_file():
+        model = str(REPO / "assets" / "demo_model")
+    if model is None:
+        from tests.model_factory import build_tiny_model
+
+        model = str(build_tiny_model(Path(tempfile.mkdtemp()) / "tiny-llama", "llama"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    for size, prefix, latency in (((160, 48), "kvdeck-160x48", True),
+                                  ((80, 24), "kvdeck-80x24", False)):
+        for path in asyncio.run(shoot(model, args.out, size, prefix, latency)):
+            print(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""The dashboard driven with the Pilot against the fake engine client."""
+
+from __future__ import annotations
+
+import time
+
+from textual.widgets import DataTable, Input
+
+from tests.tui.conftest import wait_for
+from tui.screens.load_generator import LoadGeneratorScreen
+from tui.widgets.block_map import BlockMap
+from tui.widgets.dashboard import Dashboard
+from tui.widgets.request_inspector import RequestInspector
+
+
+async def fire_load(pilot, **values: int) -> None:
+    app = pilot.app
+    await pilot.press("ctrl+l")
+    assert await wait_for(pilot, lambda: isinstance(app.screen, LoadGeneratorScreen))
+    for name, value in values.items():
+        app.screen.query_one(f"#{name}", Input).value = str(value)
+    app.screen.action_fire()
+
+
+async def test_load_generator_running_and_kv_rise_then_fall_to_zero(make_app):
+    app, factory = make_app(token_delay=0.02, num_blocks=128)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=6, prompt_tokens=40, output_tokens=20,
+                        shared_prefix_tokens=32)
+        state = app.dashboard_state
+        peak = {"running": 0, "kv": 0.0}
+
+        def rose() -> bool:
+            if state.stats is not None:
+                peak["running"] = max(peak["running"], state.stats.num_running)
+                peak["kv"] = max(peak["kv"], state.stats.kv_cache_usage)
+            return peak["running"] >= 2
+        assert await wait_for(pilot, rose)
+        assert peak["kv"] > 0
+        # The shared 32-token prefix is two full blocks: later requests reuse them.
+        assert await wait_for(pilot, lambda: state.stats.prefix_cache_hits > 0)
+        assert await wait_for(pilot, lambda: not app.load.running, timeout=15)
+        assert await wait_for(pilot, lambda: state.stats.num_running == 0
+                              and state.stats.kv_cache_usage == 0.0)
+        assert state.stats.num_requests_finished == 6
+        assert state.tokens_per_s >= 0 and len(state.ttft_points) == 6
+        block_map = app.screen.query_one(BlockMap)
+        assert await wait_for(pilot, lambda: all(o is None for o in block_map.cells.owners))
+
+
+async def test_load_generator_rejects_bad_values_and_can_be_stopped(make_app):
+    app, factory = make_app(token_delay=0.05, num_blocks=256, max_model_len=256)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, prompt_tokens=200, output_tokens=100)
+        await pilot.pause()
+        error = str(app.screen.query_one("#load-error").render())
+        assert "max_model_len (256)" in error
+        app.screen.query_one("#output_tokens", Input).value = "50"
+        app.screen.query_one("#num_requests", Input).value = "3"
+        app.screen.action_fire()
+        assert await wait_for(pilot, lambda: app.load.running)
+        # In a narrow terminal firing the load switches to the dashboard.
+        assert app.screen.has_class("-show-dashboard")
+        await pilot.press("ctrl+l")  # again: stops the burst
+        assert await wait_for(pilot, lambda: not app.load.running)
+        assert len(factory.client.aborted_ids) == 3
+        assert await wait_for(pilot, lambda: app.dashboard_state.stats.num_running == 0)
+
+
+async def test_inspector_shows_the_selected_requests_block_table(make_app):
+    # Slow tokens: the block tables hold still while the test compares them.
+    app, factory = make_app(token_delay=3.0, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=3, prompt_tokens=64, output_tokens=60,
+                        shared_prefix_tokens=16)
+        inspector = app.screen.query_one(RequestInspector)
+        table = inspector.query_one(DataTable)
+        assert await wait_for(pilot, lambda: table.row_count == 3)
+        table.focus()
+        await pilot.press("down")  # highlight the second request
+        assert await wait_for(pilot, lambda: inspector.selected_id is not None)
+        selected = inspector.selected_id
+        block_map = app.screen.query_one(BlockMap)
+        assert block_map.selected_request == selected
+        engine_table = {r.request_id: r.block_table
+                        for r in factory.client.snapshot().requests}[selected]
+        assert len(engine_table) == 4  # 64 prompt tokens / 16 per block
+        detail = str(inspector.query_one("#request-detail").render())
+        expected = "  ".join(f"{i}→{b}" for i, b in enumerate(engine_table))
+        assert expected in detail
+        current = engine_table
+        # Its blocks are drawn at full colour; the other requests' blocks are muted.
+        owned = [b for b, o in enumerate(block_map.cells.owners) if o == selected]
+        assert owned and all(b in current for b in owned)
+        # Clicking a block of another request selects that request.
+        other = next(o for o in block_map.cells.owners if o and o != selected)
+        block = block_map.cells.owners.index(other)
+        per_row, cell = block_map._columns, block_map._cell_width
+        await pilot.click(BlockMap, offset=(block % per_row * cell, block // per_row))
+        assert await wait_for(pilot, lambda: inspector.selected_id == other)
+        await app.load.stop()
+
+
+async def test_dashboard_redraws_at_least_ten_times_a_second(make_app):
+    app, factory = make_app(token_delay=0.02, stats_interval=0.02)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        dashboard = app.screen.query_one(Dashboard)
+        start_count, start = dashboard.redraws, time.monotonic()
+        await pilot.pause(1.5)
+        rate = (dashboard.redraws - start_count) / (time.monotonic() - start)
+        assert rate >= 8, f"dashboard redrew {rate:.1f} times/s (timer is 12/s)"
+
+
+async def test_narrow_terminal_switches_panes_and_tabs(make_app):
+    app, factory = make_app(frozen_stats=None)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        screen = app.screen
+        assert screen.has_class("-narrow")
+        assert screen.query_one("#chat").display and not screen.query_one("#dashboard").display
+        await pilot.press("f2")
+        assert not screen.query_one("#chat").display and screen.query_one("#dashboard").display
+        await pilot.press("f3")
+        assert screen.query_one("#dashboard-tabs").active == "tab-latency"
+        await pilot.press("f2")
+        assert screen.query_one("#chat").display
+        await pilot.press("ctrl+t")
+        assert app.theme == "textual-light"
+        await pilot.press("ctrl+t")
+        assert app.theme == "textual-dark"

@@ -1,0 +1,113 @@
+"""The TUI with the real engine (background process) on a tiny random Llama, on CPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from textual.widgets import DataTable, Input
+
+from tests.tui.conftest import wait_for
+from tui.app import KvdeckApp
+from tui.block_cells import CACHED
+from tui.chat_settings import ChatSettings
+from tui.engine_factory import real_client_factory
+from tui.screens.load_generator import LoadGeneratorScreen
+from tui.widgets.block_map import BlockMap
+from tui.widgets.chat_message import ChatMessage
+from tui.widgets.request_inspector import RequestInspector
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+ENGINE = dict(device="cpu", num_gpu_blocks_override=128, max_model_len=512,
+              attention_backend="torch")
+START_TIMEOUT = 120.0  # a cold engine process imports torch: slow on a busy CI machine
+
+
+def make_real_app(model_dir, tmp_path, max_tokens: int) -> KvdeckApp:
+    settings = ChatSettings(temperature=0.0, max_tokens=max_tokens)
+    return KvdeckApp(real_client_factory(str(model_dir), dict(ENGINE)), model_name="tiny-llama",
+                     transcript_dir=tmp_path / "chats", chat_settings=settings)
+
+
+async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tmp_path):
+    app = make_real_app(tiny_llama_dir, tmp_path, max_tokens=400)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT), (
+            f"engine did not start: {app.client.health() if app.client else None}")
+        chat = app.screen.chat
+        chat.query_one("#prompt", Input).focus()
+        await pilot.press(*"hello there")
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: chat.active_request_id is not None)
+        request_id = chat.active_request_id
+        block_map = app.screen.query_one(BlockMap)
+        # The reply streams in and the map shows blocks owned by it.
+        reply = list(app.screen.query(ChatMessage).filter(".-assistant"))[0]
+        assert await wait_for(pilot, lambda: len(reply.markdown.source) > 0, timeout=30)
+        assert await wait_for(pilot, lambda: block_map.cells is not None
+                              and request_id in block_map.cells.owners, timeout=10)
+
+        def map_matches_engine() -> bool:  # the map redraws on a timer: allow one tick
+            tables = {r.request_id: r.block_table for r in app.dashboard_state.stats.requests}
+            blocks = tables.get(request_id, [])
+            return bool(blocks) and all(block_map.cells.owners[b] == request_id
+                                        for b in blocks)
+        assert await wait_for(pilot, map_matches_engine, timeout=5)
+        # Esc mid-reply: it stops, keeps the partial text, and the blocks are freed.
+        await pilot.press("escape")
+        assert await wait_for(pilot, lambda: not chat.generating, timeout=10)
+        assert chat.transcript.turns[-1].role == "assistant"
+        assert chat.transcript.turns[-1].content == reply.content
+        assert "stopped" in chat.transcript.turns[-1].stats
+        assert await wait_for(pilot, lambda: app.dashboard_state.stats.num_running == 0
+                              and request_id not in block_map.cells.owners, timeout=10)
+        assert app.dashboard_state.stats.kv_cache_usage == 0.0
+        engine_pid = app.client.pid
+        assert engine_pid is not None and engine_pid != os.getpid()
+    assert app.client.health().status == "stopped"  # quitting stopped the engine process
+    with pytest.raises(ProcessLookupError):
+        os.kill(engine_pid, 0)  # no orphan left behind
+
+
+async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llama_dir, tmp_path):
+    app = make_real_app(tiny_llama_dir, tmp_path, max_tokens=16)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT)
+        await pilot.press("ctrl+l")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, LoadGeneratorScreen))
+        for name, value in dict(num_requests=6, prompt_tokens=64, output_tokens=48,
+                                shared_prefix_tokens=32).items():
+            app.screen.query_one(f"#{name}", Input).value = str(value)
+        app.screen.action_fire()
+        state = app.dashboard_state
+        assert await wait_for(pilot, lambda: state.stats is not None
+                              and state.stats.num_running >= 2, timeout=30)
+        assert state.stats.kv_cache_usage > 0
+        # Select a running request: the inspector shows the engine's block table for it.
+        inspector = app.screen.query_one(RequestInspector)
+        table = inspector.query_one(DataTable)
+        table.focus()
+        await pilot.press("down")
+        assert await wait_for(pilot, lambda: inspector.selected_id is not None)
+        selected = inspector.selected_id
+        await pilot.pause(0.2)
+        stats = state.stats
+        tables = {r.request_id: r.block_table for r in stats.requests}
+        if selected in tables:  # still running when the snapshot was drawn
+            detail = str(inspector.query_one("#request-detail").render())
+            shown = inspector._requests[selected].block_table
+            assert "  ".join(f"{i}→{b}" for i, b in enumerate(shown)) in detail
+            assert app.screen.query_one(BlockMap).selected_request == selected
+        # Everything finishes: running and KV usage fall back to zero.
+        assert await wait_for(pilot, lambda: not app.load.running, timeout=120)
+        assert await wait_for(pilot, lambda: state.stats.num_running == 0
+                              and state.stats.kv_cache_usage == 0.0, timeout=10)
+        assert state.stats.num_requests_finished >= 6
+        # Their full blocks stay in the prefix cache, drawn as cached-evictable in the map.
+        assert state.stats.num_cached_blocks > 0
+        block_map = app.screen.query_one(BlockMap)
+        assert await wait_for(pilot, lambda: CACHED in block_map.cells.kinds), (
+            f"cached flags: {sum(state.stats.block_is_cached)}, refs: "
+            f"{sum(state.stats.block_ref_counts)}")
+        assert len(state.ttft_points) == 6 and state.itl_points

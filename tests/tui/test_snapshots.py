@@ -1,0 +1,96 @@
+"""Pictures of the main, help and error screens at 80x24 and 160x48 (fake, fixed stats).
+
+Regenerate after an intended change: pytest tests/tui/test_snapshots.py --snapshot-update
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.tui.conftest import FakeFactory, wait_for
+from tests.tui.demo_stats import demo_latencies, demo_stats_series
+from tui.app import KvdeckApp
+from tui.screens.engine_error import EngineErrorScreen
+from tui.screens.help import HelpScreen
+from tui.transcripts import ChatTurn, Transcript
+
+SIZES = [(80, 24), (160, 48)]
+SNAPSHOTS = 20
+
+
+def demo_transcript() -> Transcript:
+    return Transcript(id="demo", created="2026-01-01T00:00:00+00:00", model="fake-llama",
+                      turns=[
+                          ChatTurn("user", "What is a KV block?"),
+                          ChatTurn("assistant", "A **block** holds the keys and values of "
+                                   "16 tokens.\n\n- blocks are allocated on demand\n"
+                                   "- equal prefixes share blocks",
+                                   "TTFT 52 ms · 41.0 tok/s · 23 tokens"),
+                      ])
+
+
+def make_app(tmp_path, **kwargs) -> KvdeckApp:
+    factory = FakeFactory(frozen_stats=demo_stats_series(SNAPSHOTS), **kwargs)
+    app = KvdeckApp(factory, model_name="fake-llama", transcript_dir=tmp_path / "chats")
+    app.animation_level = "none"  # no half-slid tab underline in the pictures
+    return app
+
+
+async def settle_deck(pilot) -> None:
+    app = pilot.app
+    assert await wait_for(pilot, lambda: app.engine_ready
+                          and app.dashboard_state.version >= SNAPSHOTS)
+    ttft, itl = demo_latencies()
+    origin = app.dashboard_state.origin
+    for t, value in ttft:
+        app.dashboard_state.add_ttft(origin + t, value)
+    for t, value in itl:
+        app.dashboard_state.add_itl(origin + t, value)
+    await app.screen.chat.show_transcript(demo_transcript())
+    app.screen.query_one("#prompt").cursor_blink = False  # a blinking cursor is a coin toss
+    await pilot.pause(0.3)  # one dashboard refresh tick
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_main_screen(snap_compare, tmp_path, size):
+    assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=settle_deck)
+
+
+def test_main_screen_light_theme(snap_compare, tmp_path):
+    async def run_before(pilot) -> None:
+        await settle_deck(pilot)
+        await pilot.press("ctrl+t")
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(tmp_path), terminal_size=(160, 48), run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_dashboard_pane_latency_tab(snap_compare, tmp_path, size):
+    async def run_before(pilot) -> None:
+        await settle_deck(pilot)
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_help_screen(snap_compare, tmp_path, size):
+    async def run_before(pilot) -> None:
+        await settle_deck(pilot)
+        await pilot.press("f1")
+        assert await wait_for(pilot, lambda: isinstance(pilot.app.screen, HelpScreen))
+
+    assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_error_screen(snap_compare, tmp_path, size):
+    async def run_before(pilot) -> None:
+        assert await wait_for(pilot, lambda: isinstance(pilot.app.screen, EngineErrorScreen))
+        await pilot.pause(0.1)
+
+    app = make_app(tmp_path, fail_start="CUDA out of memory: tried to allocate 2.00 GiB "
+                   "(the KV pool); lower --gpu-memory-utilization or --max-model-len")
+    assert snap_compare(app, terminal_size=size, run_before=run_before)

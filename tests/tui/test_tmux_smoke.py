@@ -1,0 +1,94 @@
+"""Smoke test: the real `kvdeck` in a real terminal (tmux), chatting with a tiny model."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(300),
+    pytest.mark.skipif(shutil.which("tmux") is None,
+                       reason="tmux is not installed (apt-get install tmux)"),
+]
+
+REPO = Path(__file__).resolve().parents[2]
+WIDTH, HEIGHT = 140, 40
+
+
+SOCKET = f"kvdeck-test-{os.getpid()}"  # a private tmux server: other sessions are untouched
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", "-L", SOCKET, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def capture(session: str) -> str:
+    return tmux("capture-pane", "-p", "-t", session)
+
+
+def wait_for_screen(session: str, predicate, timeout: float, what: str) -> str:
+    deadline = time.monotonic() + timeout
+    screen = ""
+    while time.monotonic() < deadline:
+        try:
+            screen = capture(session)
+        except subprocess.CalledProcessError:  # the session ended
+            break
+        if predicate(screen):
+            return screen
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; the screen was:\n{screen}")
+
+
+def test_kvdeck_in_tmux_chat_stop_and_quit(tiny_llama_dir, tmp_path):
+    session = f"kvdeck-smoke-{uuid.uuid4().hex[:8]}"
+    exit_file = tmp_path / "exit_code"
+    command = " ".join([
+        shlex.quote(sys.executable), "-m", "app.cli",
+        "--model", shlex.quote(str(tiny_llama_dir)),
+        "--device", "cpu", "--num-gpu-blocks-override", "128", "--max-model-len", "512",
+        "--attention-backend", "torch",
+    ])
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "TERM": "xterm-256color",
+           "PYTHONPATH": str(REPO)}
+    env_prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    # tmux passes COLUMNS/LINES of its default size (80x24) when started without a terminal;
+    # unset them so the app measures the real pane.
+    shell = (f"cd {shlex.quote(str(REPO))} && unset COLUMNS LINES && {env_prefix} {command}; "
+             f"echo $? > {exit_file}")
+    tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), shell)
+    try:
+        wait_for_screen(session, lambda s: "Enter sends" in s and "Starting the engine" not in s,
+                        timeout=150, what="the engine to be ready")
+        tmux("send-keys", "-t", session, "-l", "hello there")
+        tmux("send-keys", "-t", session, "Enter")
+        wait_for_screen(session, lambda s: "You" in s and "hello there" in s
+                        and "Assistant" in s, timeout=30, what="the message to be sent")
+        wait_for_screen(session, lambda s: "running 1" in s, timeout=60,
+                        what="the reply to be running in the dashboard")
+        time.sleep(2)  # let some of the reply stream in
+        tmux("send-keys", "-t", session, "Escape")
+        screen = wait_for_screen(session, lambda s: "stopped" in s and "TTFT" in s,
+                                 timeout=30, what="the stopped reply's figures")
+        assert "tokens" in screen and "running 0" in wait_for_screen(
+            session, lambda s: "running 0" in s, timeout=10, what="running back to 0")
+        tmux("send-keys", "-t", session, "C-c")
+        deadline = time.monotonic() + 60
+        while not exit_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert exit_file.exists(), "kvdeck did not exit after ctrl+c"
+        assert exit_file.read_text().strip() == "0"
+        transcripts = list((tmp_path / "data" / "kvdeck" / "transcripts").glob("*.json"))
+        assert len(transcripts) == 1
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

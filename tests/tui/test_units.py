@@ -1,0 +1,144 @@
+"""Unit tests of the TUI's pure parts: block classification, history, meters, files, specs."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tests.tui.demo_stats import NUM_BLOCKS, demo_stats
+from tui.block_cells import CACHED, FREE, OWNED, SHARED, WRITING, classify_blocks
+from tui.chat_settings import ChatSettings
+from tui.dashboard_state import DashboardState
+from tui.load_generator import LoadSpec, synthetic_prompts
+from tui.reply_meter import ReplyMeter
+from tui.transcripts import ChatTurn, Transcript, TranscriptStore
+from tui.widgets.engine_summary import history_text, kv_gauge
+
+
+def test_classify_blocks_marks_each_state():
+    cells = classify_blocks(demo_stats())
+    assert cells.num_blocks == NUM_BLOCKS
+    assert [cells.kinds[b] for b in range(4)] == [SHARED] * 4  # the shared system prompt
+    assert cells.owners[0] == "chat-1a2b"  # first request in stats order owns shared blocks
+    assert cells.kinds[4] == OWNED and cells.owners[4] == "chat-1a2b"
+    assert cells.kinds[7] == WRITING and cells.kinds[17] == WRITING
+    assert cells.kinds[60] == CACHED and cells.kinds[229] == CACHED  # ref 0, hashed
+    assert cells.kinds[300] == FREE and cells.owners[300] is None
+    assert cells.ref_counts[0] == 4
+
+
+def test_block_map_lines_cover_thousands_of_blocks_quickly():
+    from tui.widgets.block_map import GLYPHS
+
+    stats = demo_stats()
+    big = 50_000
+    stats.num_blocks = big
+    stats.block_ref_counts = stats.block_ref_counts + [0] * (big - NUM_BLOCKS)
+    stats.block_is_cached = stats.block_is_cached + [True] * (big - NUM_BLOCKS)
+    start = time.perf_counter()
+    cells = classify_blocks(stats)
+    elapsed = time.perf_counter() - start
+    assert cells.kinds[big - 1] == CACHED
+    assert elapsed < 0.5, f"classifying {big} blocks took {elapsed:.3f} s"
+    assert GLYPHS[CACHED] != GLYPHS[FREE] != GLYPHS[OWNED] != GLYPHS[SHARED] != GLYPHS[WRITING]
+
+
+def test_dashboard_state_throughput_and_restart():
+    state = DashboardState()
+    stats = demo_stats()
+    for i in range(15):
+        stats.timestamp = 100.0 + i * 0.1
+        stats.generation_tokens_total = 50 * i
+        state.add_stats(stats)
+    assert state.tokens_per_s == pytest.approx(500.0)
+    assert state.kv_history[-1][0] == pytest.approx(1.4)
+    assert state.prefix_hit_rate == pytest.approx(640 / 2000)
+    stats.timestamp, stats.generation_tokens_total = 200.0, 3  # a new engine: counters reset
+    state.add_stats(stats)
+    assert state.tokens_per_s == 0.0
+    state.reset()
+    assert state.stats is None and not state.kv_history and state.prefix_hit_rate is None
+
+
+def _output(tokens: int, arrival: float, first: float | None, last: float | None,
+            reason: str | None = None) -> RequestOutput:
+    metrics = RequestMetrics(arrival_time=arrival, first_token_time=first, last_token_time=last)
+    completion = CompletionOutput(0, "x" * tokens, list(range(tokens)), reason)
+    return RequestOutput("r", None, [1, 2], [completion], reason is not None, metrics)
+
+
+def test_reply_meter_uses_engine_timestamps():
+    state = DashboardState()
+    meter = ReplyMeter(state)
+    meter.observe(_output(1, 10.0, 10.25, 10.25))
+    meter.observe(_output(3, 10.0, 10.25, 10.45))
+    meter.observe(_output(5, 10.0, 10.25, 10.65, "length"))
+    result = meter.result()
+    assert result.ttft_s == pytest.approx(0.25)
+    assert result.num_tokens == 5 and result.finish_reason == "length"
+    assert result.tokens_per_s == pytest.approx(4 / 0.4)
+    assert [round(ms, 3) for _, ms in state.itl_points] == [100.0, 100.0]
+    assert "TTFT 250 ms" in result.describe() and "max tokens" in result.describe()
+
+
+def test_transcript_store_round_trip_is_atomic_and_lists_newest_first(tmp_path):
+    store = TranscriptStore(tmp_path / "chats")
+    older = Transcript(id="a1", created="2026-01-01T00:00:00+00:00", system_prompt="sys",
+                       turns=[ChatTurn("user", "first question"), ChatTurn("assistant", "ok")])
+    newer = Transcript(id="b2", created="2026-02-01T00:00:00+00:00",
+                       turns=[ChatTurn("user", "second")])
+    store.save(older)
+    store.save(newer)
+    (tmp_path / "chats" / "broken.json").write_text("{not json")
+    assert [t.id for t in store.list()] == ["b2", "a1"]
+    loaded = store.load("a1")
+    assert loaded == older and loaded.title == "first question"
+    assert loaded.messages()[0] == {"role": "system", "content": "sys"}
+    assert not list((tmp_path / "chats").glob(".*.tmp"))  # no temp files left behind
+    assert json.loads((tmp_path / "chats" / "a1.json").read_text())["format"] == 1
+    with pytest.raises(ValueError, match="alphanumeric"):
+        store.path_for("../etc")
+    with pytest.raises(ValueError, match="role"):
+        ChatTurn("robot", "hi")
+
+
+def test_chat_settings_parse_names_the_bad_field():
+    settings = ChatSettings.parse("be brief", "0.2", "0.9", "64", "")
+    assert settings.seed is None and settings.sampling_params().max_tokens == 64
+    with pytest.raises(ValueError, match="max_tokens"):
+        ChatSettings.parse("", "0.2", "0.9", "0", "")
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        ChatSettings.parse("", "0.2", "0.9", "64", "x")
+    with pytest.raises(ValueError, match="temperature"):
+        ChatSettings.parse("", "-1", "0.9", "64", "")
+
+
+def test_load_spec_validation_and_shared_prefix():
+    spec = LoadSpec(num_requests=4, prompt_tokens=20, output_tokens=5, shared_prefix_tokens=8)
+    spec.validate(max_model_len=64)
+    prompts = synthetic_prompts(spec, vocab_size=100)
+    assert len(prompts) == 4 and all(len(p) == 20 for p in prompts)
+    assert all(p[:8] == prompts[0][:8] for p in prompts)
+    assert len({tuple(p[8:]) for p in prompts}) == 4
+    assert all(3 <= t < 100 for p in prompts for t in p)
+    assert synthetic_prompts(spec, 100) == prompts  # seeded: the same burst again
+    for bad, message in ((dict(num_requests=0), "num_requests"),
+                         (dict(shared_prefix_tokens=30), "shared_prefix_tokens"),
+                         (dict(prompt_tokens=60), "max_model_len")):
+        with pytest.raises(ValueError, match=message):
+            LoadSpec(**{**dict(num_requests=4, prompt_tokens=20, output_tokens=5), **bad}
+                     ).validate(max_model_len=64)
+
+
+def test_gauge_and_history_text():
+    assert kv_gauge(0.5, width=10).plain == "KV █████░░░░░  50.0%"
+    assert history_text([0.0, 0.01, 1.0], 5).plain == "    ▁█"[-5:]
+
+
+def test_model_text_is_made_displayable():
+    from tui.widgets.chat_message import displayable
+
+    assert displayable("a\r\nb\x11c\td\x7f") == "a\nb\ufffdc\td\ufffd"

@@ -1,0 +1,1 @@
+"""kvdeck's terminal UI: chat beside a live view of the engine (Textual)."""

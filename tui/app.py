@@ -1,0 +1,310 @@
+"""The kvdeck Textual app: owns the engine client, the dashboard state and the sections.
+
+`run_tui` is what `kvdeck` calls. The engine runs in a background process behind the client;
+this process only draws, so the UI stays responsive whatever the engine does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Callable, Iterable
+from functools import partial
+from pathlib import Path
+
+from textual import work
+from textual.app import App, SystemCommand
+from textual.binding import Binding
+from textual.screen import Screen
+
+from tui.chat_settings import ChatSettings
+from tui.dashboard_state import DashboardState
+from tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
+from tui.load_generator import LoadGenerator, LoadSpec
+from tui.navigation import SECTIONS, section_bindings
+from tui.screens.engine_error import EngineErrorScreen
+from tui.screens.help import HelpScreen
+from tui.screens.load_generator import LoadGeneratorScreen
+from tui.screens.startup import StartupScreen
+from tui.transcripts import Transcript, TranscriptStore, default_transcript_dir
+
+SHUTDOWN_TIMEOUT_S = 15.0
+HEALTH_CHECK_S = 1.0
+PALETTE_BINDING = Binding("ctrl+p", "command_palette", "Commands", id="command_palette",
+                          tooltip="Command palette: every action of the app")
+
+
+class KvdeckApp(App[int]):
+    TITLE = "kvdeck"
+    CSS_PATH = "styles/kvdeck.tcss"
+    DEFAULT_MODE = SECTIONS[0].id  # the modes themselves are added per app in __init__
+
+    BINDINGS = [
+        Binding("f1", "help", "Help", id="help", tooltip="Show the keys and the map legend"),
+        Binding("ctrl+l", "load_generator", "Load test", id="load_generator",
+                tooltip="Fire N concurrent synthetic requests (again: stop them)"),
+        Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
+                tooltip="Switch between the light and dark theme"),
+        Binding("q", "quit", "Quit", id="quit", tooltip="Quit and stop the engine"),
+        Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", priority=True, show=False,
+                tooltip="Quit and stop the engine"),
+        *section_bindings(SECTIONS),
+    ]
+
+    def __init__(
+        self,
+        client_factory: ClientFactory,
+        model_name: str = "demo model",
+        *,
+        transcript_dir: Path | None = None,
+        chat_settings: ChatSettings | None = None,
+        factory_for_model: Callable[[str], ClientFactory] | None = None,
+    ) -> None:
+        super().__init__()
+        for section in SECTIONS:
+            self.add_mode(section.id, partial(section.screen, self))
+        self.client_factory = client_factory
+        self.factory_for_model = factory_for_model  # how switch_model makes a client
+        self.model_name = model_name
+        self.client: EngineClientProtocol | None = None
+        self.engine_ready = False
+        self.dashboard_state = DashboardState()
+        self.chat_settings = chat_settings or ChatSettings()
+        self.transcript_store = TranscriptStore(transcript_dir or default_transcript_dir())
+        self.load_spec = LoadSpec()
+        self.load: LoadGenerator | None = None
+        self._quitting = False
+        self._engine_stopped = False
+        self.exit_code = 0
+
+    # ----- engine lifecycle -------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.sub_title = self.model_name
+        self.start_engine()
+        self.set_interval(HEALTH_CHECK_S, self.check_engine_health)
+
+    @work(group="engine", exclusive=True)
+    async def start_engine(self) -> None:
+        startup = StartupScreen(self.model_name)
+        await self.push_screen(startup)
+        old, self.client = self.client, None
+        if old is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(old.shutdown(), SHUTDOWN_TIMEOUT_S)
+        loop_thread = threading.get_ident()
+
+        def on_progress(progress: StartupProgressLike) -> None:
+            if threading.get_ident() == loop_thread:
+                startup.advance(progress.stage, progress.message)
+            else:
+                self.call_from_thread(startup.advance, progress.stage, progress.message)
+
+        try:
+            # In a thread: the first call imports the engine (torch), which takes seconds
+            # and must not freeze the start-up screen.
+            self.client = await asyncio.to_thread(self.client_factory)
+            await self.client.start(on_progress=on_progress)
+        except Exception as exc:
+            self._close_startup(startup)
+            self.show_engine_error("The engine failed to start", f"{type(exc).__name__}: {exc}")
+            return
+        self.dashboard_state.reset()
+        self.model_name = display_model_name(self.client.model_name or self.model_name)
+        self.sub_title = self.model_name
+        self.load = LoadGenerator(self.client, self.dashboard_state)
+        self.engine_ready = True
+        self._close_startup(startup)
+        self.consume_stats(self.client)
+
+    def _close_startup(self, startup: StartupScreen) -> None:
+        """Remove the start-up screen, and anything opened over it meanwhile (help...)."""
+        if startup not in self.screen_stack:
+            return
+        while self.screen is not startup:
+            self.pop_screen()  # the stack changes at once; the removal finishes later
+        startup.dismiss()
+
+    @work(group="stats", exclusive=True)
+    async def consume_stats(self, client: EngineClientProtocol) -> None:
+        try:
+            async for stats in client.stats_stream():
+                if client is not self.client:
+                    return
+                self.dashboard_state.add_stats(stats)
+        except Exception as exc:
+            if client is self.client and not self._quitting:
+                self.show_engine_error("The engine stopped", f"{type(exc).__name__}: {exc}")
+
+    def check_engine_health(self) -> None:
+        if not self.engine_ready or self.client is None or self._quitting:
+            return
+        health = self.client.health()
+        if health.status in ("dead", "stopped"):
+            self.show_engine_error(f"The engine is {health.status}", health.detail or "")
+
+    def show_engine_error(self, title: str, detail: str) -> None:
+        self.engine_ready = False
+        if self._quitting or isinstance(self.screen, EngineErrorScreen):
+            return
+        self.push_screen(EngineErrorScreen(title, detail))
+
+    def switch_model(self, model: str) -> None:
+        """Stop the engine and start it again on another model (the Models screen's load)."""
+        if self.factory_for_model is None:
+            raise ValueError("this app cannot switch models (no factory_for_model given)")
+        self.client_factory = self.factory_for_model(model)
+        self.model_name = display_model_name(model)
+        self.engine_ready = False
+        self.restart_engine()
+
+    def restart_engine(self) -> None:
+        if isinstance(self.screen, EngineErrorScreen):
+            self.pop_screen()
+        self.start_engine()
+
+    async def stop_engine(self) -> None:
+        """Stop the engine process (idempotent): end the chat reply and load first."""
+        if self._engine_stopped:
+            return
+        self._engine_stopped = True
+        self.engine_ready = False
+        client = self.client
+        if client is None:
+            return
+        with contextlib.suppress(Exception):
+            if self.load is not None and self.load.running:
+                await asyncio.wait_for(self.load.stop(), 5)
+            for chat in self.query("ChatPane"):
+                await asyncio.wait_for(chat.stop(), 5)  # type: ignore[attr-defined]
+                await asyncio.wait_for(chat.workers_done(), 5)  # type: ignore[attr-defined]
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(client.shutdown(), SHUTDOWN_TIMEOUT_S)
+
+    async def action_quit(self) -> None:
+        if self._quitting:
+            return
+        self._quitting = True
+        await self.stop_engine()
+        self.exit(self.exit_code)
+
+    async def on_unmount(self) -> None:
+        await self.stop_engine()
+
+    # ----- actions ----------------------------------------------------------------------
+    def action_switch_section(self, section_id: str) -> None:
+        if section_id not in {s.id for s in SECTIONS}:
+            raise ValueError(f"unknown section {section_id!r}")
+        self.switch_mode(section_id)
+
+    def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):
+            self.pop_screen()
+            return
+        self.push_screen(HelpScreen(self.binding_groups()))
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    def action_load_generator(self) -> None:
+        if not self.engine_ready or self.client is None or self.load is None:
+            self.notify("The engine is not ready yet.", severity="warning")
+            return
+        if self.load.running:
+            self.action_stop_load()
+            return
+        self.push_screen(LoadGeneratorScreen(self.load_spec, self.client.max_model_len),
+                         self._fire_load)
+
+    def _fire_load(self, spec: LoadSpec | None) -> None:
+        if spec is None:
+            return
+        self.load_spec = spec
+        self.run_load(spec)
+        show_pane = getattr(self.screen, "show_pane", None)
+        if show_pane is not None and self.screen.has_class("-narrow"):
+            show_pane("dashboard")
+
+    @work(group="load")
+    async def run_load(self, spec: LoadSpec) -> None:
+        assert self.load is not None
+        self.notify(f"Load: {spec.num_requests} requests × {spec.prompt_tokens} prompt + "
+                    f"{spec.output_tokens} output tokens", timeout=3)
+        try:
+            result = await self.load.run(spec)
+        except Exception as exc:
+            self.notify(f"Load generator failed: {exc}", severity="error")
+            return
+        summary = (f"Load done: {result.completed} finished, {result.aborted} stopped, "
+                   f"{result.failed} failed, {result.output_tokens} tokens out")
+        self.notify(summary, severity="error" if result.failed else "information", timeout=5)
+
+    def action_stop_load(self) -> None:
+        if self.load is not None and self.load.running:
+            self.run_worker(self.load.stop(), group="load-stop")
+            self.notify("Stopping the load burst.", timeout=2)
+
+    def save_transcript(self, transcript: Transcript) -> None:
+        if not transcript.turns:
+            return
+        try:
+            self.transcript_store.save(transcript)
+        except OSError as exc:
+            self.notify(f"Could not save the chat: {exc}", severity="error")
+
+    # ----- help and command palette -----------------------------------------------------
+    def binding_groups(self) -> list[tuple[str, list[Binding]]]:
+        from tui.widgets.chat_message import ChatMessage
+
+        groups: list[tuple[str, list[Binding]]] = [
+            ("Everywhere", [PALETTE_BINDING, *_bindings(self.BINDINGS)]),
+        ]
+        base = self.screen_stack[0] if self.screen_stack else None
+        if base is not None and _bindings(base.BINDINGS):
+            section = next((s.title for s in SECTIONS if s.id == self.current_mode), "Screen")
+            groups.append((section, _bindings(base.BINDINGS)))
+        groups.append(("A focused chat message", _bindings(ChatMessage.BINDINGS)))
+        return groups
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for section in SECTIONS:
+            yield SystemCommand(f"Go to {section.title}", section.description,
+                                lambda s=section.id: self.action_switch_section(s))
+        yield SystemCommand("Stop load burst", "Abort all load-generator requests",
+                            self.action_stop_load)
+        for binding in _bindings(self.BINDINGS):
+            if binding.action in ("quit", "command_palette") or binding.id.startswith("section_"):
+                continue
+            yield SystemCommand(binding.description, _command_help(binding),
+                                lambda a=binding.action: self.run_action(a))
+        base = self.screen_stack[0] if self.screen_stack else screen
+        for binding in _bindings(base.BINDINGS):
+            yield SystemCommand(binding.description, _command_help(binding),
+                                lambda a=binding.action, s=base: self.run_action(a, s))
+
+
+def display_model_name(name: str) -> str:
+    """A local model directory shows as its folder name; a hub id stays as it is."""
+    path = Path(name).expanduser()
+    return path.name if path.is_absolute() and path.is_dir() else name
+
+
+def _command_help(binding: Binding) -> str:
+    return f"{binding.tooltip or binding.description} ({binding.key})"
+
+
+def _bindings(bindings: Iterable[object]) -> list[Binding]:
+    return [b for b in bindings if isinstance(b, Binding) and b.id]
+
+
+def run_tui(model: str | None, engine_kwargs: dict) -> int:
+    """Open the TUI; the engine starts in its background process once the window is up."""
+
+    from tui.engine_factory import ensure_spawn_helpers, real_client_factory
+
+    ensure_spawn_helpers()
+    app = KvdeckApp(real_client_factory(model, engine_kwargs), model_name=model or "demo model",
+                    factory_for_model=lambda name: real_client_factory(name, engine_kwargs))
+    result = app.run()
+    return int(result or 0)

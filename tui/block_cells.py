@@ -1,0 +1,60 @@
+"""Classify every physical KV block of an EngineStats snapshot for the block map.
+
+Pure data (no Textual), so the map widget only turns these arrays into strips.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.stats import EngineStats
+
+FREE, CACHED, OWNED, SHARED, WRITING = range(5)
+KIND_NAMES = ("free", "cached (evictable)", "owned", "shared (ref > 1)", "being written")
+
+# Request colours: distinct hues readable on dark and light backgrounds.
+PALETTE = (
+    "#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42b4d4",
+    "#f032e6", "#9bbf2f", "#469990", "#c08a3e", "#b03060", "#7f7f00",
+)
+
+
+def request_colour_index(request_id: str) -> int:
+    """A stable colour per request id (crc32, not hash(): that is salted per process)."""
+    return zlib.crc32(request_id.encode()) % len(PALETTE)
+
+
+@dataclass(slots=True)
+class BlockCells:
+    kinds: list[int]  # one of FREE..WRITING per physical block
+    owners: list[str | None]  # first request (in stats order) whose table holds the block
+    ref_counts: list[int]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.kinds)
+
+
+def classify_blocks(stats: EngineStats) -> BlockCells:
+    num_blocks = stats.num_blocks
+    refs = list(stats.block_ref_counts[:num_blocks])
+    refs.extend([0] * (num_blocks - len(refs)))
+    cached = stats.block_is_cached
+    owners: list[str | None] = [None] * num_blocks
+    for request in stats.requests:
+        rid = request.request_id
+        for block in request.block_table:
+            if 0 <= block < num_blocks and owners[block] is None:
+                owners[block] = rid
+    kinds = [
+        (SHARED if ref > 1 else OWNED) if ref > 0
+        else (CACHED if i < len(cached) and cached[i] else FREE)
+        for i, ref in enumerate(refs)
+    ]
+    for block in stats.blocks_written_last_step:
+        if 0 <= block < num_blocks and refs[block] > 0:
+            kinds[block] = WRITING
+    return BlockCells(kinds, owners, refs)

@@ -1,0 +1,97 @@
+"""What the dashboard draws: the latest engine snapshot plus short histories.
+
+Fed from two sides: EngineStats snapshots (the stats stream) and per-request latencies
+observed on the token streams (TTFT, ITL). Widgets read it on their refresh timer, so a
+burst of snapshots never causes a burst of redraws.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine.stats import EngineStats
+
+HISTORY_LEN = 240  # samples kept for the KV and throughput histories
+LATENCY_LEN = 400  # latency points kept for each graph
+THROUGHPUT_WINDOW_S = 1.0  # tokens/s is measured over at least this much engine time
+
+
+@dataclass(slots=True)
+class DashboardState:
+    stats: EngineStats | None = None
+    version: int = 0  # bumped on every snapshot so widgets redraw only on change
+    latency_version: int = 0
+    origin: float | None = None  # first timestamp seen: x = 0 of the time graphs
+    # (seconds since origin, value) samples, one per snapshot
+    kv_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_LEN)
+    )
+    throughput_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_LEN)
+    )
+    ttft_points: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=LATENCY_LEN)
+    )  # (seconds since origin, TTFT ms)
+    itl_points: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=LATENCY_LEN)
+    )  # (seconds since origin, ITL ms)
+    tokens_per_s: float = 0.0
+    _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
+
+    def add_stats(self, stats: EngineStats) -> None:
+        if self.origin is None:
+            self.origin = stats.timestamp
+        self.stats = stats
+        self.version += 1
+        t = stats.timestamp - self.origin
+        self.kv_history.append((t, stats.kv_cache_usage))
+        self.tokens_per_s = self._throughput(stats.timestamp, stats.generation_tokens_total)
+        self.throughput_history.append((t, self.tokens_per_s))
+
+    def _throughput(self, timestamp: float, generated_total: int) -> float:
+        marks = self._generation_marks
+        if marks and (timestamp < marks[-1][0] or generated_total < marks[-1][1]):
+            marks.clear()  # the engine restarted: counters went back to zero
+        marks.append((timestamp, generated_total))
+        # Oldest mark still inside the window, but keep one mark older than the window so
+        # the rate spans at least THROUGHPUT_WINDOW_S when the history allows it.
+        while len(marks) > 2 and timestamp - marks[1][0] >= THROUGHPUT_WINDOW_S:
+            marks.popleft()
+        first_t, first_n = marks[0]
+        elapsed = timestamp - first_t
+        if elapsed <= 0:
+            return self.tokens_per_s if len(marks) > 1 else 0.0
+        return (generated_total - first_n) / elapsed
+
+    def add_ttft(self, at: float, ttft_s: float) -> None:
+        self.ttft_points.append((self._since_origin(at), ttft_s * 1000.0))
+        self.latency_version += 1
+
+    def add_itl(self, at: float, itl_s: float) -> None:
+        self.itl_points.append((self._since_origin(at), itl_s * 1000.0))
+        self.latency_version += 1
+
+    def _since_origin(self, at: float) -> float:
+        if self.origin is None:
+            self.origin = at
+        return at - self.origin
+
+    @property
+    def prefix_hit_rate(self) -> float | None:
+        if self.stats is None or self.stats.prefix_cache_queries == 0:
+            return None
+        return self.stats.prefix_cache_hits / self.stats.prefix_cache_queries
+
+    def reset(self) -> None:
+        """Forget everything (a restarted engine starts its counters again)."""
+        self.stats = None
+        self.origin = None
+        self.tokens_per_s = 0.0
+        for history in (self.kv_history, self.throughput_history, self.ttft_points,
+                        self.itl_points, self._generation_marks):
+            history.clear()
+        self.version += 1
+        self.latency_version += 1

@@ -1,0 +1,60 @@
+"""What the TUI needs from an engine client (engine.client.EngineClient satisfies it).
+
+The TUI is written against this protocol so it runs against the real client (engine in a
+background process) or the deterministic fake in tests/tui, and so that importing the TUI
+does not import torch: the real client is imported lazily in `tui.app.run_tui`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from engine.outputs import RequestOutput
+    from engine.sampling_params import SamplingParams
+    from engine.stats import EngineStats
+
+
+class StartupProgressLike(Protocol):
+    stage: str  # "starting" | "loading" | "profiling" | "ready"
+    message: str
+
+
+class EngineHealthLike(Protocol):
+    status: str  # "starting" | "ready" | "dead" | "stopped"
+    detail: str
+
+
+class EngineClientProtocol(Protocol):
+    model_name: str
+    max_model_len: int
+    tokenizer: Any  # needs .vocab_size for the load generator
+
+    async def start(
+        self, on_progress: Callable[[StartupProgressLike], None] | None = None
+    ) -> None: ...
+
+    def generate(
+        self,
+        prompt: str | list[int] | None,
+        params: SamplingParams,
+        request_id: str | None = None,
+        messages: list[dict] | None = None,
+    ) -> AsyncIterator[RequestOutput]: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats_stream(self) -> AsyncIterator[EngineStats]: ...
+
+    def health(self) -> EngineHealthLike: ...
+
+    async def restart(self) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+
+# Stages of start-up in the order the client reports them (drives the progress bar).
+STARTUP_STAGES: tuple[str, ...] = ("starting", "loading", "profiling", "ready")
+
+ClientFactory = Callable[[], EngineClientProtocol]

@@ -1,0 +1,131 @@
+"""Synthetic load: N concurrent requests of random token prompts, to watch batching happen.
+
+A shared prefix (the same first tokens in every prompt) makes prefix-cache sharing visible
+in the block map; with enough requests the pool runs out and preemption shows up too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tui.reply_meter import ReplyMeter
+
+if TYPE_CHECKING:
+    from tui.dashboard_state import DashboardState
+    from tui.engine_protocol import EngineClientProtocol
+
+MAX_REQUESTS = 512
+
+
+@dataclass(slots=True)
+class LoadSpec:
+    num_requests: int = 16
+    prompt_tokens: int = 128
+    output_tokens: int = 64
+    shared_prefix_tokens: int = 32
+    seed: int = 0
+
+    def validate(self, max_model_len: int | None = None) -> None:
+        for name in ("num_requests", "prompt_tokens", "output_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.num_requests > MAX_REQUESTS:
+            raise ValueError(
+                f"num_requests must be at most {MAX_REQUESTS}, got {self.num_requests}"
+            )
+        if not isinstance(self.shared_prefix_tokens, int) or not (
+            0 <= self.shared_prefix_tokens <= self.prompt_tokens
+        ):
+            raise ValueError(
+                f"shared_prefix_tokens must be in [0, prompt_tokens={self.prompt_tokens}], "
+                f"got {self.shared_prefix_tokens!r}"
+            )
+        if max_model_len is not None and self.prompt_tokens + self.output_tokens > max_model_len:
+            raise ValueError(
+                f"prompt_tokens + output_tokens must be <= max_model_len ({max_model_len}), "
+                f"got {self.prompt_tokens + self.output_tokens}"
+            )
+
+
+def synthetic_prompts(spec: LoadSpec, vocab_size: int) -> list[list[int]]:
+    """Random token-id prompts; the first `shared_prefix_tokens` are the same in all."""
+    if vocab_size < 2:
+        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+    rng = random.Random(spec.seed)
+    low = min(3, vocab_size - 1)  # skip the usual special ids (pad, bos, eos) at the bottom
+    prefix = [rng.randrange(low, vocab_size) for _ in range(spec.shared_prefix_tokens)]
+    tail = spec.prompt_tokens - spec.shared_prefix_tokens
+    return [prefix + [rng.randrange(low, vocab_size) for _ in range(tail)]
+            for _ in range(spec.num_requests)]
+
+
+@dataclass(slots=True)
+class LoadResult:
+    completed: int = 0
+    aborted: int = 0
+    failed: int = 0
+    output_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LoadGenerator:
+    client: EngineClientProtocol
+    state: DashboardState | None = None
+    burst: int = 0  # bursts fired so far: keeps request ids unique across bursts
+    in_flight: set[str] = field(default_factory=set)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.in_flight)
+
+    async def run(self, spec: LoadSpec) -> LoadResult:
+        from engine.sampling_params import SamplingParams
+
+        spec.validate(getattr(self.client, "max_model_len", None))
+        vocab_size = _vocab_size(self.client)
+        prompts = synthetic_prompts(spec, vocab_size)
+        params = SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True, temperature=1.0,
+                                seed=spec.seed)
+        self.burst += 1
+        result = LoadResult()
+
+        async def one(index: int, prompt: list[int]) -> None:
+            request_id = f"load{self.burst}-{index}"
+            meter = ReplyMeter(self.state)
+            self.in_flight.add(request_id)
+            try:
+                async for out in self.client.generate(prompt, params, request_id=request_id):
+                    meter.observe(out)
+            except Exception as exc:  # one failed request must not hide the others' results
+                result.failed += 1
+                result.errors.append(f"{request_id}: {exc}")
+                return
+            finally:
+                self.in_flight.discard(request_id)
+            result.output_tokens += meter.num_tokens
+            if meter.finish_reason == "abort":
+                result.aborted += 1
+            else:
+                result.completed += 1
+
+        await asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)))
+        return result
+
+    async def stop(self) -> None:
+        """Abort every request of the running burst (their blocks are freed at once)."""
+        for request_id in list(self.in_flight):
+            await self.client.abort(request_id)
+
+
+def _vocab_size(client: EngineClientProtocol) -> int:
+    """Token ids valid for both the tokenizer and the model (their sizes can differ)."""
+    sizes = [int(n) for n in (getattr(client, "vocab_size", 0),
+                              getattr(client.tokenizer, "vocab_size", 0)) if n]
+    if not sizes:
+        raise ValueError("the engine client reports no vocabulary size")
+    return min(sizes)

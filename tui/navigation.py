@@ -1,0 +1,54 @@
+"""The app's top-level sections: each is a Textual mode with its own screen stack.
+
+Adding a section (e.g. the model manager's "Models" screen) is one entry here: the app
+builds its modes, its switch bindings (with ids, so keymaps work), its command-palette
+entries and its help from this list. A section's factory gets the app, so a screen can be
+handed what the app owns, e.g.
+
+    def _models_screen(app: KvdeckApp) -> Screen:
+        from tui.screens.models_screen import ModelsScreen
+        return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
+
+    Section("models", "Models", "f5", "Download, quantise, load models", _models_screen)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from textual.binding import Binding
+from textual.screen import Screen
+
+if TYPE_CHECKING:
+    from tui.app import KvdeckApp
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    id: str  # the mode name; the binding id is f"section_{id}"
+    title: str
+    key: str
+    description: str
+    screen: Callable[[KvdeckApp], Screen]  # called once, when the section is first shown
+
+
+def _deck_screen(app: KvdeckApp) -> Screen:
+    from tui.screens.deck import DeckScreen
+
+    del app  # the deck reads what it needs from the app when mounted
+    return DeckScreen()
+
+
+SECTIONS: list[Section] = [
+    Section("deck", "Deck", "f4", "Chat beside the live engine dashboard", _deck_screen),
+]
+
+
+def section_bindings(sections: list[Section]) -> list[Binding]:
+    return [
+        Binding(s.key, f"app.switch_section('{s.id}')", s.title, id=f"section_{s.id}",
+                show=len(sections) > 1)
+        for s in sections
+    ]

@@ -1,0 +1,1 @@
+"""kvdeck's screens: one screen per module."""

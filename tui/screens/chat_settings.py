@@ -1,0 +1,80 @@
+"""Modal: the system prompt and sampling settings of the chat."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static, TextArea
+
+from tui.chat_settings import ChatSettings
+
+
+class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="settings_cancel")]
+
+    DEFAULT_CSS = """
+    ChatSettingsScreen { align: center middle; }
+    ChatSettingsScreen > Vertical {
+        width: 72; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    ChatSettingsScreen TextArea { height: 5; }
+    ChatSettingsScreen Grid { grid-size: 4; grid-columns: 1fr; height: auto; grid-gutter: 0 1; }
+    ChatSettingsScreen Grid Label { margin-top: 1; }
+    ChatSettingsScreen #settings-error { color: $error; height: auto; }
+    ChatSettingsScreen Horizontal { height: auto; align-horizontal: right; }
+    ChatSettingsScreen Button { margin-left: 1; }
+    """
+
+    def __init__(self, settings: ChatSettings) -> None:
+        super().__init__()
+        self.settings = settings
+
+    def compose(self) -> ComposeResult:
+        s = self.settings
+        with Vertical():
+            yield Label("System prompt (applies from the next message)")
+            yield TextArea(s.system_prompt, id="system-prompt")
+            with Grid():
+                yield Label("temperature")
+                yield Label("top_p")
+                yield Label("max_tokens")
+                yield Label("seed (blank: random)")
+                yield Input(f"{s.temperature:g}", id="temperature")
+                yield Input(f"{s.top_p:g}", id="top-p")
+                yield Input(str(s.max_tokens), id="max-tokens")
+                yield Input("" if s.seed is None else str(s.seed), id="seed")
+            yield Static("", id="settings-error")
+            with Horizontal():
+                yield Button("Cancel", id="cancel")
+                yield Button("Save", variant="primary", id="save")
+
+    def _value(self, widget_id: str) -> str:
+        return self.query_one(f"#{widget_id}", Input).value
+
+    def action_save(self) -> None:
+        try:
+            settings = ChatSettings.parse(
+                self.query_one("#system-prompt", TextArea).text,
+                self._value("temperature"), self._value("top-p"),
+                self._value("max-tokens"), self._value("seed"),
+            )
+        except ValueError as exc:
+            self.query_one("#settings-error", Static).update(str(exc))
+            return
+        self.dismiss(settings)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_save()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "save":
+            self.action_save()
+        else:
+            self.action_cancel()

@@ -1,0 +1,117 @@
+"""The main screen: chat beside the dashboard; one of them at a time in narrow terminals."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from tui.chat_settings import ChatSettings
+from tui.screens.chat_settings import ChatSettingsScreen
+from tui.screens.transcript_picker import TranscriptPickerScreen
+from tui.widgets.chat_pane import ChatPane
+from tui.widgets.dashboard import Dashboard
+from tui.widgets.mini_stats import MiniStats
+
+NARROW_BELOW = 120  # columns; below this chat and dashboard take turns (f2)
+
+
+class DeckScreen(Screen[None]):
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (NARROW_BELOW, "-wide")]
+
+    BINDINGS = [
+        Binding("escape", "stop_reply", "Stop", id="stop_reply",
+                tooltip="Stop the streaming reply and keep what arrived"),
+        Binding("f2", "toggle_pane", "Chat⇄Dash", id="toggle_pane",
+                tooltip="Switch between chat and dashboard (wide: dashboard full width)"),
+        Binding("f3", "toggle_tab", "Blocks⇄Latency", id="toggle_dashboard_tab", show=False,
+                tooltip="Switch the dashboard between the block map and the latency graphs"),
+        Binding("ctrl+s", "chat_settings", "Settings", id="chat_settings",
+                tooltip="System prompt and sampling settings (temperature, top_p, ...)"),
+        Binding("ctrl+n", "new_chat", "New", id="new_chat",
+                tooltip="Start a new chat (the current one stays saved)"),
+        Binding("ctrl+o", "open_chat", "Open chat", id="open_chat", show=False,
+                tooltip="Reopen a saved chat transcript"),
+        Binding("ctrl+y", "copy_reply", "Copy reply", id="copy_reply", show=False,
+                tooltip="Copy the last reply to the clipboard"),
+    ]
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="▦")
+        yield MiniStats(id="mini-stats")
+        with Horizontal(id="deck-body"):
+            yield ChatPane(id="chat")
+            yield Dashboard(id="dashboard")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one(ChatPane).focus_input()
+
+    @property
+    def chat(self) -> ChatPane:
+        return self.query_one(ChatPane)
+
+    @property
+    def dashboard(self) -> Dashboard:
+        return self.query_one(Dashboard)
+
+    def show_pane(self, pane: str) -> None:
+        """In a narrow terminal show "chat" or "dashboard"; in a wide one, "dashboard" hides
+        the chat (a full-width map) and "chat" shows both again."""
+        if pane not in ("chat", "dashboard"):
+            raise ValueError(f"pane must be 'chat' or 'dashboard', got {pane!r}")
+        self.set_class(pane == "dashboard", "-show-dashboard")
+        if pane == "chat":
+            self.chat.focus_input()
+        else:
+            self.dashboard.focus()
+
+    def action_toggle_pane(self) -> None:
+        self.show_pane("chat" if self.has_class("-show-dashboard") else "dashboard")
+
+    def action_toggle_tab(self) -> None:
+        tabs = self.dashboard
+        current = tabs.query_one("#dashboard-tabs").active  # type: ignore[attr-defined]
+        tabs.show_tab("tab-latency" if current == "tab-blocks" else "tab-blocks")
+        if self.has_class("-narrow") and not self.has_class("-show-dashboard"):
+            self.show_pane("dashboard")
+
+    async def action_stop_reply(self) -> None:
+        await self.chat.stop()
+
+    async def action_new_chat(self) -> None:
+        await self.chat.new_chat()
+        self.show_pane("chat")
+
+    def action_chat_settings(self) -> None:
+        app = self.app
+
+        def apply(settings: ChatSettings | None) -> None:
+            if settings is not None:
+                app.chat_settings = settings  # type: ignore[attr-defined]
+                self.chat.update_status()
+                self.notify("Chat settings saved.", timeout=2)
+
+        app.push_screen(ChatSettingsScreen(app.chat_settings), apply)  # type: ignore[attr-defined]
+
+    def action_open_chat(self) -> None:
+        store = self.app.transcript_store  # type: ignore[attr-defined]
+        self.app.push_screen(TranscriptPickerScreen(store.list()), self._open_transcript)
+
+    def _open_transcript(self, transcript_id: str | None) -> None:
+        if transcript_id is not None:
+            self.run_worker(self._reopen(transcript_id), group="reopen", exclusive=True)
+
+    async def _reopen(self, transcript_id: str) -> None:
+        transcript = self.app.transcript_store.load(transcript_id)  # type: ignore[attr-defined]
+        await self.chat.stop()
+        await self.chat.workers_done()
+        settings = self.app.chat_settings  # type: ignore[attr-defined]
+        settings.system_prompt = transcript.system_prompt
+        await self.chat.show_transcript(transcript)
+        self.show_pane("chat")
+
+    def action_copy_reply(self) -> None:
+        self.chat.copy_last_reply()

@@ -1,0 +1,84 @@
+"""Modal: how many synthetic requests to fire, and how long their prompts and outputs are."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, Static
+
+from tui.load_generator import LoadSpec
+
+FIELDS = (
+    ("num_requests", "requests (concurrent)"),
+    ("prompt_tokens", "prompt tokens"),
+    ("output_tokens", "output tokens"),
+    ("shared_prefix_tokens", "shared prefix tokens"),
+)
+
+
+class LoadGeneratorScreen(ModalScreen[LoadSpec | None]):
+    BINDINGS = [Binding("escape", "cancel", "Cancel", id="load_cancel")]
+
+    DEFAULT_CSS = """
+    LoadGeneratorScreen { align: center middle; }
+    LoadGeneratorScreen > Vertical {
+        width: 64; max-width: 100%; height: auto; max-height: 100%;
+        border: thick $primary; background: $surface; padding: 0 1;
+    }
+    LoadGeneratorScreen Grid {
+        grid-size: 2; grid-columns: 1fr 16; height: auto; grid-rows: 3;
+    }
+    LoadGeneratorScreen Grid Label { padding-top: 1; }
+    LoadGeneratorScreen #load-error { color: $error; height: auto; }
+    LoadGeneratorScreen Horizontal { height: auto; align-horizontal: right; }
+    LoadGeneratorScreen Button { margin-left: 1; }
+    """
+
+    def __init__(self, spec: LoadSpec, max_model_len: int | None) -> None:
+        super().__init__()
+        self.spec = spec
+        self.max_model_len = max_model_len
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Load generator: concurrent requests with random-token prompts "
+                        "(ignore_eos), sharing a common prefix.")
+            with Grid():
+                for name, label in FIELDS:
+                    yield Label(label)
+                    yield Input(str(getattr(self.spec, name)), id=name, type="integer")
+            yield Static("", id="load-error")
+            with Horizontal():
+                yield Button("Cancel", id="cancel")
+                yield Button("Fire", variant="primary", id="fire")
+
+    def action_fire(self) -> None:
+        values = {}
+        try:
+            for name, _ in FIELDS:
+                text = self.query_one(f"#{name}", Input).value.strip()
+                try:
+                    values[name] = int(text)
+                except ValueError:
+                    raise ValueError(f"{name} must be an integer, got {text!r}") from None
+            spec = LoadSpec(seed=self.spec.seed, **values)
+            spec.validate(self.max_model_len)
+        except ValueError as exc:
+            self.query_one("#load-error", Static).update(str(exc))
+            return
+        self.dismiss(spec)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.action_fire()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        if event.button.id == "fire":
+            self.action_fire()
+        else:
+            self.action_cancel()

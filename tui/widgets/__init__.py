@@ -1,0 +1,1 @@
+"""kvdeck's widgets: one widget per module."""

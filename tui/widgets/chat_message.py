@@ -1,0 +1,55 @@
+"""One chat message: role, Markdown body (streamed for replies), and the reply's figures."""
+
+from __future__ import annotations
+
+import re
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Markdown, Static
+
+_CONTROL_CHARS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+def displayable(text: str) -> str:
+    """Model text with control characters (a random model emits them) shown as U+FFFD: they
+    would corrupt the terminal and make screenshots invalid XML. The raw text is kept."""
+    return _CONTROL_CHARS.sub("\ufffd", text.replace("\r", ""))
+
+
+class ChatMessage(Vertical, can_focus=True):
+    BINDINGS = [
+        Binding("c", "copy", "Copy message", id="copy_message"),
+    ]
+
+    DEFAULT_CSS = """
+    ChatMessage { height: auto; padding: 0 1; margin: 0 0 1 0; }
+    ChatMessage .role { text-style: bold; height: 1; }
+    ChatMessage Markdown { margin: 0; padding: 0; }
+    ChatMessage .reply-stats { color: $text-muted; height: auto; }
+    """
+
+    def __init__(self, role: str, content: str = "", stats: str = "") -> None:
+        super().__init__(classes=f"-{role}")
+        self.role = role
+        self.content = content
+        self.stats = stats
+
+    def compose(self) -> ComposeResult:
+        label = {"user": "You", "assistant": "Assistant"}.get(self.role, self.role)
+        yield Static(label, classes="role")
+        yield Markdown(displayable(self.content))
+        yield Static(self.stats, classes="reply-stats")
+
+    @property
+    def markdown(self) -> Markdown:
+        return self.query_one(Markdown)
+
+    def set_stats(self, stats: str) -> None:
+        self.stats = stats
+        self.query_one(".reply-stats", Static).update(stats)
+
+    def action_copy(self) -> None:
+        self.app.copy_to_clipboard(self.content)
+        self.notify("Message copied to the clipboard.", timeout=2)

@@ -1,0 +1,94 @@
+"""The engine dashboard: headline figures, block map with inspector, latency graphs.
+
+It redraws from the app's DashboardState on its own timer (REFRESH_HZ), independent of how
+fast snapshots arrive; the engine runs in another process, so drawing never slows it.
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Grid, Vertical
+from textual.widgets import Static, TabbedContent, TabPane
+
+from tui.dashboard_state import DashboardState
+from tui.widgets.block_map import BlockMap, legend_text
+from tui.widgets.engine_summary import EngineSummary
+from tui.widgets.latency_plot import TimeSeriesPlot
+from tui.widgets.request_inspector import RequestInspector
+
+REFRESH_HZ = 12
+PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
+
+
+class Dashboard(Vertical):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self._seen_version = -1
+        self._plotted: tuple[int, int] = (-1, -1)
+        self._plot_age = 0.0
+        self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
+
+    def compose(self) -> ComposeResult:
+        yield EngineSummary(id="summary")
+        with TabbedContent(id="dashboard-tabs"):
+            with TabPane("Blocks", id="tab-blocks"):
+                yield BlockMap(id="block-map")
+                yield Static(legend_text(), id="legend")
+                yield RequestInspector(id="inspector")
+            with TabPane("Latency", id="tab-latency"):
+                with Grid(id="plots"):
+                    yield TimeSeriesPlot("TTFT", "ms", id="plot-ttft")
+                    yield TimeSeriesPlot("Inter-token latency", "ms", id="plot-itl")
+                    yield TimeSeriesPlot("Output tokens/s", "tok/s", lines=True,
+                                         id="plot-throughput")
+                    yield TimeSeriesPlot("KV cache usage", "%", lines=True, y_max=100.0,
+                                         id="plot-kv")
+
+    def on_mount(self) -> None:
+        self.set_interval(1 / REFRESH_HZ, self.redraw)
+        self.redraw()
+
+    @property
+    def state(self) -> DashboardState:
+        return self.app.dashboard_state  # type: ignore[attr-defined]
+
+    def redraw(self) -> None:
+        state = self.state
+        if state.version != self._seen_version:
+            self._seen_version = state.version
+            self.redraws += 1
+            self.query_one(EngineSummary).show(state)
+            if state.stats is not None:
+                self.query_one(BlockMap).update_stats(state.stats)
+                self.query_one(RequestInspector).show(state.stats)
+        self._plot_age += 1 / REFRESH_HZ
+        tabs = self.query_one(TabbedContent)
+        if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:
+            self.redraw_plots()
+
+    def redraw_plots(self, force: bool = False) -> None:
+        state = self.state
+        key = (state.version, state.latency_version)
+        if key == self._plotted and not force:
+            return
+        self._plotted = key
+        self._plot_age = 0.0
+        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points)
+        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points)
+        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history)
+        self.query_one("#plot-kv", TimeSeriesPlot).set_points(
+            (t, v * 100) for t, v in state.kv_history
+        )
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id == "tab-latency":
+            self.redraw_plots(force=True)
+
+    def on_request_inspector_selected(self, event: RequestInspector.Selected) -> None:
+        self.query_one(BlockMap).selected_request = event.request_id
+
+    def on_block_map_block_clicked(self, event: BlockMap.BlockClicked) -> None:
+        self.query_one(RequestInspector).select(event.owner)
+
+    def show_tab(self, tab_id: str) -> None:
+        self.query_one(TabbedContent).active = tab_id

@@ -1,0 +1,119 @@
+"""The dashboard's headline figures: queues, KV gauge and history, throughput, last batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.widgets import Static
+
+from tui.dashboard_state import DashboardState
+
+GAUGE_WIDTH = 20
+BARS = " ▁▂▃▄▅▆▇█"
+
+
+def kv_gauge(usage: float, width: int = GAUGE_WIDTH) -> Text:
+    usage = min(max(usage, 0.0), 1.0)
+    filled = round(usage * width)
+    colour = "#3cb44b" if usage < 0.7 else "#f58231" if usage < 0.9 else "#e6194b"
+    text = Text("KV ")
+    text.append("█" * filled, style=colour)
+    text.append("░" * (width - filled), style="#7a7a7a")
+    text.append(f" {usage * 100:5.1f}%", style="bold")
+    return text
+
+
+def history_text(history: Iterable[float], width: int) -> Text:
+    """The newest `width` samples of a 0..1 series as one line of eighth blocks."""
+    samples = list(history)[-width:] if width > 0 else []
+    # Any non-zero usage gets at least the lowest bar, so a lightly used pool is visible.
+    bars = "".join(BARS[min(8, max(1 if v > 0 else 0, round(v * 8)))] for v in samples)
+    return Text(bars.rjust(max(width, 0), " "), style="#4363d8")
+
+
+def queue_line(state: DashboardState) -> Text:
+    stats = state.stats
+    text = Text()
+    if stats is None:
+        text.append("waiting for engine statistics…", style="italic")
+        return text
+    for label, value, style in (
+        ("running", stats.num_running, "bold #3cb44b"),
+        ("waiting", stats.num_waiting, "bold #f58231"),
+        ("preempted", stats.num_preempted, "bold #e6194b"),
+        ("finished", stats.num_requests_finished, "bold"),
+    ):
+        text.append(f"{label} ")
+        text.append(str(value), style=style)
+        text.append("  ")
+    text.append(f"preemptions {stats.num_preemptions}")
+    return text
+
+
+def kv_line(state: DashboardState) -> Text:
+    stats = state.stats
+    if stats is None:
+        return kv_gauge(0.0)
+    text = kv_gauge(stats.kv_cache_usage)
+    used = stats.num_blocks - stats.num_free_blocks
+    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached"
+                f" · {stats.block_size} tok/blk")
+    return text
+
+
+def throughput_line(state: DashboardState) -> Text:
+    stats = state.stats
+    text = Text()
+    text.append(f"{state.tokens_per_s:.1f}", style="bold")
+    text.append(" tok/s · prefix hit ")
+    rate = state.prefix_hit_rate
+    text.append("n/a" if rate is None else f"{rate * 100:.1f}%", style="bold")
+    if stats is not None:
+        text.append(" · step ")
+        text.append(f"{stats.last_step_prefill_tokens}", style="bold #4363d8")
+        text.append(" prefill + ")
+        text.append(f"{stats.last_step_decode_tokens}", style="bold #3cb44b")
+        text.append(f" decode, {stats.last_step_num_seqs} seqs, "
+                    f"{stats.last_step_duration_s * 1000:.0f} ms")
+    return text
+
+
+class HistoryLine(Static):
+    """The KV usage history as one line of bars, as wide as the widget (redrawn on resize)."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.values: list[float] = []
+
+    def set_values(self, values: Iterable[float]) -> None:
+        self.values = list(values)
+        self.refresh()
+
+    def render(self) -> Text:
+        return history_text(self.values, self.size.width)
+
+
+class EngineSummary(Vertical):
+    DEFAULT_CSS = """
+    EngineSummary { height: auto; }
+    EngineSummary > Static { height: auto; }
+    EngineSummary #kv-row { height: 1; }
+    EngineSummary #kv-gauge { width: auto; }
+    EngineSummary #kv-history { width: 1fr; margin-left: 2; }
+    """
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="queues")
+        with Horizontal(id="kv-row"):
+            yield Static(id="kv-gauge")
+            yield HistoryLine(id="kv-history")
+        yield Static(id="throughput")
+
+    def show(self, state: DashboardState) -> None:
+        self.query_one("#queues", Static).update(queue_line(state))
+        self.query_one("#kv-gauge", Static).update(kv_line(state))
+        self.query_one(HistoryLine).set_values(v for _, v in state.kv_history)
+        self.query_one("#throughput", Static).update(throughput_line(state))
