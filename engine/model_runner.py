@@ -76,7 +76,7 @@ class ModelRunner:
         cls = model_class_for(self.model_config.architecture)
         quant_config = dict(self.model_config.quantization_config or {})
         # The INT4 GEMM follows the attention backend choice (triton | torch | auto).
-        quant_config["w4a16_backend"] = self.config.attention_backend
+        quant_config.setdefault("w4a16_backend", self.config.attention_backend)
         linear_method = get_linear_method(self.config.quantization, quant_config)
         previous_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
