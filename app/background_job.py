@@ -7,18 +7,18 @@ the outcome, so a cancelled or failed job leaves nothing behind; `on_success` mo
 what should be kept first.
 """
 
-import contextlib
 import importlib
 import multiprocessing as mp
 import os
 import queue
 import shutil
-import sys
 import threading
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.spawn import real_std_streams, redirect_output
 
 _POLL_S = 0.1
 _TERMINATE_GRACE_S = 5.0
@@ -69,26 +69,13 @@ def start_background(
     job = BackgroundJob(scratch, on_message, on_success, on_end)
     log = str(scratch / "worker.log") if scratch is not None else os.devnull
     ctx = mp.get_context("spawn")  # never fork a process that has torch or Textual threads
-    with _real_std_streams():
+    with real_std_streams():
         job._queue = ctx.Queue()
         job._process = ctx.Process(target=_worker_main, args=(job._queue, worker, spec, log),
                                    daemon=True)  # fmt: skip
         job._process.start()
     threading.Thread(target=_monitor, args=(job,), daemon=True).start()
     return job
-
-
-@contextlib.contextmanager
-def _real_std_streams() -> Iterator[None]:
-    """multiprocessing hands sys.stderr's fd to its helper process; under Textual that stream
-    is a capture object without a usable fd, so put the real streams back while starting."""
-    saved = sys.stdout, sys.stderr
-    try:
-        if sys.__stdout__ is not None and sys.__stderr__ is not None:
-            sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
-        yield
-    finally:
-        sys.stdout, sys.stderr = saved
 
 
 def _monitor(job: BackgroundJob) -> None:
@@ -151,9 +138,7 @@ def _log_tail(scratch: Path | None, lines: int = 5) -> str:
 def _worker_main(messages, worker: str, spec: dict, log: str) -> None:
     """In the spawned process: run the worker, send its messages and its outcome."""
     # The worker must never write into the terminal the TUI draws on: its output goes to a log.
-    log_fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
+    redirect_output(log)
     try:
         if spec.get("num_threads"):
             import torch

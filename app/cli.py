@@ -2,8 +2,10 @@
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
 server; subcommands (pull, models, rm, quantize, eval-ppl, bench) are provided by
-the modules listed in SUBCOMMAND_MODULES, each exposing
-`COMMANDS: dict[name, (help, add_arguments(parser), run(args) -> int)]`.
+the modules in SUBCOMMANDS, each exposing
+`COMMANDS: dict[name, (help, add_arguments(parser), run(args) -> int)]`. A module is
+imported only when its command (or --help) is on the command line, so the TUI's window
+appears before torch is loaded.
 """
 
 import argparse
@@ -13,7 +15,14 @@ from dataclasses import MISSING, fields
 
 from engine.config import EngineConfig
 
-SUBCOMMAND_MODULES = ("app.model_commands", "quant.cli", "app.bench")
+SUBCOMMANDS = {
+    "pull": "app.model_commands",
+    "models": "app.model_commands",
+    "rm": "app.model_commands",
+    "quantize": "quant.cli",
+    "eval-ppl": "quant.cli",
+    "bench": "app.bench",
+}
 # Options that are not engine knobs on the command line.
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
 
@@ -56,7 +65,8 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
     return kwargs
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; `argv` (when given) limits which subcommand modules are imported."""
     parser = argparse.ArgumentParser(
         prog="kvdeck",
         description="Local LLM engine with a live view of its paged KV cache.",
@@ -74,7 +84,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="allow a non-loopback --host without --api-key")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     handlers = {}
-    for module_name in SUBCOMMAND_MODULES:
+    wanted = set(SUBCOMMANDS.values())
+    if argv is not None and not {"-h", "--help"} & set(argv):
+        wanted = {SUBCOMMANDS[a] for a in argv if a in SUBCOMMANDS}
+    for module_name in dict.fromkeys(SUBCOMMANDS.values()):
+        if module_name not in wanted:
+            continue
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
@@ -90,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         if args.command:

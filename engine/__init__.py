@@ -1,21 +1,30 @@
-"""kvdeck's inference engine: paged KV cache, continuous batching, prefix caching."""
+"""kvdeck's inference engine: paged KV cache, continuous batching, prefix caching.
 
-from engine.config import EngineConfig
-from engine.llm import LLM
-from engine.llm_engine import LLMEngine
-from engine.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats, RequestStats
+Names are imported on first use, so `import engine.sampling_params` (the UI process does)
+does not load torch and the model code.
+"""
 
-__all__ = [
-    "LLM",
-    "CompletionOutput",
-    "EngineConfig",
-    "EngineStats",
-    "LLMEngine",
-    "Logprob",
-    "RequestMetrics",
-    "RequestOutput",
-    "RequestStats",
-    "SamplingParams",
-]
+import importlib
+
+_EXPORTS = {
+    "LLM": "engine.llm",
+    "LLMEngine": "engine.llm_engine",
+    "EngineConfig": "engine.config",
+    "SamplingParams": "engine.sampling_params",
+    "CompletionOutput": "engine.outputs",
+    "Logprob": "engine.outputs",
+    "RequestMetrics": "engine.outputs",
+    "RequestOutput": "engine.outputs",
+    "EngineStats": "engine.stats",
+    "RequestStats": "engine.stats",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

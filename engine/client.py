@@ -72,8 +72,10 @@ OutputListener = Callable[[RequestOutput], None]
 
 
 class EngineClient:
-    def __init__(self, model: str | None = None, **engine_kwargs: object) -> None:
+    def __init__(self, model: str | None = None, *, log_path: str | None = None,
+                 **engine_kwargs: object) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_kwargs)  # ValueError on bad knobs
+        self.log_path = log_path  # where the engine process writes its output (None: inherit)
         self.model_name: str = model if model is not None else DEMO_MODEL_NAME
         self.max_model_len: int = 0
         self.vocab_size: int = 0
@@ -113,7 +115,7 @@ class EngineClient:
                 self._set_tokenizer(tokenizer)
             self._ready = self._loop.create_future()
             process = EngineCoreProcess(self.config, self._from_reader_thread(self._on_message),
-                                        self._from_reader_thread(self._on_exit))
+                                        self._from_reader_thread(self._on_exit), self.log_path)
             self._process = process
             await asyncio.to_thread(process.start)
             ready: EngineReady = await self._ready

@@ -2,17 +2,16 @@
 
 from dataclasses import dataclass, fields
 
-import torch
-
-DTYPES = {
-    "float32": torch.float32,
-    "float": torch.float32,
-    "fp32": torch.float32,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "fp16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
+# Names, not torch dtypes: the UI process imports this module and should not pay for torch.
+DTYPE_ALIASES = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
 }
 QUANTIZATIONS = ("awq", "bnb-nf4")
 
@@ -61,8 +60,10 @@ class EngineConfig:
             raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
         if self.num_gpu_blocks_override is not None:
             _positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override)
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPE_ALIASES:
+            raise ValueError(
+                f"dtype must be 'auto' or one of {sorted(DTYPE_ALIASES)}, got {self.dtype!r}"
+            )
         if self.load_format not in ("auto", "dummy"):
             raise ValueError(f"load_format must be 'auto' or 'dummy', got {self.load_format!r}")
         if self.quantization is not None and self.quantization not in QUANTIZATIONS:
@@ -71,7 +72,7 @@ class EngineConfig:
             )
         if self.device not in ("auto", "cuda", "cpu"):
             raise ValueError(f"device must be 'auto', 'cuda' or 'cpu', got {self.device!r}")
-        if self.device == "cuda" and not torch.cuda.is_available():
+        if self.device == "cuda" and not _cuda_available():
             raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
         if self.attention_backend not in ("auto", "triton", "torch"):
             raise ValueError(
@@ -85,7 +86,9 @@ class EngineConfig:
             )
 
     @property
-    def torch_device(self) -> torch.device:
+    def torch_device(self):
+        import torch
+
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
@@ -111,3 +114,9 @@ class EngineConfig:
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

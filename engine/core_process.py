@@ -36,6 +36,7 @@ from engine.ipc import (
     StartupProgress,
     StepOutputs,
 )
+from engine.spawn import real_std_streams, redirect_output
 
 STATS_HZ = 15.0
 IDLE_HEARTBEAT_S = 1.0
@@ -43,8 +44,11 @@ IDLE_HEARTBEAT_S = 1.0
 logger = logging.getLogger(__name__)
 
 
-def run_engine_core(config: EngineConfig, input_conn: Connection, output_conn: Connection) -> None:
+def run_engine_core(config: EngineConfig, input_conn: Connection, output_conn: Connection,
+                    log_path: str | None = None) -> None:
     """Process entry point (must be importable for 'spawn')."""
+    if log_path is not None:
+        redirect_output(log_path)
     # Ctrl-C reaches the whole process group; the client decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -161,8 +165,10 @@ class EngineCoreProcess:
     ended (or at least closed its end of the pipe), so the exit code is usually known.
     """
 
-    def __init__(self, config: EngineConfig, on_message, on_exit) -> None:
+    def __init__(self, config: EngineConfig, on_message, on_exit,
+                 log_path: str | None = None) -> None:
         self.config = config
+        self.log_path = log_path
         self._on_message = on_message
         self._on_exit = on_exit
         self._process = None
@@ -188,11 +194,12 @@ class EngineCoreProcess:
         output_reader, output_writer = ctx.Pipe(duplex=False)
         self._process = ctx.Process(
             target=run_engine_core,
-            args=(self.config, input_reader, output_writer),
+            args=(self.config, input_reader, output_writer, self.log_path),
             name="kvdeck-engine-core",
             daemon=True,  # never outlives the client, even if shutdown() is skipped
         )
-        self._process.start()
+        with real_std_streams():
+            self._process.start()
         _LIVE_PROCESSES.add(self)
         # Only the child may hold these ends, so that either side's death reads as EOF.
         input_reader.close()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from engine.config import DTYPES
+from engine.config import DTYPE_ALIASES
 
 
 @dataclass(slots=True)
@@ -93,4 +93,9 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
 
 def _checkpoint_dtype(raw: dict) -> torch.dtype:
     name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").replace("torch.", "")
-    return DTYPES.get(name, torch.float32)
+    return torch_dtype(DTYPE_ALIASES.get(name, "float32"))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A dtype name from EngineConfig or config.json as a torch dtype."""
+    return getattr(torch, DTYPE_ALIASES[name])

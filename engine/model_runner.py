@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine.config import DTYPES, EngineConfig
+from engine.config import EngineConfig
 from engine.loader import init_dummy_weights, load_weights
-from engine.model_config import ModelConfig
+from engine.model_config import ModelConfig, torch_dtype
 from engine.models import model_class_for
 from engine.models.layers import AttentionMetadata, PagedAttention
 from engine.models.linear import get_linear_method
@@ -39,7 +39,7 @@ class StepInputs:
 
 def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> torch.dtype:
     if config.dtype != "auto":
-        return DTYPES[config.dtype]
+        return torch_dtype(config.dtype)
     if device.type != "cuda":
         return torch.float32
     if model_config.checkpoint_dtype == torch.float32:

@@ -301,9 +301,8 @@ def _bindings(bindings: Iterable[object]) -> list[Binding]:
 def run_tui(model: str | None, engine_kwargs: dict) -> int:
     """Open the TUI; the engine starts in its background process once the window is up."""
 
-    from tui.engine_factory import ensure_spawn_helpers, real_client_factory
+    from tui.engine_factory import real_client_factory
 
-    ensure_spawn_helpers()
     app = KvdeckApp(real_client_factory(model, engine_kwargs), model_name=model or "demo model",
                     factory_for_model=lambda name: real_client_factory(name, engine_kwargs))
     result = app.run()

@@ -41,8 +41,15 @@ def _deck_screen(app: KvdeckApp) -> Screen:
     return DeckScreen()
 
 
+def _models_screen(app: KvdeckApp) -> Screen:
+    from tui.screens.models_screen import ModelsScreen
+
+    return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
+
+
 SECTIONS: list[Section] = [
     Section("deck", "Deck", "f4", "Chat beside the live engine dashboard", _deck_screen),
+    Section("models", "Models", "f5", "Download, quantise, load and delete models", _models_screen),
 ]
 
 

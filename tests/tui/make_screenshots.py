@@ -22,11 +22,10 @@ from tui.engine_factory import real_client_factory
 from tui.load_generator import LoadSpec
 
 REPO = Path(__file__).resolve().parents[2]
-# 48 requests of 12 prompt + 24 output blocks would need 1728 blocks: more than the pool, so
-# the burst shows chunked prefill, prefix sharing and then preemption; long outputs keep it
-# running long enough to catch on a fast machine.
+# 48 requests of 18 prompt + 14 output blocks would need 1536 blocks: more than the pool, so
+# the burst shows chunked prefill, prefix sharing and, after some 50 decode steps, preemption.
 ENGINE = dict(num_gpu_blocks_override=1024, max_model_len=512)
-BURST = LoadSpec(num_requests=48, prompt_tokens=192, output_tokens=384, shared_prefix_tokens=64)
+BURST = LoadSpec(num_requests=48, prompt_tokens=288, output_tokens=224, shared_prefix_tokens=64)
 
 
 async def until(pilot, condition, timeout: float) -> bool:
@@ -57,7 +56,8 @@ async def shoot(model: str, out_dir: Path, size: tuple[int, int], prefix: str,
             state = app.dashboard_state
             if not await until(pilot, lambda: state.stats is not None
                                and state.stats.num_running >= 24
-                               and state.stats.kv_cache_usage > 0.6, 120):
+                               and (state.stats.num_preemptions > 0
+                                    or state.stats.kv_cache_usage > 0.9), 180):
                 raise RuntimeError("the burst never filled the KV pool")
             await pilot.pause(0.5)  # a few decode steps: block tables grow, ITL points appear
             table = app.screen.query_one("#request-table", DataTable)

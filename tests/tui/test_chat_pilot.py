@@ -25,7 +25,7 @@ async def send(pilot, text: str) -> None:
 
 
 async def test_reply_streams_in_and_map_shows_its_blocks(make_app):
-    app, factory = make_app(token_delay=0.03)
+    app, factory = make_app(token_delay=0.08)  # slow enough to see it half-way
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready)
         await send(pilot, "hello engine")

@@ -61,7 +61,7 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
     """
 
     def __init__(self, what: str) -> None:
-        super().__init__(id="confirm-delete")
+        super().__init__()
         self.what = what
 
     def compose(self) -> ComposeResult:
@@ -107,7 +107,7 @@ class ModelsScreen(Screen):
         context_tokens: int = 8192,
         compare_options: dict | None = None,
     ) -> None:
-        super().__init__(id="models")
+        super().__init__()
         self.on_load = on_load
         self.free_gpu_bytes = free_gpu_bytes
         self.quantize_options = quantize_options

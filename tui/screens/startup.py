@@ -44,5 +44,5 @@ class StartupScreen(ModalScreen[None]):
             self.query_one(ProgressBar).update(progress=STARTUP_STAGES.index(stage))
         self.query_one("#startup-stage", Static).update(f"{stage}: {message}")
         self.stages_seen.append(stage)
-        log = [line for line in self.stages_seen[-6:]]
-        self.query_one("#startup-log", Static).update(" → ".join(dict.fromkeys(log)))
+        # The stages so far, once each (a stage may report several messages).
+        self.query_one("#startup-log", Static).update(" → ".join(dict.fromkeys(self.stages_seen)))
