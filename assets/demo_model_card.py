@@ -42,6 +42,7 @@ class CardFacts:
     heldout_modules: list[str]
     versions: dict[str, str]
     command: str
+    runs: list[dict[str, object]]
 
 
 @torch.no_grad()
@@ -88,6 +89,16 @@ def samples_markdown(model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast
     return "\n".join(parts)
 
 
+def runs_markdown(runs: list[dict[str, object]]) -> str:
+    """One line per training run; a run with --init-from continues the one before it."""
+    lines = ["- Runs, in order (each deterministic for its seed; reproduce by running them in turn):"]
+    for i, run in enumerate(runs, 1):
+        lines.append(f"  {i}. `{run['command']}`: {run['steps']} steps, "
+                     f"{int(run['tokens_seen']) / 1e6:.2f}M tokens, peak LR {run['peak_lr']}, "
+                     f"{run['train_minutes']} min, final train loss {run['final_train_loss']}")
+    return "\n".join(lines)
+
+
 def card_markdown(facts: CardFacts, samples: str) -> str:
     s = facts.settings
     held = ", ".join(facts.heldout_modules)
@@ -125,13 +136,13 @@ details, repeats itself, and knows nothing beyond those docstrings.
   in training, not even by the tokenizer): {held}; plus a share of the reference pages.
 
 ## Training
-- Command: `{facts.command}` (defaults: seed {s['seed']}, {s['threads']} CPU threads).
-- {facts.train_tokens / 1e6:.2f}M training tokens packed into {s['seq_len']}-token windows;
-  {facts.steps_run} steps of {s['batch_size']} windows ({facts.steps_run * s['batch_size'] *
-  s['seq_len'] / 1e6:.1f}M tokens seen); AdamW (betas 0.9/0.95, weight decay
+{runs_markdown(facts.runs)}
+- {facts.train_tokens / 1e6:.2f}M training tokens packed into {s['seq_len']}-token windows,
+  batches of {s['batch_size']} windows; last run: AdamW (betas 0.9/0.95, weight decay
   {s['weight_decay']}), peak LR {s['lr']}, {s['warmup_steps']} warmup steps, cosine decay to
   a tenth; gradient clip 1.0; float32.
-- Wall time: {facts.train_minutes:.1f} min of training on {s['threads']} CPU threads.
+- {s['threads']} CPU threads (`nice -n 5` on a 2-core machine shared with other jobs, so the
+  wall times above are longer than the same run takes on two idle cores).
 - Versions: torch {v['torch']}, transformers {v['transformers']},
   tokenizers {v['tokenizers']}.
 

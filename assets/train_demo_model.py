@@ -49,6 +49,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 HELDOUT_SAMPLE_CHARS = 6000
+RUNS_FILE = "training_runs.json"  # every training run that led to these weights, in order
 
 
 @dataclass(slots=True)
@@ -70,6 +71,7 @@ class TrainSettings:
     max_minutes: float
     threads: int
     eval_windows: int
+    init_from: Path | None
 
 
 def parse_args(argv: list[str] | None = None) -> TrainSettings:
@@ -94,6 +96,9 @@ def parse_args(argv: list[str] | None = None) -> TrainSettings:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-windows", type=int, default=64,
                    help="held-out windows of seq-len tokens used for the perplexity figure")
+    p.add_argument("--init-from", type=Path, default=None,
+                   help="continue training this demo model (its tokenizer and weights) instead "
+                        "of starting from scratch; its training_runs.json is carried over")
     s = TrainSettings(**vars(p.parse_args(argv)))
     for name in ("hidden_size", "intermediate_size"):
         if getattr(s, name) % 128:  # AWQ packs in-features in groups of 128
@@ -251,11 +256,13 @@ def add_legacy_keys(folder: Path) -> None:
     tok_path = folder / "tokenizer_config.json"
     tok = json.loads(tok_path.read_text())
     tok["tokenizer_class"] = "PreTrainedTokenizerFast"
+    for loader_state in ("is_local", "local_files_only"):  # left by from_pretrained (--init-from)
+        tok.pop(loader_state, None)
     tok["additional_special_tokens"] = tok.pop("extra_special_tokens", list(ROLE_TOKENS))
     _write_json(tok_path, tok)
 
 
-def _write_json(path: Path, data: dict[str, object]) -> None:
+def _write_json(path: Path, data: dict[str, object] | list[dict[str, object]]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
@@ -286,7 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     random.seed(s.seed)
     t0 = time.monotonic()
     corpus = demo_corpus.build_corpus(seed=s.seed)
-    tokenizer = train_tokenizer(corpus, s.vocab_size)
+    if s.init_from is None:
+        tokenizer = train_tokenizer(corpus, s.vocab_size)
+        earlier_runs: list[dict[str, object]] = []
+    else:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(s.init_from)
+        earlier_runs = json.loads((s.init_from / RUNS_FILE).read_text())
     train_docs = encode_documents(tokenizer, corpus.train_texts, corpus.train_chats)
     heldout_docs = encode_documents(tokenizer, corpus.heldout_texts, corpus.heldout_chats)
     data = pack(train_docs, s.seq_len, s.seed)
@@ -295,7 +307,10 @@ def main(argv: list[str] | None = None) -> None:
           f"{heldout.numel()} held-out tokens, vocab {len(tokenizer)}, "
           f"prep {time.monotonic() - t0:.0f}s", flush=True)
 
-    model = build_model(s, tokenizer)
+    if s.init_from is None:
+        model = build_model(s, tokenizer)
+    else:
+        model = LlamaForCausalLM.from_pretrained(s.init_from, dtype=torch.float32)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
     t_train = time.monotonic()
@@ -310,6 +325,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"final train loss {final_loss:.3f}  held-out ppl {heldout_ppl:.2f}  "
           f"heldout.txt ppl {sample_ppl:.2f}", flush=True)
 
+    command = "python assets/train_demo_model.py " + " ".join(argv or sys.argv[1:])
+    runs = [*earlier_runs, {"command": command, "seed": s.seed, "steps": steps_run,
+                            "tokens_seen": steps_run * s.batch_size * s.seq_len,
+                            "train_minutes": round(train_minutes, 1), "peak_lr": s.lr,
+                            "final_train_loss": round(final_loss, 3)}]
+
     def write(folder: Path) -> None:
         model.half()
         model.config.dtype = torch.float16
@@ -322,6 +343,7 @@ def main(argv: list[str] | None = None) -> None:
             {"bos_token": BOS, "eos_token": EOS, "pad_token": PAD,
              "additional_special_tokens": list(ROLE_TOKENS)}, indent=2) + "\n")
         (folder / "heldout.txt").write_text(sample_text)
+        _write_json(folder / RUNS_FILE, runs)
         add_legacy_keys(folder)
         facts = CardFacts(
             settings=vars_of(s), n_params=n_params, vocab_size=len(tokenizer),
@@ -332,7 +354,7 @@ def main(argv: list[str] | None = None) -> None:
             versions={"python": platform.python_version(), "torch": torch.__version__,
                       "transformers": transformers.__version__,
                       "tokenizers": tokenizers.__version__},
-            command="python assets/train_demo_model.py " + " ".join(argv or sys.argv[1:]))
+            command=command, runs=runs)
         write_model_card(folder, model, tokenizer, facts)
 
     write_atomically(s.out_dir, write)
@@ -342,7 +364,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def vars_of(s: TrainSettings) -> dict[str, object]:
-    return {name: str(getattr(s, name)) if name == "out_dir" else getattr(s, name)
+    return {name: str(v) if isinstance(v := getattr(s, name), Path) else v
             for name in TrainSettings.__slots__}
 
 
