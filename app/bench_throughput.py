@@ -77,17 +77,11 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
             peak = {"usage": usage, "allocated": allocated, "filled": filled, "running": len(running)}
     elapsed = time.perf_counter() - started
     stats = engine.stats()
-    prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     queries = stats.prefix_cache_queries - stats0.prefix_cache_queries
     hits = stats.prefix_cache_hits - stats0.prefix_cache_hits
     contiguous = peak["running"] * core.max_model_len
     return {
-        "elapsed_s": elapsed,
-        "requests_per_s": len(requests) / elapsed,
-        "output_tokens_per_s": output_tokens / elapsed,
-        "total_tokens_per_s": (output_tokens + prompt_tokens) / elapsed,
-        "output_tokens": output_tokens,
-        "prompt_tokens": prompt_tokens,
+        **_rates(requests, output_tokens, elapsed),
         "peak_kv_usage": peak["usage"],
         "kv_waste_at_peak": 1 - peak["filled"] / peak["allocated"] if peak["allocated"] else 0.0,
         "contiguous_kv_waste_at_peak": 1 - peak["filled"] / contiguous if contiguous else 0.0,
@@ -136,7 +130,11 @@ def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, de
     if device == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
-    output_tokens = sum(r.output_len for r in requests)
+    return {**_rates(requests, sum(r.output_len for r in requests), elapsed),
+            "batch_size": batch_size}
+
+
+def _rates(requests: list[BenchRequest], output_tokens: int, elapsed: float) -> dict:
     prompt_tokens = sum(len(r.prompt_token_ids) for r in requests)
     return {
         "elapsed_s": elapsed,
@@ -144,5 +142,5 @@ def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, de
         "output_tokens_per_s": output_tokens / elapsed,
         "total_tokens_per_s": (output_tokens + prompt_tokens) / elapsed,
         "output_tokens": output_tokens,
-        "batch_size": batch_size,
+        "prompt_tokens": prompt_tokens,
     }

@@ -137,6 +137,8 @@ class QuantizeJob:
 def remove_orphaned_staging() -> list[Path]:
     """Staging directories of jobs whose kvdeck process died (killed, crashed): removed."""
     removed = []
+    from quant.checkpoint import pid_alive  # lazily: quant/ loads torch
+
     staging = paths.staging_dir()
     for job_dir in staging.iterdir() if staging.is_dir() else ():
         try:
@@ -145,20 +147,10 @@ def remove_orphaned_staging() -> list[Path]:
             owner = None
             if time.time() - job_dir.stat().st_mtime < 60:
                 continue  # just created; its owner file is about to be written
-        if owner is None or not _pid_alive(owner):
+        if owner is None or not pid_alive(owner):
             shutil.rmtree(job_dir, ignore_errors=True)
             removed.append(job_dir)
     return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def default_name(source: LocalModel) -> str:

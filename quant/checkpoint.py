@@ -119,11 +119,12 @@ def _remove_stale_partials(out_dir: Path) -> None:
     """Temporary directories left by runs that were killed outright (their pid is gone)."""
     for path in out_dir.parent.glob(f".{out_dir.name}{_PARTIAL}*"):
         pid = path.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists (a staging folder's owner may be gone)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
