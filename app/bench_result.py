@@ -46,7 +46,7 @@ def build_result(kind: str, config: dict, figures: dict) -> dict:
     return {
         "benchmark": kind,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": " ".join(["kvdeck", *sys.argv[1:]]) if sys.argv else "kvdeck",
+        "command": _command_line(),
         "commit": git_commit(),
         "environment": environment(),
         "config": config,
@@ -87,3 +87,13 @@ def percentiles(values: list[float]) -> dict[str, float]:
         "p90": rank(0.90),
         "p99": rank(0.99),
     }
+
+
+def _command_line() -> str:
+    """How this run was started: `kvdeck ...`, or the script that drove it."""
+    if not sys.argv:
+        return "kvdeck"
+    program = Path(sys.argv[0])
+    if program.name in ("kvdeck", "cli.py", "__main__.py"):
+        return " ".join(["kvdeck", *sys.argv[1:]])
+    return " ".join(["python", str(program), *sys.argv[1:]])
