@@ -24,14 +24,18 @@ ENGINE = dict(device="cpu", num_gpu_blocks_override=128, max_model_len=512,
 START_TIMEOUT = 120.0  # a cold engine process imports torch: slow on a busy CI machine
 
 
-def make_real_app(model_dir, tmp_path, max_tokens: int) -> KvdeckApp:
+def make_real_app(model_dir, tmp_path, max_tokens: int, **engine: object) -> KvdeckApp:
     settings = ChatSettings(temperature=0.0, max_tokens=max_tokens)
-    return KvdeckApp(real_client_factory(str(model_dir), dict(ENGINE)), model_name="tiny-llama",
-                     transcript_dir=tmp_path / "chats", chat_settings=settings)
+    return KvdeckApp(real_client_factory(str(model_dir), {**ENGINE, **engine}),
+                     model_name="tiny-llama", transcript_dir=tmp_path / "chats",
+                     chat_settings=settings)
 
 
 async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tmp_path):
-    app = make_real_app(tiny_llama_dir, tmp_path, max_tokens=400)
+    # The Triton kernels under the interpreter (TRITON_INTERPRET=1 reaches the engine
+    # process) make each step slow enough to press esc mid-reply; with the torch kernels
+    # the tiny model finishes 400 tokens in well under a second.
+    app = make_real_app(tiny_llama_dir, tmp_path, max_tokens=400, attention_backend="triton")
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT), (
             f"engine did not start: {app.client.health() if app.client else None}")
