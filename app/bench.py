@@ -49,11 +49,14 @@ def run_throughput(args: argparse.Namespace) -> int:
     from app.bench_plot import plot_throughput
     from app.bench_result import build_result, write_json_atomic
     from app.bench_throughput import (
+        WARMUP_OUTPUT_LEN,
+        WARMUP_REQUESTS,
         parse_range,
         requests_from_file,
         run_hf_baseline,
         run_kvdeck,
         synthetic_requests,
+        warm_up_kvdeck,
     )
     from engine import LLM
 
@@ -79,6 +82,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     print(f"kvdeck: {len(requests)} requests on {core.model_dir.name} "
           f"({core.runner.device}, {core.runner.dtype}, {core.block_manager.num_blocks} KV blocks)",
           file=sys.stderr)
+    warm_up_kvdeck(llm, requests)
     kvdeck = run_kvdeck(llm, requests)
     figures: dict = {"kvdeck": kvdeck}
     _print_line("kvdeck", kvdeck)
@@ -100,6 +104,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         "model": args.model or "demo", "num_prompts": args.num_prompts,
         "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
         "engine": engine_kwargs, "prompts_file": args.prompts_file,
+        "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
     }
     result = build_result("throughput", config, figures)
     if args.out:

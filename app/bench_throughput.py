@@ -48,6 +48,29 @@ def requests_from_file(path: str, tokenizer, output_len: tuple[int, int], seed: 
             for i in range(num)]
 
 
+WARMUP_REQUESTS = 4
+WARMUP_OUTPUT_LEN = 8
+
+
+def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
+    """A few short requests run untimed first by both sides, so that one-off costs
+    (thread pools, allocator growth, lazy kernels) are not billed to either."""
+    return [BenchRequest(r.prompt_token_ids, min(r.output_len, WARMUP_OUTPUT_LEN))
+            for r in requests[:WARMUP_REQUESTS]]
+
+
+def warm_up_kvdeck(llm: LLM, requests: list[BenchRequest]) -> None:
+    engine = llm.engine
+    for i, r in enumerate(warmup_requests(requests)):
+        engine.add_request(f"warmup-{i}", r.prompt_token_ids,
+                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                          detokenize=False))
+    while engine.has_unfinished_requests():
+        engine.step()
+    # The timed run must not hit blocks the warm-up cached.
+    engine.core.block_manager.reset_prefix_cache()
+
+
 def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     """Run all requests through the engine's step loop, sampling KV figures every step.
 
@@ -113,25 +136,33 @@ def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, de
         model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     model = model.to(device).eval()
     model.generation_config.eos_token_id = None
+    _hf_generate(model, warmup_requests(requests), device)
+    if device == "cuda":
+        torch.cuda.synchronize()
     started = time.perf_counter()
     for start in range(0, len(requests), batch_size):
-        batch = requests[start : start + batch_size]
-        width = max(len(r.prompt_token_ids) for r in batch)
-        ids = torch.zeros(len(batch), width, dtype=torch.long)
-        mask = torch.zeros(len(batch), width, dtype=torch.long)
-        for row, r in enumerate(batch):
-            ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
-            mask[row, width - len(r.prompt_token_ids) :] = 1
-        with torch.inference_mode():
-            model.generate(
-                ids.to(device), attention_mask=mask.to(device), do_sample=False,
-                max_new_tokens=max(r.output_len for r in batch), pad_token_id=0,
-            )
+        _hf_generate(model, requests[start : start + batch_size], device)
     if device == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - started
     return {**_rates(requests, sum(r.output_len for r in requests), elapsed),
             "batch_size": batch_size}
+
+
+def _hf_generate(model, batch: list[BenchRequest], device: str) -> None:
+    import torch
+
+    width = max(len(r.prompt_token_ids) for r in batch)
+    ids = torch.zeros(len(batch), width, dtype=torch.long)
+    mask = torch.zeros(len(batch), width, dtype=torch.long)
+    for row, r in enumerate(batch):
+        ids[row, width - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
+        mask[row, width - len(r.prompt_token_ids) :] = 1
+    with torch.inference_mode():
+        model.generate(
+            ids.to(device), attention_mask=mask.to(device), do_sample=False,
+            max_new_tokens=max(r.output_len for r in batch), pad_token_id=0,
+        )
 
 
 def _rates(requests: list[BenchRequest], output_tokens: int, elapsed: float) -> dict:

@@ -82,6 +82,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        help="waiting requests accepted before answering 429")
     serve.add_argument("--allow-insecure-bind", action="store_true",
                        help="allow a non-loopback --host without --api-key")
+    serve.add_argument("--restart-engine", action=argparse.BooleanOptionalAction, default=True,
+                       help="start a new engine when it crashes (default: on)")
+    serve.add_argument("--engine-restart-delay", type=float, default=1.0,
+                       help="seconds before restarting a crashed engine, doubled while restarts fail")
+    serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
+                       help="browser origins allowed by CORS, e.g. http://localhost:3000 or '*' "
+                            "(default: none)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     handlers = {}
     wanted = set(SUBCOMMANDS.values())

@@ -1,7 +1,9 @@
 """`kvdeck --serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the EngineClient.
 
 The server listens at once and starts the engine in the background: /health answers
-503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. Routes:
+503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
+engine is started again after `engine_restart_delay` seconds (doubling while restarts
+keep failing, up to a minute), so the server keeps serving. Routes:
 /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize (these need
 the API key when one is set), /health and /metrics (open, for probes and Prometheus).
 """
@@ -40,10 +42,19 @@ logger = logging.getLogger("kvdeck.serve")
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
 
 
+MAX_RESTART_DELAY = 60.0
+
+
 def create_app(client: EngineClient, *, served_model_name: str | None = None,
                api_key: str | None = None, max_queue_len: int = 256,
-               on_start_failed: Callable[[str], None] | None = None) -> FastAPI:
-    """The app; its lifespan starts the engine (in the background) and shuts it down."""
+               on_start_failed: Callable[[str], None] | None = None,
+               engine_restart_delay: float | None = 1.0,
+               allowed_origins: list[str] | None = None) -> FastAPI:
+    """The app; its lifespan starts the engine (in the background) and shuts it down.
+
+    `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
+    `allowed_origins`: browser origins allowed by CORS (None: no CORS headers).
+    """
     model_name = served_model_name or client.model_name
     metrics = EngineMetrics(model_name, lambda: client.last_stats)
     client.add_output_listener(metrics.observe_output)
@@ -52,12 +63,13 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        starter = None
+        tasks = []
         if client.health().status not in ("ready", "starting"):
-            starter = asyncio.create_task(_start_engine(client, model_name, on_start_failed))
+            tasks.append(asyncio.create_task(_start_engine(client, model_name, on_start_failed,
+                                                           engine_restart_delay)))
         yield
-        if starter is not None and not starter.done():
-            starter.cancel()
+        for task in tasks:
+            task.cancel()
         await client.shutdown()
 
     app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -65,6 +77,12 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     install_error_handlers(app)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # Added last, so it runs first: preflight requests never reach the key check.
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -145,19 +163,43 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-async def _start_engine(client: EngineClient, model_name: str,
-                        on_failed: Callable[[str], None] | None) -> None:
-    def progress(p) -> None:
-        logger.info("engine %s: %s", p.stage, p.message)
+def _log_progress(p) -> None:
+    logger.info("engine %s: %s", p.stage, p.message)
 
+
+async def _start_engine(client: EngineClient, model_name: str,
+                        on_failed: Callable[[str], None] | None, restart_delay: float | None) -> None:
     try:
-        await client.start(on_progress=progress)
+        await client.start(on_progress=_log_progress)
     except EngineStartError as exc:
         logger.error("the engine failed to start: %s", exc)
         if on_failed is not None:
             on_failed(str(exc))
         return
     logger.info("serving %s (max_model_len %d)", model_name, client.max_model_len)
+    if restart_delay is not None:
+        await _restart_when_dead(client, restart_delay)
+
+
+async def _restart_when_dead(client: EngineClient, delay: float) -> None:
+    """Watch the engine; when it dies, start a new one (requests in flight have already
+    ended with an error; new ones get 503 until it is ready)."""
+    wait = delay
+    while True:
+        await asyncio.sleep(0.2)
+        health = client.health()
+        if health.status != "dead":
+            continue
+        logger.error("the engine is down (%s); restarting it in %.1f s", health.detail, wait)
+        await asyncio.sleep(wait)
+        try:
+            await client.restart()
+        except EngineStartError as exc:
+            logger.error("restarting the engine failed: %s", exc)
+            wait = min(max(wait, 0.5) * 2, MAX_RESTART_DELAY)
+            continue
+        logger.info("the engine is back (max_model_len %d)", client.max_model_len)
+        wait = delay
 
 
 def is_loopback(host: str) -> bool:
@@ -183,6 +225,8 @@ def run_server(args, engine_kwargs: dict) -> int:
         if not api_key:
             print(f"kvdeck: WARNING: serving on {args.host} without an API key: anyone who can "
                   "reach this port can use the model.", file=sys.stderr)
+    if args.engine_restart_delay < 0:
+        raise ValueError(f"--engine-restart-delay must be >= 0, got {args.engine_restart_delay}")
     if args.max_queue_len < 1:
         raise ValueError(f"--max-queue-len must be >= 1, got {args.max_queue_len}")
     if not 0 < args.port < 65536:
@@ -198,7 +242,9 @@ def run_server(args, engine_kwargs: dict) -> int:
             server.should_exit = True
 
     app = create_app(client, served_model_name=args.served_model_name, api_key=api_key,
-                     max_queue_len=args.max_queue_len, on_start_failed=start_failed)
+                     max_queue_len=args.max_queue_len, on_start_failed=start_failed,
+                     engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
+                     allowed_origins=args.allowed_origins)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=5, access_log=False)
     server = uvicorn.Server(config)

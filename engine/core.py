@@ -83,6 +83,8 @@ class EngineCore:
         num_blocks = self.runner.determine_num_blocks(progress)
         self.max_model_len = self._resolve_max_model_len(num_blocks)
         self.runner.allocate_kv_cache(num_blocks)
+        if self.runner.cuda_graphs_supported and not config.enforce_eager:
+            self.runner.capture_decode_graphs(self.max_model_len, progress)
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(
             self.block_manager,

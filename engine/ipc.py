@@ -33,7 +33,7 @@ class Shutdown:
 # ---- core -> client ------------------------------------------------------------------
 @dataclass(slots=True)
 class StartupProgress:
-    stage: str  # "starting" | "loading" | "profiling" | "ready"
+    stage: str  # "starting" | "loading" | "profiling" | "capturing" | "ready"
     message: str
 
 

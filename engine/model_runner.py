@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import EngineConfig
+from engine.decode_graphs import DecodeGraphs
+from engine.host_memory import keep_freed_buffers_in_process
 from engine.loader import init_dummy_weights, load_weights
 from engine.model_config import ModelConfig, torch_dtype
 from engine.models import model_class_for
@@ -60,6 +62,8 @@ class ModelRunner:
         self.model_config = model_config
         self.device = config.torch_device
         self.dtype = resolve_dtype(config, model_config, self.device)
+        if self.device.type == "cpu":
+            keep_freed_buffers_in_process()
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, self.device)
         progress("loading", f"loading weights from {model_dir}")
@@ -71,6 +75,7 @@ class ModelRunner:
         self.last_step_duration = 0.0
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
+        self.decode_graphs: DecodeGraphs | None = None
 
     def _build_model(self, model_dir) -> torch.nn.Module:
         cls = model_class_for(self.model_config.architecture)
@@ -170,6 +175,71 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
+    # ---- CUDA graphs ---------------------------------------------------------------
+    @property
+    def cuda_graphs_supported(self) -> bool:
+        # The torch attention reference plans on the host (.tolist()), which a graph
+        # cannot record; the Triton kernels read everything from device memory.
+        return self.device.type == "cuda" and self.ops.name == "triton"
+
+    def capture_decode_graphs(self, max_model_len: int, progress: ProgressCallback | None = None,
+                              capture: bool = True) -> None:
+        """Capture decode graphs for every batch-size bucket, then check one replay against
+        an eager forward; on any failure the engine stays eager and says why.
+
+        `capture=False` runs the same static-buffer path eagerly (tests without CUDA).
+        """
+        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, max_model_len, self.block_size,
+                              self.model_config.hidden_size, self.dtype, self.device)
+        if progress:
+            progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
+                                  f"{graphs.max_batch_size}")
+        try:
+            if capture:
+                graphs.capture()
+            else:
+                graphs.use_eager_replays()
+            mismatch = self._check_decode_graphs(graphs)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            logger.warning("CUDA graph capture failed, decode runs eagerly: %s", exc)
+            return
+        if mismatch is not None:
+            logger.warning("CUDA graph replay differs from the eager forward (max abs diff %.3g); "
+                           "decode runs eagerly", mismatch)
+            return
+        self.decode_graphs = graphs
+        logger.info("decode graphs ready for batch sizes %s", graphs.sizes)
+
+    @torch.inference_mode()
+    def _check_decode_graphs(self, graphs: DecodeGraphs) -> float | None:
+        """Replay a 3-row decode (padded to 4) and compare with the eager forward on the
+        same inputs. Returns the max difference if it is beyond rounding, else None."""
+        num_seqs, bs = 3, self.block_size
+        seq_lens = [1, bs + 2, 2 * bs + 5]
+        rows, next_block = [], 0
+        for n in seq_lens:  # distinct blocks per row, as the block manager would hand out
+            needed = -(-n // bs)
+            rows.append([(next_block + i) % self.num_blocks for i in range(needed)])
+            next_block += needed
+        width = max(len(r) for r in rows)
+        tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32,
+                              device=self.device)
+        positions = torch.tensor([n - 1 for n in seq_lens], device=self.device)
+        slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+        meta = AttentionMetadata(
+            slot_mapping=slots, block_tables=tables,
+            query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
+            max_query_len=1, max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.arange(num_seqs, device=self.device) + 1
+        eager = self.model(input_ids, positions, meta).float()
+        replayed = graphs.run(input_ids, positions, meta).float()
+        diff = (eager - replayed).abs().max().item()
+        # Graphs fix the attention split count, so low-precision sums may round differently.
+        tolerance = 1e-4 if self.dtype == torch.float32 else 5e-2
+        return diff if not diff <= tolerance * max(1.0, eager.abs().max().item()) else None
+
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
         """Pack the batch into flat tensors on the device (host lists, one copy each)."""
@@ -224,7 +294,11 @@ class ModelRunner:
         started = time.perf_counter()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.can_run(inputs.meta, inputs.num_requests):
+            hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         if inputs.sample_requests:
             rows = torch.tensor(inputs.sample_rows, device=self.device)

@@ -21,5 +21,5 @@ def write_kv_cache_torch(
     if bool((slots < 0).any()):
         keep = slots >= 0
         slots, key, value = slots[keep], key[keep], value[keep]
-    flat_k[slots] = key.to(k_cache.dtype)
-    flat_v[slots] = value.to(v_cache.dtype)
+    flat_k.index_copy_(0, slots, key.to(k_cache.dtype))
+    flat_v.index_copy_(0, slots, value.to(v_cache.dtype))

@@ -2,6 +2,8 @@
 
 import torch
 
+from kernels.step_memo import StepMemo
+
 
 def apply_rope_torch(
     positions: torch.Tensor,
@@ -16,22 +18,37 @@ def apply_rope_torch(
     second. `is_neox` rotates the two halves of the head (Llama/Qwen in HF layout);
     otherwise adjacent pairs (GPT-J / interleaved). Returns new (q, k).
     """
-    cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
-    cos, sin = cos[:, None, :], sin[:, None, :]
+    cos, sin = _step_cos_sin.get((positions, cos_sin_cache), (is_neox,),
+                                 lambda: _cos_sin(positions, cos_sin_cache, is_neox))
     return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
-    rot_dim = cos.shape[-1] * 2
-    x_rot, x_pass = x[..., :rot_dim].float(), x[..., rot_dim:]
+# Every layer rotates by the same positions: look cos/sin up once per step.
+_step_cos_sin: StepMemo[tuple[torch.Tensor, torch.Tensor]] = StepMemo()
+
+
+def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool):
+    cos, sin = cos_sin_cache[positions.long()].chunk(2, dim=-1)
     if is_neox:
+        # rotate_half form: x * [cos, cos] + [x2, x1] * [-sin, sin], two fused halves.
+        cos, sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+    return cos[:, None, :], sin[:, None, :]
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, is_neox: bool) -> torch.Tensor:
+    if is_neox:
+        rot_dim = cos.shape[-1]
+        x_rot = x[..., :rot_dim].float()
         x1, x2 = x_rot.chunk(2, dim=-1)
+        rotated = x_rot * cos + torch.cat((x2, x1), dim=-1) * sin
     else:
+        rot_dim = cos.shape[-1] * 2
+        x_rot = x[..., :rot_dim].float()
         x1, x2 = x_rot[..., 0::2], x_rot[..., 1::2]
-    o1 = x1 * cos - x2 * sin
-    o2 = x2 * cos + x1 * sin
-    rotated = torch.cat((o1, o2), dim=-1) if is_neox else torch.stack((o1, o2), -1).flatten(-2)
-    return torch.cat((rotated.to(x.dtype), x_pass), dim=-1)
+        rotated = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), -1).flatten(-2)
+    if rot_dim == x.shape[-1]:
+        return rotated.to(x.dtype)
+    return torch.cat((rotated.to(x.dtype), x[..., rot_dim:]), dim=-1)
 
 
 def build_cos_sin_cache(inv_freq: torch.Tensor, max_positions: int) -> torch.Tensor:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 class StartupProgressLike(Protocol):
-    stage: str  # "starting" | "loading" | "profiling" | "ready"
+    stage: str  # "starting" | "loading" | "profiling" | "capturing" | "ready"
     message: str
 
 
@@ -55,6 +55,6 @@ class EngineClientProtocol(Protocol):
 
 
 # Stages of start-up in the order the client reports them (drives the progress bar).
-STARTUP_STAGES: tuple[str, ...] = ("starting", "loading", "profiling", "ready")
+STARTUP_STAGES: tuple[str, ...] = ("starting", "loading", "profiling", "capturing", "ready")
 
 ClientFactory = Callable[[], EngineClientProtocol]

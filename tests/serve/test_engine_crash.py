@@ -1,4 +1,5 @@
-"""Killing the engine process: streams end with an error, /health turns 503, nothing hangs."""
+"""Killing the engine process: streams end with an error, /health turns 503, nothing hangs,
+and the server starts a new engine and serves again."""
 
 import os
 import signal
@@ -11,12 +12,15 @@ import pytest
 
 from tests.serve.conftest import start_server, stop_server
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(150)
+RESTART_DELAY = 6
 
 
 @pytest.fixture(scope="module")
 def server(serve_model_dir, tmp_path_factory):
-    live = start_server(serve_model_dir, tmp_path_factory.mktemp("serve_logs"))
+    # A restart delay long enough to observe the dead engine first.
+    live = start_server(serve_model_dir, tmp_path_factory.mktemp("serve_logs"),
+                        "--engine-restart-delay", str(RESTART_DELAY))
     yield live
     stop_server(live)  # also checks that the server still shuts down cleanly
 
@@ -79,3 +83,17 @@ def test_engine_death_is_an_error_not_a_hang(server):
     # the rest of the server still answers
     assert httpx.get(f"{server.base_url}/metrics").status_code == 200
     assert httpx.get(f"{server.base_url}/v1/models").status_code == 200
+
+
+def test_the_engine_comes_back_after_a_crash(server):
+    # Runs after the test above killed the engine.
+    deadline = time.monotonic() + RESTART_DELAY + 60
+    while httpx.get(f"{server.base_url}/health").status_code != 200:
+        assert time.monotonic() < deadline, f"the engine was not restarted:\n{server.log()}"
+        time.sleep(0.3)
+    api = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                        timeout=30)
+    reply = api.completions.create(model=api.models.list().data[0].id, prompt="hello", max_tokens=4,
+                                   extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 4
+    assert "restarting it in" in server.log()

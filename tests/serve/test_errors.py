@@ -12,6 +12,7 @@ from tests.serve.conftest import start_server, stop_server
 pytestmark = pytest.mark.timeout(120)
 
 KEY = "sk-test-secret"
+ORIGIN = "http://localhost:3000"
 MODEL = "tiny"
 CHAT = "/v1/chat/completions"
 COMP = "/v1/completions"
@@ -24,7 +25,7 @@ def server(serve_model_dir, tmp_path_factory):
     # One sequence at a time and a queue of 2, so the queue limit is easy to reach.
     live = start_server(serve_model_dir, tmp_path_factory.mktemp("serve_logs"),
                         "--served-model-name", MODEL, "--max-queue-len", "2",
-                        "--max-num-seqs", "1", api_key=KEY)
+                        "--max-num-seqs", "1", "--allowed-origins", ORIGIN, api_key=KEY)
     yield live
     stop_server(live, hard=True)  # a killed server must not leave its engine behind
 
@@ -129,3 +130,21 @@ def test_non_loopback_bind_needs_a_key(serve_model_dir, capsys, monkeypatch):
     assert run_server(args, engine_kwargs_from_args(args)) == 2  # refused before loading
     err = capsys.readouterr().err
     assert "--allow-insecure-bind" in err and "--api-key" in err
+
+
+def test_cors_for_allowed_origins_only(server):
+    # A browser's preflight carries no key; it must pass, and only for the allowed origin.
+    preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization,content-type"}
+    response = httpx.options(f"{server.base_url}{CHAT}", headers=preflight)
+    assert response.status_code == 200
+    assert response.headers["access-control-allow-origin"] == ORIGIN
+    other = httpx.options(f"{server.base_url}{CHAT}",
+                          headers={**preflight, "Origin": "http://evil.example"})
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    # The real request still needs the key, and carries the CORS header either way.
+    denied = httpx.post(f"{server.base_url}{COMP}", json=GOOD_COMP, headers={"Origin": ORIGIN})
+    assert denied.status_code == 401 and denied.headers["access-control-allow-origin"] == ORIGIN
+    allowed = httpx.post(f"{server.base_url}{COMP}", json=GOOD_COMP,
+                         headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN

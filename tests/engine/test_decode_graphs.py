@@ -1,0 +1,131 @@
+"""The CUDA-graph decode path's static buffers and padding, run without CUDA.
+
+`capture=False` replays the same static-buffer forward eagerly: the inputs are copied into
+fixed tensors, padded to a bucket, and the output rows sliced back, exactly as around a
+real graph replay. What cannot run here is the capture itself (see
+benchmarks/check_cuda_graphs.py for the GPU check).
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.decode_graphs import decode_bucket_sizes
+from engine.models.layers import AttentionMetadata
+from tests.model_factory import hf_greedy
+
+
+def test_bucket_sizes():
+    assert decode_bucket_sizes(1) == [1]
+    assert decode_bucket_sizes(5) == [1, 2, 4, 5]
+    assert decode_bucket_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
+    assert decode_bucket_sizes(256)[-3:] == [224, 240, 256]
+    assert decode_bucket_sizes(4096)[-1] == 512
+
+
+def _llm_with_static_decode(path, **kwargs) -> LLM:
+    llm = LLM(str(path), kv_cache_memory_gib=0.01, **kwargs)
+    runner = llm.engine.core.runner
+    runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
+    assert runner.decode_graphs is not None  # the self-check passed
+    return llm
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_padded_static_decode_matches_transformers(tiny_model_dirs, family):
+    path = tiny_model_dirs[family]
+    llm = _llm_with_static_decode(path, max_num_seqs=12)
+    runner = llm.engine.core.runner
+    replayed: list[int] = []
+    for size, replay in list(runner.decode_graphs.replays.items()):
+        runner.decode_graphs.replays[size] = (lambda s=size, r=replay: (replayed.append(s), r())[1])
+    tok = llm.get_tokenizer()
+    # 5 and 3 live rows run in the 8 and 4 buckets: padding rows are exercised.
+    prompts = [tok.encode(p) for p in ("Hello there", "The quick brown fox", "Paged", "a b c d e f",
+                                       "Blocks of keys")]
+    params = SamplingParams(temperature=0, max_tokens=7, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == hf_greedy(path, prompts, 7)
+    assert 8 in replayed  # decode steps went through the padded buckets
+    core = llm.engine.core
+    assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def _decode_meta(slots: list[int], block_size: int) -> tuple:
+    """One-token rows, each alone in its own block: row i writes slot slots[i]."""
+    n = len(slots)
+    tables = torch.tensor([[slot // block_size] for slot in slots], dtype=torch.int32)
+    positions = torch.tensor([slot % block_size for slot in slots])
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots), block_tables=tables,
+        query_start_loc=torch.arange(n + 1, dtype=torch.int32), seq_lens=(positions + 1).int(),
+        max_query_len=1, max_seq_len=int(positions.max()) + 1,
+    )
+    return torch.arange(n) + 3, positions, meta
+
+
+def test_padding_rows_write_no_kv(tiny_llama_dir):
+    llm = _llm_with_static_decode(tiny_llama_dir, max_num_seqs=8)
+    runner = llm.engine.core.runner
+    graphs, bs = runner.decode_graphs, runner.block_size
+    with torch.inference_mode():
+        graphs.run(*_decode_meta([0, bs + 1, 2 * bs + 2, 3 * bs + 3], bs))  # fills bucket 4
+        for cache in runner.k_caches + runner.v_caches:
+            cache.zero_()
+        # Three rows in the same bucket: the fourth row of the buffers is padding now.
+        hidden = graphs.run(*_decode_meta([4 * bs, 5 * bs + 1, 6 * bs + 2], bs))
+    assert hidden.shape[0] == 3
+    for cache in runner.k_caches + runner.v_caches:
+        written = cache.flatten(2).abs().sum(-1).nonzero().tolist()
+        assert written == [[4, 0], [5, 1], [6, 2]]
+
+
+def test_prefill_and_mixed_steps_stay_eager(tiny_llama_dir):
+    llm = _llm_with_static_decode(tiny_llama_dir, max_num_seqs=4, max_num_batched_tokens=8)
+    graphs = llm.engine.core.runner.decode_graphs
+    calls: list[int] = []
+    original_run = graphs.run
+    graphs.run = lambda ids, pos, meta: (calls.append(meta.max_query_len), original_run(ids, pos, meta))[1]
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode("a much longer prompt that needs chunked prefill steps"), tok.encode("hi")]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert calls and set(calls) == {1}
+
+
+def test_failed_self_check_leaves_engine_eager(tiny_llama_dir, monkeypatch, caplog):
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)
+    runner = llm.engine.core.runner
+
+    def corrupt(self):
+        self.replays = {size: (lambda size=size: self.buffers.hidden[:size].fill_(7.0))
+                        for size in self.sizes}
+
+    monkeypatch.setattr("engine.decode_graphs.DecodeGraphs.use_eager_replays", corrupt)
+    runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
+    assert runner.decode_graphs is None
+    assert "differs from the eager forward" in caplog.text
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 3
+
+
+def test_capture_is_cuda_only_and_switchable(tiny_llama_dir):
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)
+    runner = llm.engine.core.runner
+    assert not runner.cuda_graphs_supported  # CPU: never captured
+    assert runner.decode_graphs is None
+    assert LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01,
+               enforce_eager=True).engine.core.runner.decode_graphs is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal without a GPU")
+def test_gpu_check_script_refuses_without_cuda():
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "check_cuda_graphs.py"
+    shown = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0 and "--batch-sizes" in shown.stdout
+    refused = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "need a CUDA GPU" in refused.stderr
