@@ -16,6 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="also run Hugging Face transformers generate on the same requests")
     tp.add_argument("--baseline-batch-size", type=int, default=None,
                     help="static batch size of the baseline (default: what fits)")
+    tp.add_argument("--repeats", type=int, default=1,
+                    help="time each side this many times and report its median run (noisy machines)")
     from app import bench_serve
 
     sv = sub.add_parser("serve", help="online latency and throughput against a running server")
@@ -51,6 +53,7 @@ def run_throughput(args: argparse.Namespace) -> int:
     from app.bench_throughput import (
         WARMUP_OUTPUT_LEN,
         WARMUP_REQUESTS,
+        median_run,
         parse_range,
         requests_from_file,
         run_hf_baseline,
@@ -60,6 +63,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     )
     from engine import LLM
 
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     input_len = parse_range(args.input_len, "--input-len")
     output_len = parse_range(args.output_len, "--output-len")
     args.seed = args.seed if args.seed is not None else 0
@@ -83,7 +88,7 @@ def run_throughput(args: argparse.Namespace) -> int:
           f"({core.runner.device}, {core.runner.dtype}, {core.block_manager.num_blocks} KV blocks)",
           file=sys.stderr)
     warm_up_kvdeck(llm, requests)
-    kvdeck = run_kvdeck(llm, requests)
+    kvdeck = median_run([run_kvdeck(llm, requests) for _ in range(args.repeats)])
     figures: dict = {"kvdeck": kvdeck}
     _print_line("kvdeck", kvdeck)
     if args.baseline == "hf":
@@ -94,8 +99,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         from engine.loader import resolve_model_path
 
         dummy = engine_kwargs.get("load_format") == "dummy"
-        baseline = run_hf_baseline(resolve_model_path(args.model), requests, batch_size, device,
-                                   dtype, dummy=dummy)
+        baseline = median_run(run_hf_baseline(resolve_model_path(args.model), requests, batch_size,
+                                              device, dtype, dummy=dummy, repeats=args.repeats))
         figures["baseline"] = {"name": "hf-transformers-generate", **baseline}
         figures["ratio"] = kvdeck["output_tokens_per_s"] / baseline["output_tokens_per_s"]
         _print_line("hf", baseline)
@@ -105,6 +110,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
         "engine": engine_kwargs, "prompts_file": args.prompts_file,
         "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
+        "repeats": args.repeats,
     }
     result = build_result("throughput", config, figures)
     if args.out:

@@ -67,8 +67,16 @@ def warm_up_kvdeck(llm: LLM, requests: list[BenchRequest]) -> None:
                                           detokenize=False))
     while engine.has_unfinished_requests():
         engine.step()
-    # The timed run must not hit blocks the warm-up cached.
-    engine.core.block_manager.reset_prefix_cache()
+
+
+def median_run(runs: list[dict]) -> dict:
+    """The run with the median output tokens/s (the lower middle one for an even count),
+    with every run's figure beside it."""
+    ordered = sorted(runs, key=lambda run: run["output_tokens_per_s"])
+    chosen = dict(ordered[(len(ordered) - 1) // 2])
+    if len(runs) > 1:
+        chosen["runs_output_tokens_per_s"] = [run["output_tokens_per_s"] for run in runs]
+    return chosen
 
 
 def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
@@ -79,6 +87,8 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     engine = llm.engine
     core = engine.core
     block_size = core.config.block_size
+    # Nothing from a warm-up or an earlier repeat may be served from the prefix cache.
+    core.block_manager.reset_prefix_cache()
     stats0 = engine.stats()
     core.timings = type(core.timings)()
     started = time.perf_counter()
@@ -120,7 +130,7 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
 
 
 def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, device: str,
-                    dtype, dummy: bool = False) -> dict:
+                    dtype, dummy: bool = False, repeats: int = 1) -> list[dict]:
     """transformers `generate` in static batches (left-padded, greedy, EOS ignored).
 
     A static batch runs until its longest request is done; only the tokens each request
@@ -139,14 +149,17 @@ def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, de
     _hf_generate(model, warmup_requests(requests), device)
     if device == "cuda":
         torch.cuda.synchronize()
-    started = time.perf_counter()
-    for start in range(0, len(requests), batch_size):
-        _hf_generate(model, requests[start : start + batch_size], device)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elapsed = time.perf_counter() - started
-    return {**_rates(requests, sum(r.output_len for r in requests), elapsed),
-            "batch_size": batch_size}
+    runs = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for start in range(0, len(requests), batch_size):
+            _hf_generate(model, requests[start : start + batch_size], device)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - started
+        runs.append({**_rates(requests, sum(r.output_len for r in requests), elapsed),
+                     "batch_size": batch_size})
+    return runs
 
 
 def _hf_generate(model, batch: list[BenchRequest], device: str) -> None:

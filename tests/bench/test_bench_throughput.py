@@ -53,3 +53,26 @@ def test_bad_ranges(tiny_llama_dir, flag, value, message, capsys):
         assert code == 0  # "10" means 10:10
     else:
         assert code == 2 and message in capsys.readouterr().err
+
+
+def test_repeats_report_the_median_run_of_each_side(tiny_llama_dir, tmp_path):
+    out = tmp_path / "r.json"
+    assert main([
+        "bench", "throughput", "--model", str(tiny_llama_dir), "--num-prompts", "3",
+        "--input-len", "34:50", "--output-len", "4:8", "--baseline", "hf", "--repeats", "3",
+        "--kv-cache-memory-gib", "0.01", "--out", str(out),
+    ]) == 0
+    result = json.loads(out.read_text())
+    for side in ("kvdeck", "baseline"):
+        runs = result[side]["runs_output_tokens_per_s"]
+        assert len(runs) == 3 and result[side]["output_tokens_per_s"] == sorted(runs)[1]
+    # Every repeat starts from an empty prefix cache: random prompts never hit.
+    assert result["kvdeck"]["prefix_cache_hit_rate"] == 0.0
+    assert result["ratio"] == pytest.approx(result["kvdeck"]["output_tokens_per_s"]
+                                            / result["baseline"]["output_tokens_per_s"])
+    assert result["config"]["repeats"] == 3
+
+
+def test_repeats_must_be_positive(tiny_llama_dir, capsys):
+    assert main(["bench", "throughput", "--model", str(tiny_llama_dir), "--repeats", "0"]) == 2
+    assert "--repeats must be >= 1" in capsys.readouterr().err
