@@ -61,12 +61,17 @@ def warmup_requests(requests: list[BenchRequest]) -> list[BenchRequest]:
 
 def warm_up_kvdeck(llm: LLM, requests: list[BenchRequest]) -> None:
     engine = llm.engine
-    for i, r in enumerate(warmup_requests(requests)):
-        engine.add_request(f"warmup-{i}", r.prompt_token_ids,
-                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
-                                          detokenize=False))
+    _add_requests(engine, warmup_requests(requests), "warmup")
     while engine.has_unfinished_requests():
         engine.step()
+
+
+def _add_requests(engine, requests: list[BenchRequest], prefix: str) -> None:
+    # Greedy, exactly output_len tokens, token ids only (no detokenising), like the baseline.
+    for i, r in enumerate(requests):
+        engine.add_request(f"{prefix}-{i}", r.prompt_token_ids,
+                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
+                                          detokenize=False))
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -92,10 +97,7 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     stats0 = engine.stats()
     core.timings = type(core.timings)()
     started = time.perf_counter()
-    for i, r in enumerate(requests):
-        engine.add_request(f"bench-{i}", r.prompt_token_ids,
-                           SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
-                                          detokenize=False))
+    _add_requests(engine, requests, "bench")
     peak = {"usage": 0.0, "allocated": 0, "filled": 0, "running": 0}
     output_tokens = 0
     while engine.has_unfinished_requests():

@@ -10,6 +10,7 @@ Only decode-only batches (every row one new token) take this path; prefill and m
 steps, and batches above the largest bucket, run eagerly.
 """
 
+import bisect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,8 @@ class DecodeGraphs:
                  hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
         self.model = model
         self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.dtype = dtype
         self.sizes = decode_bucket_sizes(max_num_seqs)
         max_blocks_per_seq = -(-max_model_len // block_size)
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, hidden_size, dtype, device)
@@ -122,7 +125,7 @@ class DecodeGraphs:
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden]."""
         num_seqs = input_ids.shape[0]
-        size = next(s for s in self.sizes if s >= num_seqs)
+        size = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
         buffers = self.buffers
         buffers.input_ids[:num_seqs].copy_(input_ids, non_blocking=True)
         buffers.positions[:num_seqs].copy_(positions, non_blocking=True)
@@ -136,3 +139,32 @@ class DecodeGraphs:
         buffers.seq_lens[num_seqs:size].fill_(1)
         self.replays[size]()
         return buffers.hidden[:num_seqs]
+
+    @torch.inference_mode()
+    def compare_with_eager(self, num_blocks: int) -> float | None:
+        """Replay a 3-row decode (padded to 4) and compare with the eager forward on the
+        same inputs. Returns the max difference if it is beyond rounding, else None."""
+        bs, device = self.block_size, self.buffers.hidden.device
+        seq_lens = [1, bs + 2, 2 * bs + 5]
+        rows, next_block = [], 0
+        for n in seq_lens:  # distinct blocks per row, as the block manager would hand out
+            needed = -(-n // bs)
+            rows.append([(next_block + i) % num_blocks for i in range(needed)])
+            next_block += needed
+        width = max(len(r) for r in rows)
+        tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=device)
+        positions = torch.tensor([n - 1 for n in seq_lens], device=device)
+        slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+        meta = AttentionMetadata(
+            slot_mapping=slots, block_tables=tables,
+            query_start_loc=torch.arange(len(seq_lens) + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            max_query_len=1, max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.arange(len(seq_lens), device=device) + 1
+        eager = self.model(input_ids, positions, meta).float()
+        replayed = self.run(input_ids, positions, meta).float()
+        diff = (eager - replayed).abs().max().item()
+        # Graphs fix the attention split count, so low-precision sums may round differently.
+        tolerance = 1e-4 if self.dtype == torch.float32 else 5e-2
+        return diff if not diff <= tolerance * max(1.0, eager.abs().max().item()) else None

@@ -2,6 +2,7 @@
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 import sys
 
@@ -13,9 +14,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's ceiling for this setting on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30
 
-_done: list[bool] = []
 
-
+@functools.cache
 def keep_freed_buffers_in_process() -> bool:
     """Make glibc reuse freed tensor buffers instead of handing them back to the kernel.
 
@@ -25,8 +25,6 @@ def keep_freed_buffers_in_process() -> bool:
     attention itself. vLLM's CPU backend asks users to preload tcmalloc for this reason;
     this is the in-process equivalent. Returns whether the setting took (glibc only).
     """
-    if _done:
-        return _done[0]
     applied = False
     if sys.platform.startswith("linux"):
         try:
@@ -38,5 +36,4 @@ def keep_freed_buffers_in_process() -> bool:
             applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
                 mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     logger.debug("glibc malloc tuned for tensor reuse: %s", applied)
-    _done.append(applied)
     return applied

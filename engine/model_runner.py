@@ -199,7 +199,7 @@ class ModelRunner:
                 graphs.capture()
             else:
                 graphs.use_eager_replays()
-            mismatch = self._check_decode_graphs(graphs)
+            mismatch = graphs.compare_with_eager(self.num_blocks)
         except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
             logger.warning("CUDA graph capture failed, decode runs eagerly: %s", exc)
             return
@@ -209,36 +209,6 @@ class ModelRunner:
             return
         self.decode_graphs = graphs
         logger.info("decode graphs ready for batch sizes %s", graphs.sizes)
-
-    @torch.inference_mode()
-    def _check_decode_graphs(self, graphs: DecodeGraphs) -> float | None:
-        """Replay a 3-row decode (padded to 4) and compare with the eager forward on the
-        same inputs. Returns the max difference if it is beyond rounding, else None."""
-        num_seqs, bs = 3, self.block_size
-        seq_lens = [1, bs + 2, 2 * bs + 5]
-        rows, next_block = [], 0
-        for n in seq_lens:  # distinct blocks per row, as the block manager would hand out
-            needed = -(-n // bs)
-            rows.append([(next_block + i) % self.num_blocks for i in range(needed)])
-            next_block += needed
-        width = max(len(r) for r in rows)
-        tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32,
-                              device=self.device)
-        positions = torch.tensor([n - 1 for n in seq_lens], device=self.device)
-        slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
-        meta = AttentionMetadata(
-            slot_mapping=slots, block_tables=tables,
-            query_start_loc=torch.arange(num_seqs + 1, dtype=torch.int32, device=self.device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=self.device),
-            max_query_len=1, max_seq_len=max(seq_lens),
-        )
-        input_ids = torch.arange(num_seqs, device=self.device) + 1
-        eager = self.model(input_ids, positions, meta).float()
-        replayed = graphs.run(input_ids, positions, meta).float()
-        diff = (eager - replayed).abs().max().item()
-        # Graphs fix the attention split count, so low-precision sums may round differently.
-        tolerance = 1e-4 if self.dtype == torch.float32 else 5e-2
-        return diff if not diff <= tolerance * max(1.0, eager.abs().max().item()) else None
 
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: ScheduledBatch) -> StepInputs:
