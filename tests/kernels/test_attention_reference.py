@@ -72,3 +72,21 @@ def test_plan_is_rebuilt_for_a_new_step(paged_batch):
     for batch in (first, second, first):
         torch.testing.assert_close(paged_attention_torch(*batch.args()), dense_reference(batch),
                                    atol=2e-5, rtol=2e-5)
+
+
+def test_stale_non_finite_cache_slots_stay_out(paged_batch):
+    # Slots outside every context (a freed block that once held an overflowed value, the
+    # padding entries of short rows in a group) must not reach the output: keys are masked
+    # by overwrite, and the fp32 values path never reads a padded row.
+    batch = paged_batch([1] * 6 + [9], [3, 17, 18, 40, 41, 90, 30], num_heads=4, num_kv_heads=2,
+                        head_dim=32, block_size=16, dtype=torch.float32, seed=3)
+    block_size = batch.k_cache.shape[1]
+    used = torch.zeros(batch.k_cache.shape[:2], dtype=torch.bool)
+    for seq, seq_len in enumerate(batch.seq_lens.tolist()):
+        for position in range(seq_len):
+            used[batch.block_tables[seq, position // block_size], position % block_size] = True
+    batch.k_cache[~used] = float("inf")
+    batch.v_cache[~used] = float("nan")
+    out = paged_attention_torch(*batch.args())
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_reference(batch), atol=2e-5, rtol=2e-5)
