@@ -125,11 +125,18 @@ class EngineCore:
     def _resolve_max_model_len(self, num_blocks: int) -> int:
         capacity = num_blocks * self.config.block_size
         limit = self.model_config.max_position_embeddings
+        window = self.model_config.sliding_window
         asked = self.config.max_model_len
         if asked is not None:
             if asked > limit:
                 raise ValueError(
                     f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}"
+                )
+            if window is not None and asked > window:
+                raise ValueError(
+                    f"max_model_len {asked} exceeds the model's sliding window of {window} tokens; "
+                    "kvdeck attends to the whole context, which matches the model only within "
+                    "its window"
                 )
             if asked > capacity:
                 raise ValueError(
@@ -137,6 +144,9 @@ class EngineCore:
                     f"{self.config.block_size} = {capacity} tokens); raise the KV memory or lower it"
                 )
             return asked
+        if window is not None and window < min(limit, capacity):
+            logger.info("max_model_len capped at the model's sliding window (%d tokens)", window)
+            return window
         return min(limit, capacity)
 
     # ---- the step API ------------------------------------------------------------

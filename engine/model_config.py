@@ -31,6 +31,10 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     bos_token_id: int | None = None
     quantization_config: dict | None = None
+    # Keys a query may see, if any layer limits it (Mistral v0.1, Qwen2 with
+    # use_sliding_window). kvdeck attends to the whole context, which is the same
+    # computation as long as the context fits in the window.
+    sliding_window: int | None = None
     raw: dict = field(default_factory=dict)
 
     @property
@@ -84,11 +88,25 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
             eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
             bos_token_id=raw.get("bos_token_id"),
             quantization_config=quant if isinstance(quant, dict) else None,
+            sliding_window=_sliding_window(raw),
             raw=raw,
         )
     except KeyError as exc:
         where = f" in {model_dir}/config.json" if model_dir else ""
         raise ValueError(f"config.json is missing the field {exc.args[0]!r}{where}") from exc
+
+
+def _sliding_window(raw: dict) -> int | None:
+    window = raw.get("sliding_window")
+    if not window or raw.get("use_sliding_window") is False:
+        return None
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    # Qwen2's older form: layers from max_window_layers on use the window.
+    if int(raw.get("max_window_layers", 0)) >= int(raw["num_hidden_layers"]):
+        return None
+    return int(window)
 
 
 def _checkpoint_dtype(raw: dict) -> torch.dtype:

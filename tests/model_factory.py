@@ -45,8 +45,9 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 400):
     return fast
 
 
-def build_tiny_model(out_dir: Path, family: str, seed: int = 0) -> Path:
-    """Save a tiny random model of `family` (llama, mistral, qwen2, qwen3) with a tokenizer."""
+def build_tiny_model(out_dir: Path, family: str, seed: int = 0, **config_overrides) -> Path:
+    """Save a tiny random model of `family` (llama, mistral, qwen2, qwen3) with a tokenizer;
+    `config_overrides` go into its transformers config."""
     import transformers as tf
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -60,11 +61,13 @@ def build_tiny_model(out_dir: Path, family: str, seed: int = 0) -> Path:
         num_key_value_heads=2,
         max_position_embeddings=512,
         initializer_range=0.15,
+        **({"sliding_window": None} if family == "mistral" else {}),
         rms_norm_eps=1e-6,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+    common.update(config_overrides)
     if family == "llama":
         config = tf.LlamaConfig(
             **common,
@@ -76,7 +79,7 @@ def build_tiny_model(out_dir: Path, family: str, seed: int = 0) -> Path:
         )
         cls = tf.LlamaForCausalLM
     elif family == "mistral":
-        config = tf.MistralConfig(**common, sliding_window=None)
+        config = tf.MistralConfig(**common)
         cls = tf.MistralForCausalLM
     elif family == "qwen2":
         config = tf.Qwen2Config(**common)
