@@ -49,6 +49,14 @@ class BackgroundJob:
         """True once the job has ended (and its scratch is gone)."""
         return self._finished.wait(timeout)
 
+    def wait_or_raise(self, timeout: float | None, what: str) -> None:
+        """Block until the job ends. TimeoutError names `what` if it is still running;
+        RuntimeError carries the worker's message if it failed."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"{what} still running")
+        if self.error is not None:
+            raise RuntimeError(self.error)
+
     def cancel(self) -> None:
         """Terminate the worker and wait until everything it wrote is removed."""
         self._cancel_requested.set()

@@ -46,10 +46,7 @@ class CompareJob:
 
     def wait(self, timeout: float | None = None) -> Comparison | None:
         assert self.background is not None
-        if not self.background.wait(timeout):
-            raise TimeoutError("perplexity comparison still running")
-        if self.background.error is not None:
-            raise RuntimeError(self.background.error)
+        self.background.wait_or_raise(timeout, "perplexity comparison")
         return self.result
 
     def cancel(self) -> None:

@@ -88,10 +88,7 @@ class QuantizeJob:
         Raises RuntimeError with the worker's message if it failed, TimeoutError on timeout.
         """
         assert self.background is not None
-        if not self.background.wait(timeout):
-            raise TimeoutError(f"quantisation of {self.source.name} still running")
-        if self.background.error is not None:
-            raise RuntimeError(self.background.error)
+        self.background.wait_or_raise(timeout, f"quantisation of {self.source.name}")
         return self.result
 
     def cancel(self) -> None:
