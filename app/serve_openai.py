@@ -1,8 +1,9 @@
 """/v1/completions and /v1/chat/completions on top of the EngineClient.
 
 A request is checked completely (model, engine state, sampling values, context length,
-queue room) before anything is queued, so a bad request never disturbs the others. The
-engine refuses n != 1, so n > 1 is a 400 that says so.
+queue room) before anything is queued, so a bad request never disturbs the others.
+n > 1 queues one engine request per choice (engine/parallel_sampling.py); choice i*n + j
+is prompt i's choice j, as OpenAI numbers them.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ from app.serve_errors import OpenAIError, bad_request, sse_error
 from engine.client import EngineClient, EngineDeadError, EngineNotReadyError, RequestStream
 from engine.metrics import EngineMetrics
 from engine.outputs import Logprob, RequestOutput
+from engine.parallel_sampling import choice_params
 from engine.sampling_params import SamplingParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -88,10 +90,6 @@ def check_queue(state: ServeState, num_new: int) -> None:
 
 
 def check_unsupported(req: SamplingRequest) -> None:
-    if req.n != 1:
-        raise OpenAIError(400, f"n={req.n} is not supported: kvdeck's engine returns one choice "
-                               "per request (send n separate requests)", param="n",
-                          code="unsupported_value")
     if req.logit_bias:
         raise OpenAIError(400, "logit_bias is not supported", param="logit_bias",
                           code="unsupported_parameter")
@@ -166,31 +164,34 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     prompts = _prompt_list(req.prompt)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     prepared = []
-    for i, prompt in enumerate(prompts):
+    for prompt in prompts:
         try:
             _, ids = state.client.encode(prompt)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="prompt") from None
         params = sampling_params(req, req.max_tokens if req.max_tokens is not None
                                  else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs)
-        prepared.append(prepare(state, ids, params, f"{request_id}-{i}",
-                                req.max_tokens is not None))
+        for choice in choice_params(params):
+            prepared.append(prepare(state, ids, choice, f"{request_id}-{len(prepared)}",
+                                    req.max_tokens is not None))
     streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
-                                                      req.logprobs), streams)
+                                                      req.logprobs, req.n), streams)
     finals = await _run_to_end(streams, raw)
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": _completion_logprobs(out, 0, req.logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
                 "stop_reason": out.outputs[0].stop_reason} for i, out in enumerate(finals)]
     return JSONResponse({"id": request_id, "object": "text_completion", "created": int(time.time()),
-                         "model": state.model_name, "choices": choices, "usage": _usage(finals)})
+                         "model": state.model_name, "choices": choices,
+                         "usage": _usage(finals, req.n)})
 
 
 async def _completion_stream(state: ServeState, streams: list[RequestStream], request_id: str,
-                             include_usage: bool, logprobs: int | None) -> AsyncIterator[str]:
+                             include_usage: bool, logprobs: int | None,
+                             choices_per_prompt: int) -> AsyncIterator[str]:
     created = int(time.time())
     sent_logprobs = [0] * len(streams)
     finals: list[RequestOutput | None] = [None] * len(streams)
@@ -215,7 +216,8 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
                 yield _sse(chunk)
         if include_usage:
             yield _sse({"id": request_id, "object": "text_completion", "created": created,
-                        "model": state.model_name, "choices": [], "usage": _usage(finals)})
+                        "model": state.model_name, "choices": [],
+                        "usage": _usage(finals, choices_per_prompt)})
     except (EngineDeadError, EngineNotReadyError) as exc:
         yield sse_error(OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable"))
     except ValueError as exc:
@@ -246,54 +248,58 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    prepared = [prepare(state, ids, params, request_id, max_tokens is not None, "messages")]
+    choices = choice_params(params)
+    prepared = [prepare(state, ids, choice, request_id if len(choices) == 1 else f"{request_id}-{i}",
+                        max_tokens is not None, "messages") for i, choice in enumerate(choices)]
     streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStreamResponse(_chat_stream(state, streams[0], include_usage, logprobs),
-                                   streams)
-    (out,) = await _run_to_end(streams, raw)
-    completion = out.outputs[0]
-    choice = {"index": 0, "message": {"role": "assistant", "content": completion.text},
-              "logprobs": _chat_logprobs(out, 0, logprobs),
-              "finish_reason": completion.finish_reason, "stop_reason": completion.stop_reason}
+        return EventStreamResponse(_chat_stream(state, streams, request_id, include_usage,
+                                                logprobs), streams)
+    finals = await _run_to_end(streams, raw)
+    choices = [{"index": i, "message": {"role": "assistant", "content": out.outputs[0].text},
+                "logprobs": _chat_logprobs(out, 0, logprobs),
+                "finish_reason": out.outputs[0].finish_reason,
+                "stop_reason": out.outputs[0].stop_reason} for i, out in enumerate(finals)]
     return JSONResponse({"id": request_id, "object": "chat.completion",
                          "created": int(time.time()), "model": state.model_name,
-                         "choices": [choice], "usage": _usage([out])})
+                         "choices": choices, "usage": _usage(finals, len(finals))})
 
 
-async def _chat_stream(state: ServeState, stream: RequestStream, include_usage: bool,
-                       logprobs: int | None) -> AsyncIterator[str]:
+async def _chat_stream(state: ServeState, streams: list[RequestStream], request_id: str,
+                       include_usage: bool, logprobs: int | None) -> AsyncIterator[str]:
     created = int(time.time())
-    base = {"id": stream.request_id, "object": "chat.completion.chunk", "created": created,
+    base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": state.model_name}
 
-    def chunk(delta: dict, finish_reason=None, chunk_logprobs=None, stop_reason=None) -> str:
-        body = {**base, "choices": [{"index": 0, "delta": delta, "logprobs": chunk_logprobs,
+    def chunk(index: int, delta: dict, finish_reason=None, chunk_logprobs=None,
+              stop_reason=None) -> str:
+        body = {**base, "choices": [{"index": index, "delta": delta, "logprobs": chunk_logprobs,
                                      "finish_reason": finish_reason,
                                      "stop_reason": stop_reason}]}
         if include_usage:
             body["usage"] = None
         return _sse(body)
 
-    sent_logprobs = 0
-    final: RequestOutput | None = None
+    sent_logprobs = [0] * len(streams)
+    finals: list[RequestOutput | None] = [None] * len(streams)
     try:
-        async with aclosing(_merged([stream])) as outputs:
-            yield chunk({"role": "assistant", "content": ""})
-            async for _, out in outputs:
+        async with aclosing(_merged(streams)) as outputs:
+            for index in range(len(streams)):
+                yield chunk(index, {"role": "assistant", "content": ""})
+            async for index, out in outputs:
                 completion = out.outputs[0]
                 if out.finished:
-                    final = out
+                    finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue
-                chunk_logprobs = _chat_logprobs(out, sent_logprobs, logprobs)
-                sent_logprobs = len(completion.token_ids)
+                chunk_logprobs = _chat_logprobs(out, sent_logprobs[index], logprobs)
+                sent_logprobs[index] = len(completion.token_ids)
                 delta = {"content": out.delta_text} if out.delta_text else {}
-                yield chunk(delta, completion.finish_reason, chunk_logprobs,
+                yield chunk(index, delta, completion.finish_reason, chunk_logprobs,
                             completion.stop_reason)
         if include_usage:
-            yield _sse({**base, "choices": [], "usage": _usage([final])})
+            yield _sse({**base, "choices": [], "usage": _usage(finals, len(finals))})
     except (EngineDeadError, EngineNotReadyError) as exc:
         yield sse_error(OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable"))
     except ValueError as exc:
@@ -381,8 +387,9 @@ def _prompt_list(prompt) -> list[str | list[int]]:
     return list(prompt)
 
 
-def _usage(finals: list[RequestOutput | None]) -> dict:
-    prompt = sum(len(o.prompt_token_ids) for o in finals if o is not None)
+def _usage(finals: list[RequestOutput | None], choices_per_prompt: int) -> dict:
+    # A prompt counts once however many choices it has (OpenAI's usage).
+    prompt = sum(len(o.prompt_token_ids) for o in finals[::choices_per_prompt] if o is not None)
     completion = sum(len(o.outputs[0].token_ids) for o in finals if o is not None)
     cached = sum(o.num_cached_tokens for o in finals if o is not None)
     return {"prompt_tokens": prompt, "completion_tokens": completion,

@@ -33,6 +33,7 @@ from engine.ipc import (
 from engine.loader import resolve_model_path
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.parallel_sampling import require_one_choice
 from engine.request import RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
@@ -204,6 +205,7 @@ class EngineClient:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         params.validate()
+        require_one_choice(params)
         if not prompt_token_ids:
             raise ValueError("prompt must not be empty")
         if self.max_model_len and len(prompt_token_ids) >= self.max_model_len:

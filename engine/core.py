@@ -16,6 +16,7 @@ from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig, read_model_config
 from engine.model_runner import ModelRunner, ProgressCallback
 from engine.outputs import Logprob, RequestMetrics
+from engine.parallel_sampling import require_one_choice
 from engine.request import Request, RequestStatus
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
@@ -167,6 +168,7 @@ class EngineCore:
             )
         params = request.params
         params.validate()
+        require_one_choice(params)
         if any(t >= vocab for t in params.stop_token_ids):
             raise ValueError(f"stop_token_ids must be in [0, {vocab})")
         core_request = Request(

@@ -1,8 +1,11 @@
 """The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
 
+from collections.abc import Callable
+
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
+from engine.parallel_sampling import choice_params, merge_choices
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 
@@ -30,8 +33,8 @@ class LLM:
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of those")
         params = self._params_per_prompt(sampling_params, len(prompts))
-        return self._run([lambda i=i: self.engine.add_request(None, prompts[i], params[i])
-                          for i in range(len(prompts))])
+        return self._run([[lambda prompt=prompt, choice=choice: self.engine.add_request(None, prompt, choice)
+                           for choice in choice_params(p)] for prompt, p in zip(prompts, params)])
 
     def chat(
         self,
@@ -41,8 +44,9 @@ class LLM:
         """One conversation (a list of messages) or several; the chat template is applied."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_per_prompt(sampling_params, len(conversations))
-        return self._run([lambda i=i: self.engine.add_chat_request(None, conversations[i], params[i])
-                          for i in range(len(conversations))])
+        return self._run([[lambda messages=messages, choice=choice:
+                           self.engine.add_chat_request(None, messages, choice)
+                           for choice in choice_params(p)] for messages, p in zip(conversations, params)])
 
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
@@ -54,11 +58,16 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {count} prompts")
         return list(params)
 
-    def _run(self, adders) -> list[RequestOutput]:
-        request_ids: list[str] = []
+    def _run(self, adders: list[list[Callable[[], str]]]) -> list[RequestOutput]:
+        """adders: per prompt, one function per choice that queues it and returns its id."""
+        request_ids: list[list[str]] = []
+        queued: list[str] = []
         try:
-            for add in adders:
-                request_ids.append(add())
+            for choices in adders:
+                request_ids.append([])
+                for add in choices:
+                    request_ids[-1].append(add())
+                    queued.append(request_ids[-1][-1])
             finished: dict[str, RequestOutput] = {}
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
@@ -66,6 +75,6 @@ class LLM:
                         finished[output.request_id] = output
         except BaseException:
             # Bad input or an interrupt: leave nothing queued behind.
-            self.engine.abort_request(request_ids)
+            self.engine.abort_request(queued)
             raise
-        return [finished[rid] for rid in request_ids]
+        return [merge_choices([finished[rid] for rid in ids]) for ids in request_ids]

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 @dataclass(slots=True)
 class SamplingParams:
-    n: int = 1
+    n: int = 1  # choices per prompt; the client side fans them out (engine/parallel_sampling.py)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: no limit
@@ -39,8 +39,6 @@ class SamplingParams:
 
     def validate(self) -> None:
         _check_int("n", self.n, low=1)
-        if self.n != 1:
-            raise ValueError(f"n must be 1 (parallel sampling is not supported yet), got {self.n}")
         _check_number("temperature", self.temperature, low=0.0)
         _check_number("top_p", self.top_p, low=0.0, high=1.0)
         if self.top_p == 0.0:

@@ -92,7 +92,7 @@ def test_logprobs_include_sampled_token(llm):
         ("max_tokens", -3),
         ("min_tokens", -1),
         ("logprobs", 50),
-        ("n", 2),
+        ("n", 0),
         ("seed", 1.5),
         ("stop", [""]),
         ("stop_token_ids", [-1]),
@@ -106,3 +106,40 @@ def test_invalid_parameters_rejected_naming_the_field(field, value):
 def test_min_tokens_above_max_tokens_rejected():
     with pytest.raises(ValueError, match="min_tokens"):
         SamplingParams(min_tokens=10, max_tokens=5)
+
+
+def test_n_choices_are_the_seeded_single_requests(llm):
+    # Parallel sampling fans out on the client side: choice j is a request with seed + j.
+    prompts = ["The quick brown fox " * 6, "Hi there"]
+    outs = llm.generate(prompts, SamplingParams(n=3, temperature=1.0, seed=40, max_tokens=10,
+                                                ignore_eos=True))
+    assert [[c.index for c in out.outputs] for out in outs] == [[0, 1, 2], [0, 1, 2]]
+    for prompt, out in zip(prompts, outs):
+        singles = [_tokens(llm, [prompt], SamplingParams(temperature=1.0, seed=40 + j, max_tokens=10,
+                                                         ignore_eos=True))[0] for j in range(3)]
+        assert [c.token_ids for c in out.outputs] == singles
+        assert len({tuple(t) for t in singles}) == 3
+    stats = llm.stats()
+    assert stats.num_running == stats.num_waiting == 0 and sum(stats.block_ref_counts) == 0
+
+
+def test_n_choices_share_the_prompt_blocks(tiny_llama_dir):
+    # Once the first choice has computed the prompt's blocks, choices scheduled later hit
+    # the cache (all but the block holding the last prompt token, which is recomputed).
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, max_num_batched_tokens=64)
+    prompt = list(range(5, 5 + 48))  # three full blocks
+    llm.generate([prompt], SamplingParams(n=4, temperature=1.0, max_tokens=4))
+    # 64 tokens per step: choices 0 and 1 start together, 2 and 3 find two cached blocks each.
+    assert llm.stats().prefix_cache_hits == 2 * 32
+
+
+def test_bad_input_in_an_n_batch_leaves_nothing_queued(llm):
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(["fine", [7] * 10_000], SamplingParams(n=2, max_tokens=4))
+    stats = llm.stats()
+    assert stats.num_running == stats.num_waiting == 0 and sum(stats.block_ref_counts) == 0
+
+
+def test_the_core_takes_one_choice_per_request(llm):
+    with pytest.raises(ValueError, match="n=2"):
+        llm.engine.add_request(None, "Hi", SamplingParams(n=2))

@@ -65,7 +65,7 @@ BAD_REQUESTS = [
     ("missing prompt", COMP, with_(GOOD_COMP, prompt=...), None, 400, "prompt"),
     ("empty prompt", COMP, with_(GOOD_COMP, prompt=""), None, 400, "prompt"),
     ("token id out of vocab", COMP, with_(GOOD_COMP, prompt=[1, 2, 999999]), None, 400, "prompt"),
-    ("n=2 unsupported", CHAT, with_(GOOD_CHAT, n=2), None, 400, "n"),
+    ("n=0", CHAT, with_(GOOD_CHAT, n=0), None, 400, "n"),
     ("top_logprobs without logprobs", CHAT, with_(GOOD_CHAT, top_logprobs=2), None, 400,
      "top_logprobs"),
     ("logprobs 50", COMP, with_(GOOD_COMP, logprobs=50), None, 400, "logprobs"),

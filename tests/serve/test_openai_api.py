@@ -150,6 +150,43 @@ def test_seed_reproducibility(api, model_name):
     assert first != other
 
 
+def test_n_choices_match_the_offline_engine(api, model_name, offline):
+    # Choice i*n + j is prompt i's choice j, sampled with seed + j: the same as the
+    # offline LLM's n > 1, and a prompt's tokens count once in usage.
+    params = SamplingParams(n=3, temperature=1.0, seed=11, max_tokens=10, ignore_eos=True)
+    want = offline.generate(PROMPTS[:2], params)
+    got = api.completions.create(model=model_name, prompt=PROMPTS[:2], n=3, temperature=1.0,
+                                 seed=11, max_tokens=10, extra_body={"ignore_eos": True})
+    assert [c.index for c in got.choices] == list(range(6))
+    assert [c.text for c in got.choices] == [c.text for out in want for c in out.outputs]
+    assert len({c.text for c in got.choices[:3]}) == 3  # the choices differ
+    assert got.usage.prompt_tokens == sum(len(out.prompt_token_ids) for out in want)
+    assert got.usage.completion_tokens == 60
+    chunks = list(api.completions.create(model=model_name, prompt=PROMPTS[:2], n=3,
+                                         temperature=1.0, seed=11, max_tokens=10, stream=True,
+                                         stream_options={"include_usage": True},
+                                         extra_body={"ignore_eos": True}))
+    streamed = ["".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(6)]
+    assert streamed == [c.text for c in got.choices]
+    assert chunks[-1].usage.prompt_tokens == got.usage.prompt_tokens
+
+
+def test_n_chat_choices_stream_and_not(api, model_name, offline):
+    want = offline.chat(MESSAGES, SamplingParams(n=2, temperature=1.0, seed=5, max_tokens=8))[0]
+    whole = api.chat.completions.create(model=model_name, messages=MESSAGES, n=2, seed=5,
+                                        temperature=1.0, max_tokens=8)
+    assert [c.message.content for c in whole.choices] == [c.text for c in want.outputs]
+    assert whole.usage.prompt_tokens == len(want.prompt_token_ids)
+    chunks = list(api.chat.completions.create(model=model_name, messages=MESSAGES, n=2, seed=5,
+                                              temperature=1.0, max_tokens=8, stream=True))
+    assert {c.choices[0].index for c in chunks if c.choices[0].delta.role == "assistant"} == {0, 1}
+    for i, choice in enumerate(whole.choices):
+        mine = [c.choices[0] for c in chunks if c.choices[0].index == i]
+        assert "".join(part.delta.content or "" for part in mine) == choice.message.content
+        assert [part.finish_reason for part in mine if part.finish_reason] == [choice.finish_reason]
+
+
 def test_logprobs(api, model_name):
     chat = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=5,
                                        temperature=0, logprobs=True, top_logprobs=3)
