@@ -1,4 +1,4 @@
-"""`kvdeck bench throughput|serve`: speed figures against a baseline in the same run."""
+"""`kvdeck bench throughput|serve|decode`: speed figures against a baseline in the same run."""
 
 import argparse
 import sys
@@ -7,7 +7,8 @@ from app.cli import add_engine_arguments, engine_kwargs_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve}", required=True)
+    sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
+                                required=True)
     tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload")
     add_engine_arguments(tp)
     _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
@@ -23,6 +24,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sv = sub.add_parser("serve", help="online latency and throughput against a running server")
     bench_serve.add_arguments(sv)
     _add_workload_arguments(sv)
+    dc = sub.add_parser("decode", help="one sequence's decode speed against the memory-bandwidth "
+                                       "roofline")
+    add_engine_arguments(dc)
+    dc.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
+    dc.add_argument("--output-len", type=int, default=256, help="tokens to generate")
+    dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    dc.add_argument("--out", default=None, help="write the JSON result here")
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = True) -> None:
@@ -36,6 +44,8 @@ def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = T
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench_command == "decode":
+        return run_decode(args)
     if args.num_prompts <= 0:
         raise ValueError(f"--num-prompts must be positive, got {args.num_prompts}")
     if args.bench_command == "serve":
@@ -121,6 +131,41 @@ def run_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_decode(args: argparse.Namespace) -> int:
+    import random
+
+    from app.bench_decode import run_decode_benchmark
+    from app.bench_result import build_result, write_json_atomic
+    from engine import LLM
+
+    if args.input_len < 1:
+        raise ValueError(f"--input-len must be positive, got {args.input_len}")
+    engine_kwargs = engine_kwargs_from_args(args)
+    engine_kwargs.setdefault("max_num_seqs", 1)
+    engine_kwargs.setdefault("max_model_len", args.input_len + args.output_len)
+    llm = LLM(args.model, **engine_kwargs)
+    core = llm.engine.core
+    rng = random.Random(args.seed if args.seed is not None else 0)
+    prompt = [rng.randrange(core.model_config.vocab_size) for _ in range(args.input_len)]
+    figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats)
+    print(f"decode, batch 1, {core.model_dir.name} ({core.runner.device}, {core.runner.dtype}): "
+          f"{figures['time_per_output_token_s'] * 1e3:.3f} ms/token "
+          f"({figures['output_tokens_per_s']:.1f} tok/s, median of {args.repeats})")
+    print(f"  roofline: {figures['bytes_per_token'] / 1e6:.1f} MB/token (weights "
+          f"{figures['weight_bytes_per_token'] / 1e6:.1f} MB + KV at {figures['mean_context_tokens']:.0f} "
+          f"tokens) / copy bandwidth {figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s = "
+          f"{figures['roofline_time_per_output_token_s'] * 1e3:.3f} ms/token")
+    print(f"  {figures['roofline_fraction']:.1%} of the roofline")
+    config = {"model": args.model or "demo", "input_len": args.input_len,
+              "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
+              "graphs": core.runner.decode_graphs is not None}
+    result = build_result("decode", config, {"decode": figures})
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def _baseline_batch_size(device: str, num_requests: int) -> int:
     # On CPU memory is no limit for the tiny models benchmarked there; on GPU, transformers'
     # static cache grows with batch x length, so stay at a size that fits an 80 GB card.
@@ -140,4 +185,5 @@ def _print_line(name: str, figures: dict) -> None:
               "of step time")
 
 
-COMMANDS = {"bench": ("benchmark throughput or serving latency", add_arguments, run)}
+COMMANDS = {"bench": ("benchmark throughput, serving latency or decode against the roofline",
+                      add_arguments, run)}

@@ -16,3 +16,4 @@ $kvdeck bench throughput --num-prompts 64 --input-len 16:256 --output-len 16:256
 $python benchmarks/bench_serving.py --request-rate 4 --num-prompts 120 --input-len 16:256 \
     --output-len 16:128 --seed 0 --out $out/serving_demo_cpu_rate4.json \
     --plot $out/serving_demo_cpu_rate4.png
+$kvdeck bench decode --input-len 128 --output-len 256 --repeats 5 --out $out/cpu_decode_demo.json

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU figures of the benchmark issue, in stages that each fit one 10-minute command of
+# a lent H100/H200 (the device image has torch, triton and transformers; kvdeck's UI and
+# server packages are not needed here). Run from anywhere:
+#
+#   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
+#   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16, graphs and eager
+#   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
+#   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
+#   benchmarks/run_gpu.sh kernels      # attention tile sweep and the W4A16 GEMM (AWQ e2e)
+#
+# JSON goes to $2 (default benchmarks/results), named after the GPU (h100, h200, ...).
+set -euo pipefail
+stage=${1:?usage: benchmarks/run_gpu.sh check|throughput|baseline|decode|kernels [OUT_DIR]}
+cd "$(dirname "$0")/.."
+out=${2:-benchmarks/results}
+mkdir -p "$out"
+python=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+gpu=$($python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', '').split()[0])")
+kvdeck() { $python -m app.cli "$@"; }
+qwen=benchmarks/configs/qwen3-0.6b/config.json
+llama1b=benchmarks/configs/llama-3.2-1b/config.json
+# DESIGN.md's standard workload: 256 requests, input and output lengths in [100, 1024].
+standard=(--num-prompts 256 --input-len 100:1024 --output-len 100:1024 --seed 0)
+dummy=(--load-format dummy --dtype bfloat16)
+
+case $stage in
+  check)
+    $python benchmarks/check_kernels_gpu.py
+    $python benchmarks/check_cuda_graphs.py --out "$out/cuda_graphs_$gpu.json"
+    ;;
+  throughput)
+    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --repeats 3 \
+        --out "$out/throughput_qwen3-0.6b_$gpu.json" --plot "$out/throughput_qwen3-0.6b_$gpu.png"
+    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --repeats 3 \
+        --enforce-eager --out "$out/throughput_qwen3-0.6b_eager_$gpu.json"
+    ;;
+  baseline)
+    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --baseline hf \
+        --out "$out/throughput_qwen3-0.6b_vs_hf_$gpu.json"
+    ;;
+  decode)
+    kvdeck bench decode "${dummy[@]}" --model $llama1b --input-len 128 --output-len 256 \
+        --out "$out/decode_llama-3.2-1b_$gpu.json"
+    kvdeck bench decode "${dummy[@]}" --model $llama1b --input-len 128 --output-len 256 \
+        --enforce-eager --out "$out/decode_llama-3.2-1b_eager_$gpu.json"
+    ;;
+  kernels)
+    $python benchmarks/bench_kernels.py --sweep --out "$out/kernels_$gpu.json"
+    $python benchmarks/bench_w4a16.py --e2e --out "$out/w4a16_$gpu.json"
+    ;;
+  *)
+    echo "unknown stage $stage" >&2
+    exit 2
+    ;;
+esac
