@@ -4,6 +4,7 @@ Each row follows its own SamplingParams. A request with a `seed` draws its noise
 its own generator, so its tokens do not depend on what else is in the batch.
 """
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -29,40 +30,51 @@ class Sampler:
 
     def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[SampleResult]:
         logits = logits.float()
-        want_logprobs = [r.params.logprobs is not None for r in requests]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
         logits = self._apply_penalties(logits, requests)
         greedy = [r.params.greedy for r in requests]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample_random(logits, requests, greedy)
-        token_list = tokens.tolist()
+        token_list = tokens.tolist()  # the step's one device-to-host wait
         results = [SampleResult(t) for t in token_list]
         if raw_logprobs is not None:
-            for i, request in enumerate(requests):
-                if want_logprobs[i]:
-                    results[i].logprobs = _top_logprobs(
-                        raw_logprobs[i], token_list[i], request.params.logprobs or 0
-                    )
+            top = [requests[i].params.logprobs or 0 for i in want_logprobs]
+            for i, entry in zip(want_logprobs, _top_logprobs(raw_logprobs, want_logprobs,
+                                                              [token_list[i] for i in want_logprobs], top)):
+                results[i].logprobs = entry
         return results
 
     def _apply_penalties(self, logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        for i, request in enumerate(requests):
+        """min_tokens bans, then repetition, presence and frequency penalties (vLLM's and
+        OpenAI's definitions), gathered over the batch into one update of each kind."""
+        vocab = logits.shape[1]
+        banned: list[tuple[int, int]] = []
+        repeated: list[tuple[int, int, float]] = []  # (row, token, penalty)
+        counted: list[tuple[int, int, float]] = []  # (row, token, amount to subtract)
+        for row, request in enumerate(requests):
             p = request.params
             if request.num_output_tokens < p.min_tokens:
-                banned = list(p.stop_token_ids) + ([] if p.ignore_eos else list(request.eos_token_ids))
-                logits[i, [t for t in banned if t < logits.shape[1]]] = float("-inf")
+                ends = list(p.stop_token_ids) + ([] if p.ignore_eos else list(request.eos_token_ids))
+                banned += [(row, t) for t in ends if t < vocab]
             if p.repetition_penalty != 1.0:
-                seen = torch.tensor(sorted(set(request.all_token_ids)), device=logits.device)
-                row = logits[i, seen]
-                logits[i, seen] = torch.where(
-                    row > 0, row / p.repetition_penalty, row * p.repetition_penalty
-                )
+                repeated += [(row, t, p.repetition_penalty) for t in set(request.all_token_ids)]
             if (p.presence_penalty or p.frequency_penalty) and request.output_token_ids:
-                out = torch.tensor(request.output_token_ids, device=logits.device)
-                counts = torch.bincount(out, minlength=logits.shape[1])[: logits.shape[1]].float()
-                logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+                counted += [(row, t, p.frequency_penalty * n + p.presence_penalty)
+                            for t, n in Counter(request.output_token_ids).items()]
+        device = logits.device
+        if banned:
+            rows, toks = torch.tensor(banned, device=device).unbind(1)
+            logits[rows, toks] = float("-inf")
+        if repeated:
+            rows, toks, penalty = _columns(repeated, device)
+            values = logits[rows, toks]
+            logits[rows, toks] = torch.where(values > 0, values / penalty, values * penalty)
+        if counted:
+            rows, toks, amount = _columns(counted, device)
+            logits.index_put_((rows, toks), -amount, accumulate=True)
         return logits
 
     def _sample_random(
@@ -116,10 +128,26 @@ def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: list[Request]) -> t
     return torch.empty_like(logits).scatter_(1, order, sorted_logits)
 
 
-def _top_logprobs(row: torch.Tensor, token_id: int, num: int) -> dict[int, Logprob]:
-    result = {token_id: Logprob(token_id, float(row[token_id]))}
-    if num > 0:
-        values, indices = row.topk(num)
-        for value, index in zip(values.tolist(), indices.tolist()):
-            result.setdefault(index, Logprob(index, value))
-    return result
+def _columns(entries: list[tuple[int, int, float]], device) -> tuple[torch.Tensor, ...]:
+    """(row, token, value) triples as a row index, a token index and a float tensor."""
+    rows, toks, values = zip(*entries)
+    return (torch.tensor(rows, device=device), torch.tensor(toks, device=device),
+            torch.tensor(values, dtype=torch.float32, device=device))
+
+
+def _top_logprobs(logprobs: torch.Tensor, rows: list[int], tokens: list[int],
+                  tops: list[int]) -> list[dict[int, Logprob]]:
+    """For each row: the sampled token's logprob and the row's `top` most likely tokens
+    (the sampled one first, as OpenAI lists it), copied to the host once for all rows."""
+    device = logprobs.device
+    picked = logprobs[rows]
+    sampled = picked.gather(1, torch.tensor(tokens, device=device)[:, None]).squeeze(1).tolist()
+    values, indices = picked.topk(max(tops), dim=-1)
+    entries = []
+    for token, logprob, row_values, row_indices, top in zip(
+            tokens, sampled, values.tolist(), indices.tolist(), tops):
+        entry = {token: Logprob(token, logprob)}
+        for value, index in zip(row_values[:top], row_indices[:top]):
+            entry.setdefault(index, Logprob(index, value))
+        entries.append(entry)
+    return entries
