@@ -131,37 +131,41 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     }
 
 
-def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, device: str,
-                    dtype, dummy: bool = False, repeats: int = 1) -> list[dict]:
-    """transformers `generate` in static batches (left-padded, greedy, EOS ignored).
+class HFBaseline:
+    """transformers `generate` in static batches (left-padded, greedy, EOS ignored), loaded
+    and warmed up once; `run` times one pass over the requests.
 
     A static batch runs until its longest request is done; only the tokens each request
     asked for count as output, as in vLLM's and nano-vllm's comparisons.
     """
-    import torch
-    import transformers
 
-    if dummy:
-        config = transformers.AutoConfig.from_pretrained(model_dir)
-        model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    model = model.to(device).eval()
-    model.generation_config.eos_token_id = None
-    _hf_generate(model, warmup_requests(requests), device)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    runs = []
-    for _ in range(repeats):
+    def __init__(self, model_dir, requests: list[BenchRequest], batch_size: int, device: str,
+                 dtype, dummy: bool = False) -> None:
+        import transformers
+
+        if dummy:
+            config = transformers.AutoConfig.from_pretrained(model_dir)
+            model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype)
+        else:
+            model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+        self.model = model.to(device).eval()
+        self.model.generation_config.eos_token_id = None
+        self.batch_size, self.device = batch_size, device
+        _hf_generate(self.model, warmup_requests(requests), device)
+
+    def run(self, requests: list[BenchRequest]) -> dict:
+        import torch
+
+        if self.device == "cuda":
+            torch.cuda.synchronize()
         started = time.perf_counter()
-        for start in range(0, len(requests), batch_size):
-            _hf_generate(model, requests[start : start + batch_size], device)
-        if device == "cuda":
+        for start in range(0, len(requests), self.batch_size):
+            _hf_generate(self.model, requests[start : start + self.batch_size], self.device)
+        if self.device == "cuda":
             torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
-        runs.append({**_rates(requests, sum(r.output_len for r in requests), elapsed),
-                     "batch_size": batch_size})
-    return runs
+        return {**_rates(requests, sum(r.output_len for r in requests), elapsed),
+                "batch_size": self.batch_size}
 
 
 def _hf_generate(model, batch: list[BenchRequest], device: str) -> None:
