@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_throughput(args: argparse.Namespace) -> int:
+    import gc
+
     import torch
 
     from app.bench_plot import plot_throughput
@@ -63,9 +65,9 @@ def run_throughput(args: argparse.Namespace) -> int:
     from app.bench_throughput import (
         WARMUP_OUTPUT_LEN,
         WARMUP_REQUESTS,
-        HFBaseline,
         median_run,
         parse_range,
+        run_hf_baseline,
         run_kvdeck,
         warm_up_kvdeck,
     )
@@ -92,41 +94,23 @@ def run_throughput(args: argparse.Namespace) -> int:
           file=sys.stderr)
     warm_up_kvdeck(llm, requests)
 
-    def load_baseline() -> HFBaseline:
-        device = "cuda" if torch.cuda.is_available() and engine_kwargs.get("device") != "cpu" else "cpu"
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        batch_size = args.baseline_batch_size or _baseline_batch_size(device, len(requests))
-        return HFBaseline(resolve_model_path(args.model), requests, batch_size, device, dtype,
-                          dummy=engine_kwargs.get("load_format") == "dummy")
-
-    # On CPU both sides fit in memory at once, so their runs alternate: a slow spell of a
-    # shared machine then hits both sides, not one. A GPU engine holds most of the card's
-    # memory, so there the baseline runs after the engine is gone.
-    interleave = args.baseline == "hf" and core.runner.device.type == "cpu"
-    baseline = load_baseline() if interleave else None
-    kvdeck_runs, baseline_runs = [], []
-    for _ in range(args.repeats):
-        kvdeck_runs.append(run_kvdeck(llm, requests))
-        if interleave:
-            baseline_runs.append(baseline.run(requests))
-    kvdeck = median_run(kvdeck_runs)
+    kvdeck = median_run([run_kvdeck(llm, requests) for _ in range(args.repeats)])
     figures: dict = {"kvdeck": kvdeck}
     _print_line("kvdeck", kvdeck)
     if args.baseline == "hf":
-        if not interleave:
-            del llm, core
-            baseline = load_baseline()
-            baseline_runs = [baseline.run(requests) for _ in range(args.repeats)]
-        figures["baseline"] = {"name": "hf-transformers-generate", **median_run(baseline_runs)}
+        del llm, core  # the engine's memory (the GPU's, on CUDA) goes back first
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        device = "cuda" if torch.cuda.is_available() and engine_kwargs.get("device") != "cpu" else "cpu"
+        batch_size = args.baseline_batch_size or _baseline_batch_size(device, len(requests))
+        runs = run_hf_baseline(resolve_model_path(args.model), requests, batch_size, device,
+                               "float32" if device == "cpu" else "bfloat16",
+                               dummy=engine_kwargs.get("load_format") == "dummy", repeats=args.repeats)
+        figures["baseline"] = {"name": "hf-transformers-generate", **median_run(runs)}
         figures["ratio"] = kvdeck["output_tokens_per_s"] / figures["baseline"]["output_tokens_per_s"]
-        figures["runs_interleaved"] = interleave
         _print_line("hf", figures["baseline"])
         print(f"ratio (kvdeck / hf, output tokens/s): {figures['ratio']:.2f}x")
-        if interleave and args.repeats > 1:
-            paired = [k["output_tokens_per_s"] / b["output_tokens_per_s"]
-                      for k, b in zip(kvdeck_runs, baseline_runs)]
-            figures["paired_ratios"] = paired
-            print(f"  run by run (interleaved): {', '.join(f'{r:.2f}x' for r in paired)}")
     config = {
         "model": args.model or "demo", "num_prompts": args.num_prompts,
         "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,

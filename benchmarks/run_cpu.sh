@@ -2,8 +2,8 @@
 # The CPU figures committed in benchmarks/results/ (demo model, float32): kvdeck against
 # Hugging Face generate on the same requests in the same run, KV waste at peak, and a
 # serving run with Poisson arrivals, and batch-1 decode against the bandwidth roofline. Run
-# on an otherwise idle machine; --repeats 5 alternates the two sides and reports the median
-# run of each, since a shared 2-core VM varies by +-15% from run to run.
+# on an otherwise idle machine; --repeats 5 reports the median run of each side, since a
+# shared 2-core VM varies by +-15% from run to run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
