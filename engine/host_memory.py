@@ -1,10 +1,13 @@
-"""Host allocator settings for running the model on the CPU."""
+"""Host memory settings for running the model on the CPU: glibc's allocator, and huge
+pages for the KV cache."""
 
 import ctypes
 import ctypes.util
 import functools
 import logging
 import sys
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -13,6 +16,8 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's ceiling for this setting on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30
+MADV_HUGEPAGE = 14  # from linux/mman.h
+HUGE_PAGE_BYTES = 2 << 20
 
 
 @functools.cache
@@ -26,14 +31,37 @@ def keep_freed_buffers_in_process() -> bool:
     this is the in-process equivalent. Returns whether the setting took (glibc only).
     """
     applied = False
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            mallopt = libc.mallopt
-        except (OSError, AttributeError):  # musl and others: no mallopt
-            mallopt = None
-        if mallopt is not None:
-            applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
-                mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
+    mallopt = _libc_function("mallopt")
+    if mallopt is not None:
+        applied = bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+            mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
     logger.debug("glibc malloc tuned for tensor reuse: %s", applied)
     return applied
+
+
+def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor whose memory the kernel backs with 2 MB pages where it can.
+
+    Attention reads the KV pool block by block all over a region of a GB or more; with
+    4 KB pages nearly every block is a TLB miss. Transparent huge pages are often enabled
+    only for regions that ask (`madvise` mode), so this asks before the first touch.
+    Elsewhere (no glibc, THP off) it is a plain torch.zeros.
+    """
+    tensor = torch.empty(shape, dtype=dtype)
+    start = -(-tensor.data_ptr() // HUGE_PAGE_BYTES) * HUGE_PAGE_BYTES
+    end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
+    madvise = _libc_function("madvise")
+    if madvise is not None and end > start:
+        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        if madvise(start, end - start, MADV_HUGEPAGE) != 0:
+            logger.debug("madvise(MADV_HUGEPAGE) refused: the KV cache stays on 4 KB pages")
+    return tensor.zero_()
+
+
+def _libc_function(name: str):
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6"), name)
+    except (OSError, AttributeError):  # musl and others
+        return None

@@ -13,7 +13,7 @@ import torch
 
 from engine.config import EngineConfig
 from engine.decode_graphs import DecodeGraphs
-from engine.host_memory import keep_freed_buffers_in_process
+from engine.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
 from engine.loader import init_dummy_weights, load_weights
 from engine.model_config import ModelConfig, torch_dtype
 from engine.models import model_class_for
@@ -162,8 +162,12 @@ class ModelRunner:
         cfg = self.model_config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         layers = self.attention_layers
-        self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
-        self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
+        if self.device.type == "cpu":
+            self.k_caches = [zeros_on_huge_pages(shape, self.dtype) for _ in layers]
+            self.v_caches = [zeros_on_huge_pages(shape, self.dtype) for _ in layers]
+        else:
+            self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
+            self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
         for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
             layer.k_cache, layer.v_cache = k, v
         self.num_blocks = num_blocks
