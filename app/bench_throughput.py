@@ -1,6 +1,7 @@
 """`kvdeck bench throughput`: offline throughput on a synthetic workload, with an
 optional Hugging Face `generate` baseline on the same requests in the same run."""
 
+import os
 import random
 import time
 from dataclasses import dataclass
@@ -139,9 +140,19 @@ def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, de
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(_baseline_runs, str(model_dir), requests, batch_size, device,
-                           dtype_name, dummy, repeats).result()
+    # The engine's CPU memory settings, for fairness: huge pages for big buffers (torch
+    # reads this at start-up, so the child must inherit it), glibc's (set in the child).
+    previous = os.environ.get("THP_MEM_ALLOC_ENABLE")
+    os.environ["THP_MEM_ALLOC_ENABLE"] = "1" if device == "cpu" else (previous or "0")
+    try:
+        with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            return pool.submit(_baseline_runs, str(model_dir), requests, batch_size, device,
+                               dtype_name, dummy, repeats).result()
+    finally:
+        if previous is None:
+            del os.environ["THP_MEM_ALLOC_ENABLE"]
+        else:
+            os.environ["THP_MEM_ALLOC_ENABLE"] = previous
 
 
 def _baseline_runs(model_dir: str, requests: list[BenchRequest], batch_size: int, device: str,
@@ -152,7 +163,7 @@ def _baseline_runs(model_dir: str, requests: list[BenchRequest], batch_size: int
     from engine.host_memory import keep_freed_buffers_in_process
 
     if device == "cpu":
-        keep_freed_buffers_in_process()  # the allocator setting the engine runs with
+        keep_freed_buffers_in_process()
     dtype = getattr(torch, dtype_name)
     if dummy:
         config = transformers.AutoConfig.from_pretrained(model_dir)
