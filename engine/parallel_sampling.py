@@ -1,5 +1,5 @@
-"""Parallel sampling (n > 1) on the client side, as vLLM v1 does it: one request of one
-choice per choice. The core schedules them like any others, and prefix caching lets them
+"""Parallel sampling (n > 1) on the client side, as vLLM v1 does it: one engine request
+per choice. The core schedules them like any others, and prefix caching lets them
 share the prompt's full blocks once the first has computed them (the block map shows
 those blocks shared)."""
 
