@@ -52,12 +52,12 @@ def zeros_on_huge_pages(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Ten
     end = (tensor.data_ptr() + tensor.numel() * tensor.element_size()) // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES
     madvise = _libc_function("madvise")
     if madvise is not None and end > start:
-        madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        if madvise(start, end - start, MADV_HUGEPAGE) != 0:
+        if madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_HUGEPAGE) != 0:
             logger.debug("madvise(MADV_HUGEPAGE) refused: the KV cache stays on 4 KB pages")
     return tensor.zero_()
 
 
+@functools.cache
 def _libc_function(name: str):
     if not sys.platform.startswith("linux"):
         return None

@@ -33,8 +33,7 @@ class LLM:
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of those")
         params = self._params_per_prompt(sampling_params, len(prompts))
-        return self._run([[lambda prompt=prompt, choice=choice: self.engine.add_request(None, prompt, choice)
-                           for choice in choice_params(p)] for prompt, p in zip(prompts, params)])
+        return self._run(prompts, params, self.engine.add_request)
 
     def chat(
         self,
@@ -44,9 +43,7 @@ class LLM:
         """One conversation (a list of messages) or several; the chat template is applied."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_per_prompt(sampling_params, len(conversations))
-        return self._run([[lambda messages=messages, choice=choice:
-                           self.engine.add_chat_request(None, messages, choice)
-                           for choice in choice_params(p)] for messages, p in zip(conversations, params)])
+        return self._run(conversations, params, self.engine.add_chat_request)
 
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
@@ -58,16 +55,18 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {count} prompts")
         return list(params)
 
-    def _run(self, adders: list[list[Callable[[], str]]]) -> list[RequestOutput]:
-        """adders: per prompt, one function per choice that queues it and returns its id."""
+    def _run(self, prompts: list, params: list[SamplingParams],
+             add: Callable[[str | None, object, SamplingParams], str]) -> list[RequestOutput]:
+        """Queue each prompt's choices with `add(request_id, prompt, params)` and run them to
+        the end; one output per prompt, its choices merged."""
         request_ids: list[list[str]] = []
         queued: list[str] = []
         try:
-            for choices in adders:
+            for prompt, prompt_params in zip(prompts, params):
                 request_ids.append([])
-                for add in choices:
-                    request_ids[-1].append(add())
-                    queued.append(request_ids[-1][-1])
+                for choice in choice_params(prompt_params):
+                    queued.append(add(None, prompt, choice))
+                    request_ids[-1].append(queued[-1])
             finished: dict[str, RequestOutput] = {}
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():

@@ -162,12 +162,13 @@ class ModelRunner:
         cfg = self.model_config
         shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
         layers = self.attention_layers
-        if self.device.type == "cpu":
-            self.k_caches = [zeros_on_huge_pages(shape, self.dtype) for _ in layers]
-            self.v_caches = [zeros_on_huge_pages(shape, self.dtype) for _ in layers]
-        else:
-            self.k_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
-            self.v_caches = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in layers]
+        def zeros() -> torch.Tensor:
+            if self.device.type == "cpu":
+                return zeros_on_huge_pages(shape, self.dtype)
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+        self.k_caches = [zeros() for _ in layers]
+        self.v_caches = [zeros() for _ in layers]
         for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
             layer.k_cache, layer.v_cache = k, v
         self.num_blocks = num_blocks
