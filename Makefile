@@ -10,8 +10,10 @@ run:
 test:
 	@bash scripts/bootstrap.sh test
 	@.venv/bin/python -m ruff check .
+	@bash scripts/lint_imports.sh
 	@.venv/bin/python -m pytest -q --timeout=600
 
 lint:
 	@bash scripts/bootstrap.sh test
 	@.venv/bin/python -m ruff check .
+	@bash scripts/lint_imports.sh

@@ -3,9 +3,10 @@
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
 server; subcommands (pull, models, rm, quantize, eval-ppl, bench) are provided by
 the modules in SUBCOMMANDS, each exposing
-`COMMANDS: dict[name, (help, add_arguments(parser), run(args) -> int)]`. A module is
-imported only when its command (or --help) is on the command line, so the TUI's window
-appears before torch is loaded.
+`COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
+only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
+window appears before torch is loaded, and the benchmarks run on a machine that has
+only torch, triton and transformers (the lent GPU image).
 """
 
 import argparse
@@ -13,15 +14,16 @@ import importlib
 import sys
 from dataclasses import MISSING, fields
 
-from engine.config import EngineConfig
+from kvdeck.engine.types.config import EngineConfig
 
-SUBCOMMANDS = {
-    "pull": "app.model_commands",
-    "models": "app.model_commands",
-    "rm": "app.model_commands",
-    "quantize": "quant.cli",
-    "eval-ppl": "quant.cli",
-    "bench": "app.bench",
+SUBCOMMANDS = {  # name: (module, help)
+    "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
+    "models": ("kvdeck.app.store.commands", "list local models, free disk space and recommended models"),
+    "rm": ("kvdeck.app.store.commands", "delete a local model"),
+    "quantize": ("kvdeck.quant.cli", "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)"),
+    "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
+    "bench": ("kvdeck.app.bench.commands",
+              "benchmark throughput, serving latency or decode against the roofline"),
 }
 # Options that are not engine knobs on the command line.
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
@@ -66,7 +68,7 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser; `argv` (when given) limits which subcommand modules are imported."""
+    """The parser; only the subcommand named in `argv` gets its module imported."""
     parser = argparse.ArgumentParser(
         prog="kvdeck",
         description="Local LLM engine with a live view of its paged KV cache.",
@@ -91,22 +93,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                             "(default: none)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     handlers = {}
-    wanted = set(SUBCOMMANDS.values())
-    if argv is not None and not {"-h", "--help"} & set(argv):
-        wanted = {SUBCOMMANDS[a] for a in argv if a in SUBCOMMANDS}
-    for module_name in dict.fromkeys(SUBCOMMANDS.values()):
-        if module_name not in wanted:
-            continue
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue
-        for name, (help_text, add_arguments, run) in module.COMMANDS.items():
-            sub = subparsers.add_parser(name, help=help_text, description=help_text)
-            add_arguments(sub)
-            handlers[name] = run
+    named = set(argv or ()) & set(SUBCOMMANDS)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        if name not in named:
+            continue  # listed in --help; its module is imported only when it is used
+        add_arguments, run = importlib.import_module(module_name).COMMANDS[name]
+        add_arguments(sub)
+        handlers[name] = run
     parser.set_defaults(_handlers=handlers)
     return parser
 
@@ -121,10 +115,10 @@ def main(argv: list[str] | None = None) -> int:
         engine_kwargs = engine_kwargs_from_args(args)
         EngineConfig.from_kwargs(args.model, **engine_kwargs)  # fail fast on bad flags
         if args.serve:
-            from app.serve import run_server
+            from kvdeck.app.serve.server import run_server
 
             return run_server(args, engine_kwargs)
-        from tui.app import run_tui
+        from kvdeck.tui.app import run_tui
 
         return run_tui(args.model, engine_kwargs)
     except ValueError as exc:

@@ -30,7 +30,7 @@ def free_port() -> int:
 
 def start_server(model: str | None, engine_args: list[str], log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    cmd = [sys.executable, "-m", "app.cli", "--serve", "--port", str(port), *engine_args]
+    cmd = [sys.executable, "-m", "kvdeck.app.cli", "--serve", "--port", str(port), *engine_args]
     if model:
         cmd += ["--model", model]
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -66,7 +66,7 @@ def main() -> int:
             model = str(build_tiny_model(Path(tmp) / "tiny", "llama"))
         process, url = start_server(model, args.engine_args.split(), Path(tmp) / "server.log")
         try:
-            from app.cli import main as kvdeck
+            from kvdeck.app.cli import main as kvdeck
 
             return kvdeck(["bench", "serve", "--base-url", url, *bench_args])
         finally:

@@ -30,7 +30,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from kernels.w4a16_gemm import (  # noqa: E402
+from kvdeck.kernels.w4a16_gemm import (  # noqa: E402
     PACK_FACTOR,
     TRITON_MAX_TOKENS,
     dequantize_awq,
@@ -92,7 +92,7 @@ def e2e_decode(variant: str, smoke: bool) -> dict:
     import tempfile
     import time
 
-    from engine import LLM, SamplingParams
+    from kvdeck import LLM, SamplingParams
 
     config = dict(TINY_LLAMA if smoke else LLAMA_31_8B)
     if variant == "awq":

@@ -12,7 +12,6 @@ Exit status 1 when graphs were not captured or tokens differ, 2 without CUDA.
 """
 
 import argparse
-import gc
 import random
 import sys
 import time
@@ -20,36 +19,33 @@ from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from kvdeck import LLM, SamplingParams
+from kvdeck.app.bench.result import build_result, write_json_atomic
 
-from app.bench_result import build_result, write_json_atomic  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 GPU_MEMORY_UTILIZATION = 0.4  # two engines are built one after the other
 
 
-def _release(llm: LLM) -> None:
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-
-
 def greedy_tokens(enforce_eager: bool, prompts: list[list[int]]) -> tuple[list[list[int]], bool]:
-    llm = LLM(enforce_eager=enforce_eager, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0)
-    captured = llm.engine.core.runner.decode_graphs is not None
-    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, detokenize=False)
-    tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    _release(llm)
+    # `with`: the engine's memory is freed on leaving, so the next engine profiles a free card.
+    with LLM(enforce_eager=enforce_eager, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0) as llm:
+        captured = llm.engine.info.cuda_graphs
+        params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, detokenize=False)
+        tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     return tokens, captured
 
 
 def decode_throughput(enforce_eager: bool, batch_sizes: list[int]) -> dict[int, float]:
-    llm = LLM(str(QWEN3_CONFIG), load_format="dummy", dtype="bfloat16", enforce_eager=enforce_eager,
-              gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0)
+    with LLM(str(QWEN3_CONFIG), load_format="dummy", dtype="bfloat16", enforce_eager=enforce_eager,
+             gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0) as llm:
+        return _decode_throughput(llm, "eager" if enforce_eager else "graphs", batch_sizes)
+
+
+def _decode_throughput(llm: LLM, label: str, batch_sizes: list[int]) -> dict[int, float]:
     rng = random.Random(0)
-    vocab = llm.engine.core.model_config.vocab_size
+    vocab = llm.engine.info.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False)
     figures = {}
     for batch in batch_sizes:
@@ -61,8 +57,7 @@ def decode_throughput(enforce_eager: bool, batch_sizes: list[int]) -> dict[int, 
         torch.cuda.synchronize()
         elapsed = time.perf_counter() - started
         figures[batch] = sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
-        print(f"  {'eager' if enforce_eager else 'graphs'} batch {batch:3d}: {figures[batch]:9.1f} tok/s")
-    _release(llm)
+        print(f"  {label} batch {batch:3d}: {figures[batch]:9.1f} tok/s")
     return figures
 
 

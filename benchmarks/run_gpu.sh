@@ -17,11 +17,16 @@ out=${2:-benchmarks/results}
 mkdir -p "$out"
 python=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+# The GPU image has torch, triton and transformers but no kvdeck and no build tools: lay the
+# package out from this checkout (as a wheel install would) and put it on the path.
+site=$(mktemp -d)
+$python scripts/stage_package.py "$site" >/dev/null
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 gpu=$($python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', '').split()[0])")
-kvdeck() { $python -m app.cli "$@"; }
+kvdeck() { $python -m kvdeck "$@"; }
 qwen=benchmarks/configs/qwen3-0.6b/config.json
 llama1b=benchmarks/configs/llama-3.2-1b/config.json
-# DESIGN.md's standard workload: 256 requests, input and output lengths in [100, 1024].
+# The standard workload (docs/ARCHITECTURE.md, as nano-vllm's bench): 256 requests, input and output lengths in [100, 1024].
 standard=(--num-prompts 256 --input-len 100:1024 --output-len 100:1024 --seed 0)
 dummy=(--load-format dummy --dtype bfloat16)
 

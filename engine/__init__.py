@@ -1,30 +1,10 @@
 """kvdeck's inference engine: paged KV cache, continuous batching, prefix caching.
 
-Names are imported on first use, so `import engine.sampling_params` (the UI process does)
-does not load torch and the model code.
+Layers, each a sub-package (a layer imports only those below it):
+  api/       what callers use: LLM (offline), LLMEngine (sync steps), EngineClient (async)
+  client/    core clients: in-process, and a supervised subprocess
+  frontend/  tokenise, check, detokenise, stop strings      | core/  scheduler, blocks, EngineCore
+  runner/    model runner, sampler, decode graphs, loader, models
+  types/     light shared types: config, sampling params, outputs, stats, wire messages
+This file imports nothing, so `import kvdeck.engine.types...` does not load torch.
 """
-
-import importlib
-
-_EXPORTS = {
-    "LLM": "engine.llm",
-    "LLMEngine": "engine.llm_engine",
-    "EngineConfig": "engine.config",
-    "SamplingParams": "engine.sampling_params",
-    "CompletionOutput": "engine.outputs",
-    "Logprob": "engine.outputs",
-    "RequestMetrics": "engine.outputs",
-    "RequestOutput": "engine.outputs",
-    "EngineStats": "engine.stats",
-    "RequestStats": "engine.stats",
-}
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str):
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'engine' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value

@@ -1,6 +1,6 @@
 """Paged attention over a packed (varlen) batch.
 
-Layout contract (DESIGN.md): per layer `k_cache`/`v_cache` are
+Layout contract (docs/ARCHITECTURE.md, "KV cache layout"): per layer `k_cache`/`v_cache` are
 `[num_blocks, block_size, num_kv_heads, head_dim]`; sequence b's logical block i
 lives in physical block `block_tables[b, i]`.
 
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.step_memo import StepMemo
+from kvdeck.kernels.step_memo import StepMemo
 
 
 def gather_dot(queries: torch.Tensor, table: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,

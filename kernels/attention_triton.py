@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tuning import (
+from kvdeck.kernels.attention_tuning import (
     AttentionConfig,
     choose_num_segments,
     default_config,

@@ -6,13 +6,12 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.activation import silu_and_mul_torch
-from kernels.attention import paged_attention_torch
-from kernels.kv_cache import write_kv_cache_torch
-from kernels.rmsnorm import rms_norm_torch
-from kernels.rope import apply_rope_torch
-
-BACKENDS = ("auto", "triton", "torch")
+from kvdeck.kernels.activation import silu_and_mul_torch
+from kvdeck.kernels.attention import paged_attention_torch
+from kvdeck.kernels.backends import KERNEL_BACKENDS
+from kvdeck.kernels.kv_cache import write_kv_cache_torch
+from kvdeck.kernels.rmsnorm import rms_norm_torch
+from kvdeck.kernels.rope import apply_rope_torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,14 +40,14 @@ def triton_interpreter_enabled() -> bool:
 
 def select_ops(backend: str, device: torch.device) -> KernelOps:
     """`auto`: Triton on CUDA, torch elsewhere. `triton` anywhere (CPU needs TRITON_INTERPRET=1)."""
-    if backend not in BACKENDS:
-        raise ValueError(f"attention_backend must be one of {BACKENDS}, got {backend!r}")
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"attention_backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
         return TORCH_OPS
     if device.type != "cuda" and not triton_interpreter_enabled():
         raise ValueError(
             "attention_backend='triton' on CPU needs TRITON_INTERPRET=1 set before kvdeck starts"
         )
-    from kernels.triton_ops import TRITON_OPS
+    from kvdeck.kernels.triton_ops import TRITON_OPS
 
     return TRITON_OPS

@@ -2,7 +2,7 @@
 
 import torch
 
-from kernels.step_memo import StepMemo
+from kvdeck.kernels.step_memo import StepMemo
 
 
 def write_kv_cache_torch(

@@ -1,31 +1,28 @@
 """Weight quantisation for kvdeck: AWQ INT4 (quantise, pack, load, run) and bitsandbytes NF4.
 
-`get_linear_method` is what `engine.models.linear.get_linear_method` calls for a
-non-None `quantization`.
+Importing this package registers the methods with the engine's registry
+(`kvdeck.engine.types.quantization`); it stays light, each factory imports its torch
+code when the engine builds a model.
 """
 
-QUANTIZATION_METHODS = ("awq", "bnb-nf4")
+from kvdeck.engine.types.quantization import register_linear_method
 
 
-def get_linear_method(quantization: str, quant_config: dict):
-    """The LinearMethod for every decoder-layer projection of a quantised model.
+def _awq_method(quant_config: dict):
+    """AWQ checkpoints (AutoAWQ's GEMM layout). The optional key `w4a16_backend` (auto |
+    triton | torch, not part of checkpoints) picks the INT4 GEMM."""
+    from kvdeck.quant.awq_linear import AWQConfig, AWQLinearMethod
 
-    `quant_config` is config.json's `quantization_config` for AWQ ({} for bnb-nf4). The
-    optional key `w4a16_backend` (auto | triton | torch, not part of checkpoints) picks the
-    INT4 GEMM: auto = Triton on CUDA for small batches, dequantise-then-matmul otherwise.
-    """
-    if quantization == "awq":
-        from quant.awq_linear import AWQConfig, AWQLinearMethod
-
-        backend = quant_config.get("w4a16_backend", "auto")
-        return AWQLinearMethod(AWQConfig.from_quant_config(quant_config), backend=backend)
-    if quantization == "bnb-nf4":
-        from quant.bnb_linear import BnbNF4LinearMethod
-
-        return BnbNF4LinearMethod()
-    raise ValueError(
-        f"quantization must be one of {QUANTIZATION_METHODS}, got {quantization!r}"
-    )
+    backend = quant_config.get("w4a16_backend", "auto")
+    return AWQLinearMethod(AWQConfig.from_quant_config(quant_config), backend=backend)
 
 
-__all__ = ["QUANTIZATION_METHODS", "get_linear_method"]
+def _bnb_nf4_method(quant_config: dict):
+    """bitsandbytes NF4, quantised from a dense checkpoint at load time."""
+    from kvdeck.quant.bnb_linear import BnbNF4LinearMethod
+
+    return BnbNF4LinearMethod()
+
+
+register_linear_method("awq", _awq_method)
+register_linear_method("bnb-nf4", _bnb_nf4_method)

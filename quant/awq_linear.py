@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.models.linear import Linear, copy_shard
-from kernels.w4a16_gemm import PACK_FACTOR, W4A16_BACKENDS, w4a16_gemm
+from kvdeck.engine.runner.models.linear import Linear, copy_shard
+from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, W4A16_BACKENDS, w4a16_gemm
 
 AWQ_PARAMS = ("qweight", "qzeros", "scales")
 

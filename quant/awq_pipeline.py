@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from quant.awq_quantizer import (
+from kvdeck.quant.awq_quantizer import (
     LINEAR_NAMES,
     AWQSettings,
     ProgressCallback,
@@ -14,8 +14,8 @@ from quant.awq_quantizer import (
     check_supported,
     quantize_awq,
 )
-from quant.calibration import load_calibration_ids
-from quant.checkpoint import check_output_dir, write_awq_checkpoint
+from kvdeck.quant.calibration import load_calibration_ids
+from kvdeck.quant.checkpoint import check_output_dir, write_awq_checkpoint
 
 
 @dataclass(frozen=True, slots=True)

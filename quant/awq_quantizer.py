@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kernels.w4a16_gemm import dequantize_awq
-from quant.awq_search import (
+from kvdeck.kernels.w4a16_gemm import dequantize_awq
+from kvdeck.quant.awq_search import (
     apply_clip,
     fold_scales_into_linear,
     fold_scales_into_norm,
     search_clip,
     search_scale,
 )
-from quant.packing import pack_awq_weight
+from kvdeck.quant.packing import pack_awq_weight
 
 # Families whose decoder layers have Llama's shape (RMSNorm, q/k/v/o, gate/up/down).
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")

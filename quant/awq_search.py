@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from quant.packing import fake_quantize
+from kvdeck.quant.packing import fake_quantize
 
 BlockForward = Callable[[torch.Tensor], torch.Tensor]
 

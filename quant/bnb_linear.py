@@ -10,7 +10,7 @@ quantise and dequantise, so the product is dequantise-then-matmul.
 import torch
 from torch import nn
 
-from engine.models.linear import Linear, copy_shard
+from kvdeck.engine.runner.models.linear import Linear, copy_shard
 
 NF4_BLOCK_SIZE = 64
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_CALIBRATION_FILE = (
-    Path(__file__).resolve().parent.parent / "assets" / "calibration" / "calibration.txt"
-)
+from kvdeck.assets import calibration_text
+
+DEFAULT_CALIBRATION_FILE = calibration_text()
 
 
 def load_calibration_ids(

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from kvdeck.quant.staging import pid_alive
+
 AWQ_QUANTIZATION_CONFIG = {
     "quant_method": "awq",
     "bits": 4,
@@ -121,14 +123,3 @@ def _remove_stale_partials(out_dir: Path) -> None:
         pid = path.name.rsplit("-", 1)[-1]
         if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(path, ignore_errors=True)
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with this id exists (a staging folder's owner may be gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -6,7 +6,8 @@ import sys
 import time
 from pathlib import Path
 
-from quant.awq_quantizer import QuantizeProgress
+from kvdeck.engine.types.config import DEVICES
+from kvdeck.quant.awq_quantizer import QuantizeProgress
 
 BAR_WIDTH = 30
 
@@ -23,7 +24,7 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="calibration sequences (default: 128)")
     parser.add_argument("--seq-len", type=int, default=512,
                         help="tokens per calibration sequence (default: 512)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
+    parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where layers are quantised (default: cuda if available)")
 
 
@@ -44,7 +45,7 @@ def progress_line(event: QuantizeProgress) -> str:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from quant.awq_pipeline import QuantizeJob, run_quantize_job
+    from kvdeck.quant.awq_pipeline import QuantizeJob, run_quantize_job
 
     job = QuantizeJob(
         source=args.source, out_dir=args.out, calib_file=args.calib_file,
@@ -78,16 +79,16 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens per scored window (default: 512)")
     parser.add_argument("--max-windows", type=int, default=None,
                         help="score at most this many windows (default: the whole file)")
-    parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto")
+    parser.add_argument("--device", choices=DEVICES, default="auto")
 
 
 def run_eval_ppl(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quant.awq_pipeline import pick_device, resolve_model_dir
-    from quant.hf_int4 import load_awq_into_transformers
-    from quant.perplexity import hf_logits_fn, perplexity
+    from kvdeck.quant.awq_pipeline import pick_device, resolve_model_dir
+    from kvdeck.quant.hf_int4 import load_awq_into_transformers
+    from kvdeck.quant.perplexity import hf_logits_fn, perplexity
 
     model_dir = resolve_model_dir(args.model)
     text_path = Path(args.file)
@@ -119,15 +120,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {
-    "quantize": (
-        "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)",
-        add_quantize_arguments,
-        run_quantize,
-    ),
-    "eval-ppl": (
-        "perplexity of a model (dense or AWQ) on a text file",
-        add_eval_arguments,
-        run_eval_ppl,
-    ),
+COMMANDS = {  # name: (add_arguments, run); the help texts are in kvdeck.app.cli
+    "quantize": (add_quantize_arguments, run_quantize),
+    "eval-ppl": (add_eval_arguments, run_eval_ppl),
 }

@@ -1,10 +1,10 @@
 """Run an AWQ checkpoint through Hugging Face transformers with kvdeck's INT4 layers.
 
-Every projection stored as qweight/qzeros/scales becomes an `engine.models.linear.Linear`
-with the AWQ linear method (the same code the engine runs), inside the transformers model
-of the checkpoint's architecture; everything else loads as dense tensors. Used by
-`kvdeck eval-ppl` for AWQ checkpoints and by the tests as an independent host for the
-INT4 layers.
+Every projection stored as qweight/qzeros/scales becomes kvdeck's `Linear`
+(`kvdeck.engine.runner.models.linear`) with the AWQ linear method (the same code the
+engine runs), inside the transformers model of the checkpoint's architecture; everything
+else loads as dense tensors. Used by `kvdeck eval-ppl` for AWQ checkpoints and by the tests
+as an independent host for the INT4 layers.
 """
 
 import contextlib
@@ -15,8 +15,8 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from engine.models.linear import Linear
-from quant.awq_linear import AWQ_PARAMS, AWQConfig, AWQLinearMethod
+from kvdeck.engine.runner.models.linear import Linear
+from kvdeck.quant.awq_linear import AWQ_PARAMS, AWQConfig, AWQLinearMethod
 
 
 class _HFLinearAdapter(nn.Module):

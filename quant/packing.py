@@ -9,7 +9,7 @@ to the kernel that consumes it (kernels/w4a16_gemm.py).
 
 import torch
 
-from kernels.w4a16_gemm import AWQ_PACK_ORDER, PACK_FACTOR, unpack_int4
+from kvdeck.kernels.w4a16_gemm import AWQ_PACK_ORDER, PACK_FACTOR, unpack_int4
 
 MAX_INT4 = 15
 

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 import math
 import string
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-MODEL_DIR = Path(__file__).resolve().parents[1] / "assets" / "demo_model"
+from kvdeck.engine.types.model_path import demo_model_dir
+
+MODEL_DIR = demo_model_dir()
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                   "special_tokens_map.json", "generation_config.json", "MODEL_CARD.md",
                   "heldout.txt")

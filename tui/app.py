@@ -11,6 +11,7 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterable
 from functools import partial
+from importlib.resources import files
 from pathlib import Path
 
 from textual import work
@@ -18,16 +19,16 @@ from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
-from tui.chat_settings import ChatSettings
-from tui.dashboard_state import DashboardState
-from tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
-from tui.load_generator import LoadGenerator, LoadSpec
-from tui.navigation import SECTIONS, section_bindings
-from tui.screens.engine_error import EngineErrorScreen
-from tui.screens.help import HelpScreen
-from tui.screens.load_generator import LoadGeneratorScreen
-from tui.screens.startup import StartupScreen
-from tui.transcripts import Transcript, TranscriptStore, default_transcript_dir
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
+from kvdeck.tui.load_generator import LoadGenerator, LoadSpec
+from kvdeck.tui.navigation import SECTIONS, section_bindings
+from kvdeck.tui.screens.engine_error import EngineErrorScreen
+from kvdeck.tui.screens.help import HelpScreen
+from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
+from kvdeck.tui.screens.startup import StartupScreen
+from kvdeck.tui.transcripts import Transcript, TranscriptStore, default_transcript_dir
 
 SHUTDOWN_TIMEOUT_S = 15.0
 HEALTH_CHECK_S = 1.0
@@ -37,7 +38,8 @@ PALETTE_BINDING = Binding("ctrl+p", "command_palette", "Commands", id="command_p
 
 class KvdeckApp(App[int]):
     TITLE = "kvdeck"
-    CSS_PATH = "styles/kvdeck.tcss"
+    # Package data, found through importlib.resources so an installed wheel has it too.
+    CSS_PATH = str(files("kvdeck.tui").joinpath("styles", "kvdeck.tcss"))
     DEFAULT_MODE = SECTIONS[0].id  # the modes themselves are added per app in __init__
 
     BINDINGS = [
@@ -254,7 +256,7 @@ class KvdeckApp(App[int]):
 
     # ----- help and command palette -----------------------------------------------------
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        from tui.widgets.chat_message import ChatMessage
+        from kvdeck.tui.widgets.chat_message import ChatMessage
 
         groups: list[tuple[str, list[Binding]]] = [
             ("Everywhere", [PALETTE_BINDING, *_bindings(self.BINDINGS)]),
@@ -301,7 +303,7 @@ def _bindings(bindings: Iterable[object]) -> list[Binding]:
 def run_tui(model: str | None, engine_kwargs: dict) -> int:
     """Open the TUI; the engine starts in its background process once the window is up."""
 
-    from tui.engine_factory import real_client_factory
+    from kvdeck.tui.engine_factory import real_client_factory
 
     app = KvdeckApp(real_client_factory(model, engine_kwargs), model_name=model or "demo model",
                     factory_for_model=lambda name: real_client_factory(name, engine_kwargs))

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.stats import EngineStats
+    from kvdeck.engine.types.stats import EngineStats
 
 FREE, CACHED, OWNED, SHARED, WRITING = range(5)
 KIND_NAMES = ("free", "cached (evictable)", "owned", "shared (ref > 1)", "being written")

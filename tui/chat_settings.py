@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.sampling_params import SamplingParams
+    from kvdeck.engine.types.sampling_params import SamplingParams
 
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
 
@@ -23,7 +23,7 @@ class ChatSettings:
     seed: int | None = None
 
     def sampling_params(self) -> SamplingParams:
-        from engine.sampling_params import SamplingParams
+        from kvdeck.engine.types.sampling_params import SamplingParams
 
         return SamplingParams(temperature=self.temperature, top_p=self.top_p,
                               max_tokens=self.max_tokens, seed=self.seed)

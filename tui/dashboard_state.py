@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.stats import EngineStats
+    from kvdeck.engine.types.stats import EngineStats
 
 HISTORY_LEN = 240  # samples kept for the KV and throughput histories
 LATENCY_LEN = 400  # latency points kept for each graph

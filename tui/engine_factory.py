@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from tui.engine_protocol import ClientFactory, EngineClientProtocol
+from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol
 
 
 def engine_log_path() -> str:
     """The engine process's output goes here, never into the terminal the TUI draws on."""
-    from app.paths import data_dir
+    from kvdeck.app.store.paths import data_dir
 
     logs = data_dir() / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -16,7 +16,7 @@ def engine_log_path() -> str:
 
 def real_client_factory(model: str | None, engine_kwargs: dict) -> ClientFactory:
     def make_client() -> EngineClientProtocol:
-        from engine.client import EngineClient
+        from kvdeck.engine.api.async_client import EngineClient
 
         return EngineClient(model, log_path=engine_log_path(), **engine_kwargs)
 

@@ -11,9 +11,9 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from engine.outputs import RequestOutput
-    from engine.sampling_params import SamplingParams
-    from engine.stats import EngineStats
+    from kvdeck.engine.types.outputs import RequestOutput
+    from kvdeck.engine.types.sampling_params import SamplingParams
+    from kvdeck.engine.types.stats import EngineStats
 
 
 class StartupProgressLike(Protocol):

@@ -11,11 +11,11 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from tui.reply_meter import ReplyMeter
+from kvdeck.tui.reply_meter import ReplyMeter
 
 if TYPE_CHECKING:
-    from tui.dashboard_state import DashboardState
-    from tui.engine_protocol import EngineClientProtocol
+    from kvdeck.tui.dashboard_state import DashboardState
+    from kvdeck.tui.engine_protocol import EngineClientProtocol
 
 MAX_REQUESTS = 512
 
@@ -84,7 +84,7 @@ class LoadGenerator:
         return bool(self.in_flight)
 
     async def run(self, spec: LoadSpec) -> LoadResult:
-        from engine.sampling_params import SamplingParams
+        from kvdeck.engine.types.sampling_params import SamplingParams
 
         spec.validate(getattr(self.client, "max_model_len", None))
         vocab_size = _vocab_size(self.client)

@@ -6,7 +6,7 @@ entries and its help from this list. A section's factory gets the app, so a scre
 handed what the app owns, e.g.
 
     def _models_screen(app: KvdeckApp) -> Screen:
-        from tui.screens.models_screen import ModelsScreen
+        from kvdeck.tui.screens.models_screen import ModelsScreen
         return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
 
     Section("models", "Models", "f5", "Download, quantise, load models", _models_screen)
@@ -22,7 +22,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 if TYPE_CHECKING:
-    from tui.app import KvdeckApp
+    from kvdeck.tui.app import KvdeckApp
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +35,14 @@ class Section:
 
 
 def _deck_screen(app: KvdeckApp) -> Screen:
-    from tui.screens.deck import DeckScreen
+    from kvdeck.tui.screens.deck import DeckScreen
 
     del app  # the deck reads what it needs from the app when mounted
     return DeckScreen()
 
 
 def _models_screen(app: KvdeckApp) -> Screen:
-    from tui.screens.models_screen import ModelsScreen
+    from kvdeck.tui.screens.models_screen import ModelsScreen
 
     return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
 

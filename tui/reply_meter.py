@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from engine.outputs import RequestOutput
-    from tui.dashboard_state import DashboardState
+    from kvdeck.engine.types.outputs import RequestOutput
+    from kvdeck.tui.dashboard_state import DashboardState
 
 
 @dataclass(slots=True)

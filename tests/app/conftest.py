@@ -60,8 +60,8 @@ def kvdeck_env(tmp_path, monkeypatch) -> Path:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "kvdeck-home"))
-    monkeypatch.setattr("app.download.CHUNK_BYTES", 16 * 1024)  # several chunks per tiny file
-    monkeypatch.setattr("app.download_progress.REPORT_INTERVAL_S", 0.0)  # report every chunk
+    monkeypatch.setattr("kvdeck.app.store.download.CHUNK_BYTES", 16 * 1024)  # several chunks per tiny file
+    monkeypatch.setattr("kvdeck.app.store.download_progress.REPORT_INTERVAL_S", 0.0)  # report every chunk
     return tmp_path
 
 

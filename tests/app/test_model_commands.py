@@ -1,13 +1,19 @@
-"""`kvdeck pull / models / rm` through app.cli, against the loopback hub."""
+"""`kvdeck pull / models / rm` through kvdeck.app.cli, against the loopback hub."""
 
 import io
 import json
 
 import pytest
 
-from app import model_store
-from app.cli import main
-from app.recommended import RECOMMENDED, format_params, memory_estimate, num_parameters, weight_bytes
+from kvdeck.app.cli import main
+from kvdeck.app.store import local_models
+from kvdeck.app.store.recommended import (
+    RECOMMENDED,
+    format_params,
+    memory_estimate,
+    num_parameters,
+    weight_bytes,
+)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,7 +28,7 @@ def test_pull_models_rm_round_trip(hub, capsys, monkeypatch):
     out = capsys.readouterr().out
     header, row = out.splitlines()[:2]
     assert header.split() == ["NAME", "ARCH", "PARAMS", "DTYPE", "QUANT", "SIZE", "OK", "SOURCE"]
-    listed = model_store.find_model("tiny/llama")
+    listed = local_models.find_model("tiny/llama")
     params = format_params(listed.num_params)
     assert params.endswith("K")  # the tiny model has under a million parameters
     assert row.split()[:5] == ["tiny/llama", "LlamaForCausalLM", params, "float16", "-"]
@@ -39,14 +45,14 @@ def test_pull_models_rm_round_trip(hub, capsys, monkeypatch):
     assert main(["rm", "tiny/llama"]) == 1
     assert "--yes" in capsys.readouterr().err
     assert main(["rm", "tiny/llama", "--yes"]) == 0
-    assert model_store.list_models() == []
+    assert local_models.list_models() == []
     assert main(["rm", "tiny/llama", "--yes"]) == 1
     assert "no local model" in capsys.readouterr().err
 
 
 def test_rm_asks_for_confirmation_on_a_terminal(hub, capsys):
-    from app.download import download_model
-    from app.model_commands import run_rm
+    from kvdeck.app.store.commands import run_rm
+    from kvdeck.app.store.download import download_model
 
     download_model("tiny/llama")
 
@@ -56,9 +62,9 @@ def test_rm_asks_for_confirmation_on_a_terminal(hub, capsys):
 
     args = type("Args", (), {"name": "tiny/llama", "yes": False})()
     assert run_rm(args, out=io.StringIO(), stdin=Tty("n\n")) == 1
-    assert [m.name for m in model_store.list_models()] == ["tiny/llama"]
+    assert [m.name for m in local_models.list_models()] == ["tiny/llama"]
     assert run_rm(args, out=io.StringIO(), stdin=Tty("y\n")) == 0
-    assert model_store.list_models() == []
+    assert local_models.list_models() == []
 
 
 def test_pull_errors_are_clear_and_exit_nonzero(hub, capsys):
@@ -114,8 +120,8 @@ def test_recommended_memory_estimates_are_consistent():
 
 
 def test_terminal_progress_draws_bar_speed_eta_and_files(monkeypatch):
-    from app.download_progress import DownloadProgress, FileProgress
-    from app.model_commands import TerminalProgress
+    from kvdeck.app.store.commands import TerminalProgress
+    from kvdeck.app.store.download_progress import DownloadProgress, FileProgress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:

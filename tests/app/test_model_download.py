@@ -4,8 +4,8 @@ import hashlib
 
 import pytest
 
-from app import model_store, paths, registry
-from app.download import (
+from kvdeck.app.store import local_models, paths, registry
+from kvdeck.app.store.download import (
     CancelToken,
     CorruptFile,
     DownloadCancelled,
@@ -15,7 +15,7 @@ from app.download import (
     UnsupportedArchitecture,
     download_model,
 )
-from app.download_progress import DownloadProgress
+from kvdeck.app.store.download_progress import DownloadProgress
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -23,7 +23,7 @@ WEIGHT = "model-00002-of-00003.safetensors"
 
 
 def _names() -> list[str]:
-    return [m.name for m in model_store.list_models()]
+    return [m.name for m in local_models.list_models()]
 
 
 def _record(progress: list[DownloadProgress]):
@@ -62,7 +62,7 @@ def test_complete_download_is_verified_and_listed(hub, hub_model_dir):
     assert done == sorted(done)
     assert all(f.state == "done" and f.done == f.size for f in progress[-1].files)
     assert _names() == ["tiny/llama"]
-    assert model_store.pending_downloads() == []
+    assert local_models.pending_downloads() == []
 
 
 def _prod(shape) -> int:
@@ -97,7 +97,7 @@ def test_cancel_then_resume_after_restart(hub):
         download_model("tiny/llama", on_progress=cancel_mid_weight, cancel=token)
     # Half a model: not listed, but known as a resumable download with bytes on disk.
     assert _names() == []
-    [pending] = model_store.pending_downloads()
+    [pending] = local_models.pending_downloads()
     assert pending.repo_id == "tiny/llama" and pending.bytes_on_disk > 0
     partial = list((paths.repo_cache_folder("tiny/llama") / "blobs").glob("*.incomplete"))
     assert len(partial) == 1 and 0 < partial[0].stat().st_size < size
@@ -108,13 +108,13 @@ def test_cancel_then_resume_after_restart(hub):
     assert hashlib.sha256((model.path / WEIGHT).read_bytes()).hexdigest() == hashlib.sha256(
         hub.repos["tiny/llama"].files[WEIGHT]
     ).hexdigest()
-    assert _names() == ["tiny/llama"] and model_store.pending_downloads() == []
+    assert _names() == ["tiny/llama"] and local_models.pending_downloads() == []
 
 
 def test_unknown_repo_is_a_clear_404(hub):
     with pytest.raises(RepoNotFound, match="no such model"):
         download_model("tiny/does-not-exist")
-    assert _names() == [] and model_store.pending_downloads() == []
+    assert _names() == [] and local_models.pending_downloads() == []
 
 
 def test_gated_repo_without_token_then_with_token(hub, monkeypatch):
@@ -150,7 +150,7 @@ def test_unsupported_architecture_downloads_nothing(hub):
     with pytest.raises(UnsupportedArchitecture, match="GPT2LMHeadModel"):
         download_model("tiny/gpt2ish")
     assert not paths.repo_cache_folder("tiny/gpt2ish").exists()
-    assert _names() == [] and model_store.pending_downloads() == []
+    assert _names() == [] and local_models.pending_downloads() == []
     # Asked for explicitly, it downloads and is listed with the flag off.
     model = download_model("tiny/gpt2ish", allow_unsupported=True)
     assert not model.supported and _names() == ["tiny/gpt2ish"]
@@ -190,11 +190,11 @@ def test_bad_repo_id_is_a_value_error(kvdeck_env):
 def test_delete_removes_model_and_registry_entry(hub):
     model = download_model("tiny/llama")
     assert registry.hf_key("tiny/llama", model.commit) in registry.read()["verified"]
-    model_store.delete_model("tiny/llama")
+    local_models.delete_model("tiny/llama")
     assert _names() == [] and not paths.repo_cache_folder("tiny/llama").exists()
     assert registry.read()["verified"] == {}
     with pytest.raises(KeyError):
-        model_store.delete_model("tiny/llama")
+        local_models.delete_model("tiny/llama")
 
 
 def test_two_concurrent_downloads_share_the_work(hub):

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from app import model_store, paths, registry
-from app.model_inspect import InvalidModelError, read_safetensors_header
+from kvdeck.app.store import local_models, paths, registry
+from kvdeck.app.store.inspect import InvalidModelError, read_safetensors_header
 
 
 def _as_hf_snapshot(src, repo_id: str, commit: str = "a" * 40):
@@ -42,7 +42,7 @@ def test_paths_follow_environment(kvdeck_env, monkeypatch):
 
 def test_snapshot_from_another_tool_is_listed_with_its_facts(kvdeck_env, hub_model_dir):
     snapshot = _as_hf_snapshot(hub_model_dir, "org/tiny")
-    [model] = model_store.list_models()
+    [model] = local_models.list_models()
     assert (model.name, model.source, model.path, model.commit) == (
         "org/tiny", "hf-cache", snapshot, "a" * 40)
     assert model.architecture == "LlamaForCausalLM" and model.supported
@@ -53,7 +53,7 @@ def test_snapshot_from_another_tool_is_listed_with_its_facts(kvdeck_env, hub_mod
     hf = AutoModelForCausalLM.from_pretrained(hub_model_dir, dtype=torch.float16)
     assert model.num_params == sum(p.numel() for p in hf.parameters())
     assert model.size_bytes == sum(f.stat().st_size for f in hub_model_dir.iterdir())
-    assert model_store.free_disk_bytes() > 0
+    assert local_models.free_disk_bytes() > 0
 
 
 @pytest.mark.parametrize("damage", ["truncate", "drop_shard", "bad_config", "bad_header"])
@@ -72,18 +72,18 @@ def test_incomplete_or_corrupt_snapshot_is_not_listed(kvdeck_env, hub_model_dir,
         data = bytearray(blob.read_bytes())
         data[8:12] = b"\xff\xff\xff\xff"
         blob.write_bytes(bytes(data))
-    assert model_store.list_models() == []
+    assert local_models.list_models() == []
 
 
 def test_pending_download_is_not_listed_even_if_complete(kvdeck_env, hub_model_dir):
     _as_hf_snapshot(hub_model_dir, "org/tiny")
     registry.mark_pending("org/tiny", "main", "a" * 40)
-    assert model_store.list_models() == []
-    assert [p.repo_id for p in model_store.pending_downloads()] == ["org/tiny"]
+    assert local_models.list_models() == []
+    assert [p.repo_id for p in local_models.pending_downloads()] == ["org/tiny"]
     registry.mark_verified(registry.hf_key("org/tiny", "a" * 40),
                            {"repo_id": "org/tiny", "commit": "a" * 40})  # fmt: skip
-    [model] = model_store.list_models()
-    assert model.verified and model_store.pending_downloads() == []
+    [model] = local_models.list_models()
+    assert model.verified and local_models.pending_downloads() == []
 
 
 def test_store_model_and_awq_parameter_count(kvdeck_env, hub_model_dir):
@@ -103,11 +103,11 @@ def test_store_model_and_awq_parameter_count(kvdeck_env, hub_model_dir):
         "model.layers.0.mlp.up_proj.scales": torch.zeros(1, 256, dtype=torch.float16),
         "model.norm.weight": torch.zeros(128, dtype=torch.float16),
     }, str(target / "model.safetensors"))  # fmt: skip
-    [model] = model_store.list_models()
+    [model] = local_models.list_models()
     assert (model.name, model.source, model.quantization) == ("fake-awq", "store", "awq-int4")
     assert model.num_params == 128 * 256 + 128
-    model_store.delete_model("fake-awq")
-    assert model_store.list_models() == [] and not target.exists()
+    local_models.delete_model("fake-awq")
+    assert local_models.list_models() == [] and not target.exists()
     assert [p.name for p in paths.store_dir().iterdir()] == []
 
 

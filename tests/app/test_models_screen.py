@@ -5,11 +5,11 @@ import shutil
 import pytest
 from textual.app import App
 
-from app import model_store, paths
-from app.quantize_job import QuantizeOptions
-from tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
-from tui.widgets.model_tables import LocalModelsTable, RecommendedTable
-from tui.widgets.model_task_panel import ModelTaskPanel
+from kvdeck.app.jobs.quantize import QuantizeOptions
+from kvdeck.app.store import local_models, paths
+from kvdeck.tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
+from kvdeck.tui.widgets.model_tables import LocalModelsTable, RecommendedTable
+from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
 pytestmark = pytest.mark.timeout(180)
 GiB = 1024**3
@@ -85,7 +85,7 @@ async def test_download_from_input_then_delete_with_confirmation(hub):
         await _wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
         await pilot.press("y")
         await _wait_for(pilot, lambda: _rows(app) == [])
-        assert model_store.list_models() == []
+        assert local_models.list_models() == []
 
 
 async def test_cancelled_download_is_listed_as_incomplete_and_resumes(hub):

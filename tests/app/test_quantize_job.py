@@ -6,14 +6,14 @@ import threading
 
 import pytest
 
-from app import model_store, paths, registry
-from app.compare_job import start_compare
-from app.quantize_job import (
+from kvdeck.app.jobs.compare import start_compare
+from kvdeck.app.jobs.quantize import (
     QuantizeOptions,
     QuantizeProgress,
     remove_orphaned_staging,
     start_quantize,
 )
+from kvdeck.app.store import local_models, paths, registry
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,7 +24,7 @@ FAST = QuantizeOptions(num_samples=4, seq_len=64, device="cpu", num_threads=1)
 def stored_source(kvdeck_env, hub_model_dir):
     """The tiny fp16 Llama placed in kvdeck's store, as a listed model."""
     shutil.copytree(hub_model_dir, paths.store_dir() / "tiny-llama")
-    model = model_store.find_model("tiny-llama")
+    model = local_models.find_model("tiny-llama")
     assert model is not None and model.quantization is None
     return model
 
@@ -51,7 +51,7 @@ def test_quantize_job_reports_monotone_progress_and_registers(stored_source):
     assert layers == sorted(layers) and layers[-1] == 2 and seen[-1].phase == "done"
     fractions = [p.fraction for p in seen]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
-    assert [m.name for m in model_store.list_models()] == ["tiny-llama", "tiny-llama-awq"]
+    assert [m.name for m in local_models.list_models()] == ["tiny-llama", "tiny-llama-awq"]
     assert registry.store_key("tiny-llama-awq") in registry.read()["verified"]
     assert _leftovers() == []
     with pytest.raises(ValueError, match="already quantised"):
@@ -104,7 +104,7 @@ def test_cancelled_job_leaves_nothing_behind(stored_source):
     job.cancel()
     assert job.done and job.wait(0) is None and job.progress.phase == "cancelled"
     assert not job.background.process_alive
-    assert [m.name for m in model_store.list_models()] == ["tiny-llama"]
+    assert [m.name for m in local_models.list_models()] == ["tiny-llama"]
     assert not (paths.store_dir() / "tiny-llama-awq").exists()
     assert _leftovers() == []
     assert registry.store_key("tiny-llama-awq") not in registry.read()["verified"]
@@ -117,7 +117,7 @@ def test_failed_job_reports_error_and_leaves_nothing(stored_source):
     with pytest.raises(RuntimeError, match="seq_len"):
         job.wait(timeout=120)
     assert job.progress.phase == "failed"
-    assert [m.name for m in model_store.list_models()] == ["tiny-llama"] and _leftovers() == []
+    assert [m.name for m in local_models.list_models()] == ["tiny-llama"] and _leftovers() == []
 
 
 def test_bad_options_are_value_errors(stored_source):

@@ -6,9 +6,9 @@ import statistics
 import pytest
 import torch
 
-from app.bench_decode import copy_bandwidth, kv_bytes_per_context_token, weight_bytes_per_token
-from app.cli import main
-from engine import LLM
+from kvdeck import LLM
+from kvdeck.app.bench.decode import copy_bandwidth
+from kvdeck.app.cli import main
 
 
 def test_decode_json_holds_the_roofline_arithmetic(tiny_llama_dir, tmp_path, capsys):
@@ -43,9 +43,9 @@ def test_weight_and_kv_bytes_match_the_checkpoint(tiny_model_dirs, family):
     cfg = hf.config
     llm = LLM(str(path), kv_cache_memory_gib=0.01)
     embedding = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    assert weight_bytes_per_token(llm.engine.core.runner.model) == (hf.num_parameters() - embedding) * 4
+    assert llm.engine.info.weight_bytes_per_token == (hf.num_parameters() - embedding) * 4
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    assert kv_bytes_per_context_token(llm) == (
+    assert llm.engine.info.kv_bytes_per_token == (
         2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4)
 
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from kvdeck.app.cli import main
 from tests.serve.conftest import start_server, stop_server
 
 

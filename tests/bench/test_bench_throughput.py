@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from kvdeck.app.cli import main
 
 
 def test_throughput_with_hf_baseline(tiny_llama_dir, tmp_path, capsys):

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.model_config import read_model_config
-from engine.models import model_class_for
-from engine.models.linear import UnquantizedLinearMethod
-from kernels.dispatch import TORCH_OPS
+from kvdeck.engine.runner.models import model_class_for
+from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod
+from kvdeck.engine.types.model_config import read_model_config
+from kvdeck.kernels.dispatch import TORCH_OPS
 
 CONFIGS = Path(__file__).resolve().parents[2] / "benchmarks" / "configs"
 # Published parameter counts of the real models.

@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

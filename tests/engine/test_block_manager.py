@@ -5,10 +5,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_manager import BlockManager
-from engine.request import Request, RequestStatus
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
+from kvdeck.engine.core.block_manager import BlockManager
+from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.core.scheduler import Scheduler
+from kvdeck.engine.types.sampling_params import SamplingParams
 
 BLOCK = 4
 

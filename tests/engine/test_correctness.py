@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 from tests.model_factory import hf_greedy
 
 MAX_NEW = 10

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.decode_graphs import decode_bucket_sizes
-from engine.models.layers import AttentionMetadata
+from kvdeck import LLM, SamplingParams
+from kvdeck.engine.runner.decode_graphs import decode_bucket_sizes
+from kvdeck.engine.runner.models.layers import AttentionMetadata
 from tests.model_factory import hf_greedy
 
 
@@ -104,7 +104,7 @@ def test_failed_self_check_leaves_engine_eager(tiny_llama_dir, monkeypatch, capl
         self.replays = {size: (lambda size=size: self.buffers.hidden[:size].fill_(7.0))
                         for size in self.sizes}
 
-    monkeypatch.setattr("engine.decode_graphs.DecodeGraphs.use_eager_replays", corrupt)
+    monkeypatch.setattr("kvdeck.engine.runner.decode_graphs.DecodeGraphs.use_eager_replays", corrupt)
     runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
     assert runner.decode_graphs is None
     assert "differs from the eager forward" in caplog.text

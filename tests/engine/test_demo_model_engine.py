@@ -1,19 +1,19 @@
 """The bundled demo model through the engine: the default model, equal to transformers."""
 
-from engine import LLM, SamplingParams
-from engine.loader import DEMO_MODEL_DIR
+from kvdeck import LLM, SamplingParams
+from kvdeck.engine.types.model_path import demo_model_dir
 from tests.model_factory import hf_greedy
 
 
 def test_default_model_is_the_demo_and_matches_transformers():
     llm = LLM(kv_cache_memory_gib=0.02)  # no model given: the bundled demo model
-    assert llm.engine.core.model_dir == DEMO_MODEL_DIR
+    assert llm.engine.core.model_dir == demo_model_dir()
     tok = llm.get_tokenizer()
     prompts = ["Return a", "The json module", "def open(file, mode='r'):\n    \"\"\""]
     ids = [tok.encode(p) for p in prompts]
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(ids, params)]
-    assert got == hf_greedy(DEMO_MODEL_DIR, ids, 16)
+    assert got == hf_greedy(demo_model_dir(), ids, 16)
 
 
 def test_demo_model_chats_in_words():

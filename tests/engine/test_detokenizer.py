@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
+from kvdeck.engine.frontend.detokenizer import IncrementalDetokenizer
 from tests.model_factory import build_tokenizer
 
 TEXT = "Héllo wörld, ça va? 日本語のテキスト and emoji 🙂🙂 done."
@@ -43,7 +43,7 @@ def test_include_stop_string(tokenizer):
 
 
 def test_stop_strings_through_the_engine(tiny_llama_dir):
-    from engine import LLM, SamplingParams
+    from kvdeck import LLM, SamplingParams
 
     llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)
     free = llm.generate("The quick", SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))

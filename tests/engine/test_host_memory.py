@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM
-from engine.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
+from kvdeck import LLM
+from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
 
 THP_SETTING = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 

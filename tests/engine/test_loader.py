@@ -6,7 +6,7 @@ import shutil
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
@@ -44,7 +44,7 @@ def test_bf16_checkpoint_runs_in_fp32(tiny_llama_dir, tmp_path):
             shutil.copy(f, out / f.name)
     llm = LLM(str(out), kv_cache_memory_gib=0.01)
     assert llm.engine.core.runner.dtype == torch.float32  # CPU default
-    assert llm.engine.core.model_config.checkpoint_dtype == torch.bfloat16
+    assert llm.engine.core.model_config.checkpoint_dtype == "bfloat16"
     assert len(_tokens(llm)) == 6
 
 

@@ -1,6 +1,6 @@
 """Two requests sharing a 4-block prefix: the second reuses the blocks, same output."""
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 
 
 def test_shared_prefix_hits_and_output_unchanged(tiny_llama_dir):

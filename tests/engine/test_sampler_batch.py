@@ -4,9 +4,9 @@ repetition-penalty processor, OpenAI's presence/frequency formula, a plain log_s
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from engine.request import Request
-from engine.sampler import Sampler
-from engine.sampling_params import SamplingParams
+from kvdeck.engine.core.request import Request
+from kvdeck.engine.runner.sampler import Sampler
+from kvdeck.engine.types.sampling_params import SamplingParams
 
 VOCAB = 50
 EOS = 3

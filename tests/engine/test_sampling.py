@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 
 
 @pytest.fixture(scope="module")

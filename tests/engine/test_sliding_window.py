@@ -3,8 +3,8 @@ at the window, where that is the same computation as the model's own attention."
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.model_config import model_config_from_dict
+from kvdeck import LLM, SamplingParams
+from kvdeck.engine.types.model_config import model_config_from_dict
 from tests.model_factory import build_tiny_model, hf_greedy
 
 BASE = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4,

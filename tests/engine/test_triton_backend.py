@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 from tests.model_factory import hf_greedy
 
 PREFIX = "Paged attention stores keys and values in fixed-size blocks. "

@@ -23,7 +23,7 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from kernels import (  # noqa: E402
+from kvdeck.kernels import (  # noqa: E402
     activation_triton,
     attention_triton,
     attention_tuning,
@@ -31,7 +31,7 @@ from kernels import (  # noqa: E402
     rmsnorm_triton,
     rope_triton,
 )
-from kernels.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
+from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
 
 
 def gpu_rows(row_elements: int) -> int:

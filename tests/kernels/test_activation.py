@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kernels.activation import silu_and_mul_torch
-from kernels.activation_triton import silu_and_mul_triton
+from kvdeck.kernels.activation import silu_and_mul_torch
+from kvdeck.kernels.activation_triton import silu_and_mul_triton
 
 # bf16: the interpreter casts fp32 -> bf16 by truncation, so allow a few ulp.
 TOLERANCE = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}

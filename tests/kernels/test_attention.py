@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from kernels import attention_tuning
-from kernels.attention import paged_attention_torch
-from kernels.attention_triton import paged_attention_triton, paged_attention_triton_impl
-from kernels.attention_tuning import AttentionConfig, choose_num_segments
-from kernels.kv_cache_triton import write_kv_cache_triton
+from kvdeck.kernels import attention_tuning
+from kvdeck.kernels.attention import paged_attention_torch
+from kvdeck.kernels.attention_triton import paged_attention_triton, paged_attention_triton_impl
+from kvdeck.kernels.attention_tuning import AttentionConfig, choose_num_segments
+from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kernels.dispatch import TORCH_OPS, select_ops
+from kvdeck.kernels.dispatch import TORCH_OPS, select_ops
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +33,7 @@ def test_triton_on_cpu_without_interpreter_is_refused():
     # A fresh process: this one already has TRITON_INTERPRET=1 baked into its kernels.
     code = (
         "import torch\n"
-        "from kernels.dispatch import select_ops\n"
+        "from kvdeck.kernels.dispatch import select_ops\n"
         "try:\n"
         "    select_ops('triton', torch.device('cpu'))\n"
         "except ValueError as e:\n"

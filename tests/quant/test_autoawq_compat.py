@@ -12,9 +12,9 @@ import warnings
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from quant.hf_int4 import load_awq_into_transformers, read_safetensors
-from quant.packing import fake_quantize, pack_awq_weight, quantize_groups
+from kvdeck import LLM, SamplingParams
+from kvdeck.quant.hf_int4 import load_awq_into_transformers, read_safetensors
+from kvdeck.quant.packing import fake_quantize, pack_awq_weight, quantize_groups
 from tests.quant.awq_reference import reference_dequantize
 
 PROMPT = [5, 6, 7, 8, 9, 10]

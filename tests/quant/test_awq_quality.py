@@ -5,10 +5,10 @@ import copy
 import pytest
 import torch
 
-from quant.awq_quantizer import AWQSettings, QuantizeProgress, quantize_awq
-from quant.calibration import windows_from_ids
-from quant.packing import fake_quantize
-from quant.perplexity import hf_logits_fn, perplexity
+from kvdeck.quant.awq_quantizer import AWQSettings, QuantizeProgress, quantize_awq
+from kvdeck.quant.calibration import windows_from_ids
+from kvdeck.quant.packing import fake_quantize
+from kvdeck.quant.perplexity import hf_logits_fn, perplexity
 from tests.quant.trained_model import byte_ids, plant_outlier_channels, trained_model
 
 GROUP = 32  # the tiny model's hidden size is 64: two groups per row
@@ -68,10 +68,10 @@ def test_awq_beats_round_to_nearest_and_stays_near_fp(model_with_outliers):
 
 
 def _demo_model_dir():
-    from engine.loader import DEMO_MODEL_DIR
+    from kvdeck.engine.types.model_path import demo_model_dir
 
     files = ("config.json", "model.safetensors", "heldout.txt")
-    return DEMO_MODEL_DIR if all((DEMO_MODEL_DIR / f).is_file() for f in files) else None
+    return demo_model_dir() if all((demo_model_dir() / f).is_file() for f in files) else None
 
 
 @pytest.mark.skipif(_demo_model_dir() is None, reason="the bundled demo model is not built yet")
@@ -85,7 +85,7 @@ def test_awq_on_the_demo_model_beats_round_to_nearest():
     AWQ's objective targets (the same model: RTN 4.5e-4, AWQ 2.4e-4)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from quant.calibration import load_calibration_ids
+    from kvdeck.quant.calibration import load_calibration_ids
 
     model_dir = _demo_model_dir()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

@@ -7,12 +7,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from app.cli import main as kvdeck
-from engine import LLM, SamplingParams
-from quant import awq_pipeline, checkpoint
-from quant.awq_pipeline import QuantizeJob, run_quantize_job
-from quant.checkpoint import write_awq_checkpoint
-from quant.hf_int4 import load_awq_into_transformers, read_safetensors
+from kvdeck import LLM, SamplingParams
+from kvdeck.app.cli import main as kvdeck
+from kvdeck.quant import awq_pipeline, checkpoint
+from kvdeck.quant.awq_pipeline import QuantizeJob, run_quantize_job
+from kvdeck.quant.checkpoint import write_awq_checkpoint
+from kvdeck.quant.hf_int4 import load_awq_into_transformers, read_safetensors
 from tests.quant.awq_reference import reference_dequantize
 
 TENSORS = {"a.qweight": torch.ones(4, 2, dtype=torch.int32), "b.weight": torch.zeros(3)}

@@ -1,23 +1,24 @@
-"""The AWQ and bnb-nf4 linear methods behind engine.models.linear.Linear."""
+"""The AWQ and bnb-nf4 linear methods behind kvdeck.engine.runner.models.linear.Linear."""
 
 import pytest
 import torch
 
-from engine.models.linear import Linear, get_linear_method
-from kernels.w4a16_gemm import dequantize_awq
-from quant import get_linear_method as get_quant_linear_method
-from quant.awq_linear import AWQConfig, AWQLinearMethod
-from quant.packing import pack_awq_weight
+from kvdeck.engine.runner.models.linear import Linear, get_linear_method
+from kvdeck.engine.types.quantization import linear_method_names, make_linear_method
+from kvdeck.kernels.w4a16_gemm import dequantize_awq
+from kvdeck.quant.awq_linear import AWQConfig, AWQLinearMethod
+from kvdeck.quant.packing import pack_awq_weight
 
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": True,
               "version": "gemm"}
 
 
 def test_engine_hook_returns_our_methods():
+    assert linear_method_names() == ("awq", "bnb-nf4")  # registered by kvdeck.quant
     assert isinstance(get_linear_method("awq", AWQ_CONFIG), AWQLinearMethod)
     assert type(get_linear_method("bnb-nf4", {})).__name__ == "BnbNF4LinearMethod"
     with pytest.raises(ValueError, match="quantization must be one of"):
-        get_quant_linear_method("gptq", {})
+        make_linear_method("gptq", {})
 
 
 @pytest.mark.parametrize(
@@ -108,7 +109,7 @@ def test_engine_runs_bnb_nf4_like_transformers_with_nf4_weights(group128_llama_d
     import bitsandbytes.functional as bnbf
     from transformers import AutoModelForCausalLM
 
-    from engine import LLM, SamplingParams
+    from kvdeck import LLM, SamplingParams
 
     prompt = [5, 6, 7, 8]
     reference = AutoModelForCausalLM.from_pretrained(group128_llama_dir, dtype=torch.float32)

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from kernels.w4a16_gemm import w4a16_gemm, w4a16_gemm_torch, w4a16_gemm_triton
+from kvdeck.kernels.w4a16_gemm import w4a16_gemm, w4a16_gemm_torch, w4a16_gemm_triton
 from tests.quant.awq_reference import reference_dequantize
 
 needs_triton_here = pytest.mark.skipif(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.client import EngineClient, EngineDeadError, EngineStartError
+from kvdeck import LLM, SamplingParams
+from kvdeck.engine.api.async_client import EngineClient, EngineDeadError, EngineStartError
 from tests.serve.conftest import KV_GIB
 
 pytestmark = pytest.mark.timeout(120)

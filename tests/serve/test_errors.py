@@ -5,8 +5,8 @@ import asyncio
 import httpx
 import pytest
 
-from app.cli import build_parser, engine_kwargs_from_args
-from app.serve import is_loopback, run_server
+from kvdeck.app.cli import build_parser, engine_kwargs_from_args
+from kvdeck.app.serve.server import is_loopback, run_server
 from tests.serve.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.timeout(120)

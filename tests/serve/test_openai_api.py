@@ -8,7 +8,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import LLM, SamplingParams
+from kvdeck import LLM, SamplingParams
 from tests.serve.conftest import KV_GIB, start_server, stop_server
 
 pytestmark = pytest.mark.timeout(120)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kvdeck.tui.app import KvdeckApp
 from tests.tui.fake_engine import FakeEngineClient
-from tui.app import KvdeckApp
 
 
 class FakeFactory:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from engine.stats import EngineStats, RequestStats
+from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 NUM_BLOCKS = 1024
 BLOCK_SIZE = 16

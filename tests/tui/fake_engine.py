@@ -15,9 +15,9 @@ import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats, RequestStats
+from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 REPLY = (
     "Paged attention stores the **KV cache** in fixed-size blocks.\n\n"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from textual.widgets import DataTable, Input
 
-from tui.app import KvdeckApp
-from tui.chat_settings import ChatSettings
-from tui.engine_factory import real_client_factory
-from tui.load_generator import LoadSpec
+from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.engine_factory import real_client_factory
+from kvdeck.tui.load_generator import LoadSpec
 
 REPO = Path(__file__).resolve().parents[2]
 # 48 requests of 18 prompt + 14 output blocks would need 1536 blocks: more than the pool, so

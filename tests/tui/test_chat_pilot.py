@@ -6,12 +6,12 @@ import json
 
 from textual.widgets import Input, Markdown
 
+from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
+from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
+from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_message import ChatMessage
 from tests.tui.conftest import wait_for
 from tests.tui.fake_engine import REPLY
-from tui.screens.chat_settings import ChatSettingsScreen
-from tui.screens.transcript_picker import TranscriptPickerScreen
-from tui.widgets.block_map import BlockMap
-from tui.widgets.chat_message import ChatMessage
 
 
 def replies(app) -> list[ChatMessage]:

@@ -7,11 +7,11 @@ import time
 
 from textual.widgets import DataTable, Input
 
+from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
+from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.dashboard import Dashboard
+from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
-from tui.screens.load_generator import LoadGeneratorScreen
-from tui.widgets.block_map import BlockMap
-from tui.widgets.dashboard import Dashboard
-from tui.widgets.request_inspector import RequestInspector
 
 
 async def fire_load(pilot, **values: int) -> None:

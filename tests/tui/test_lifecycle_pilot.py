@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from kvdeck.tui.screens.deck import DeckScreen
+from kvdeck.tui.screens.engine_error import EngineErrorScreen
+from kvdeck.tui.screens.help import HelpScreen
+from kvdeck.tui.screens.startup import StartupScreen
 from tests.tui.conftest import wait_for
-from tui.screens.deck import DeckScreen
-from tui.screens.engine_error import EngineErrorScreen
-from tui.screens.help import HelpScreen
-from tui.screens.startup import StartupScreen
 
 
 async def test_startup_shows_progress_then_the_deck(make_app):
@@ -68,12 +68,12 @@ async def test_quit_stops_the_engine(make_app):
 
 
 async def test_help_lists_every_binding_and_all_have_ids(make_app):
-    from tui.app import KvdeckApp
-    from tui.screens.chat_settings import ChatSettingsScreen
-    from tui.screens.engine_error import EngineErrorScreen as ErrorScreen
-    from tui.screens.load_generator import LoadGeneratorScreen
-    from tui.screens.transcript_picker import TranscriptPickerScreen
-    from tui.widgets.chat_message import ChatMessage
+    from kvdeck.tui.app import KvdeckApp
+    from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
+    from kvdeck.tui.screens.engine_error import EngineErrorScreen as ErrorScreen
+    from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
+    from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
+    from kvdeck.tui.widgets.chat_message import ChatMessage
 
     for owner in (KvdeckApp, DeckScreen, ErrorScreen, HelpScreen, StartupScreen,
                   ChatSettingsScreen,
@@ -108,8 +108,8 @@ async def test_command_palette_offers_the_apps_actions(make_app):
 
 
 async def test_switch_model_restarts_the_engine_on_the_new_model(tmp_path):
+    from kvdeck.tui.app import KvdeckApp
     from tests.tui.conftest import FakeFactory
-    from tui.app import KvdeckApp
 
     made: list[FakeFactory] = []
 

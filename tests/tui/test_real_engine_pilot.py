@@ -7,15 +7,15 @@ import os
 import pytest
 from textual.widgets import DataTable, Input
 
+from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.block_cells import CACHED
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.engine_factory import real_client_factory
+from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
+from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_message import ChatMessage
+from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
-from tui.app import KvdeckApp
-from tui.block_cells import CACHED
-from tui.chat_settings import ChatSettings
-from tui.engine_factory import real_client_factory
-from tui.screens.load_generator import LoadGeneratorScreen
-from tui.widgets.block_map import BlockMap
-from tui.widgets.chat_message import ChatMessage
-from tui.widgets.request_inspector import RequestInspector
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 

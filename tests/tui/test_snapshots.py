@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.screens.engine_error import EngineErrorScreen
+from kvdeck.tui.screens.help import HelpScreen
+from kvdeck.tui.transcripts import ChatTurn, Transcript
 from tests.tui.conftest import FakeFactory, wait_for
 from tests.tui.demo_stats import demo_latencies, demo_stats_series
-from tui.app import KvdeckApp
-from tui.screens.engine_error import EngineErrorScreen
-from tui.screens.help import HelpScreen
-from tui.transcripts import ChatTurn, Transcript
 
 SIZES = [(80, 24), (160, 48)]
 SNAPSHOTS = 20

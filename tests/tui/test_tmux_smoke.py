@@ -69,7 +69,7 @@ def test_kvdeck_in_tmux_chat_stop_and_quit(tiny_llama_dir, tmp_path):
     session = f"kvdeck-smoke-{uuid.uuid4().hex[:8]}"
     exit_file = tmp_path / "exit_code"
     command = " ".join([
-        shlex.quote(sys.executable), "-m", "app.cli",
+        shlex.quote(sys.executable), "-m", "kvdeck.app.cli",
         "--model", shlex.quote(str(tiny_llama_dir)),
         "--device", "cpu", "--num-gpu-blocks-override", "128", "--max-model-len", "512",
         "--attention-backend", "torch",

@@ -7,15 +7,15 @@ import time
 
 import pytest
 
-from engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvdeck.tui.block_cells import CACHED, FREE, OWNED, SHARED, WRITING, classify_blocks
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.load_generator import LoadSpec, synthetic_prompts
+from kvdeck.tui.reply_meter import ReplyMeter
+from kvdeck.tui.transcripts import ChatTurn, Transcript, TranscriptStore
+from kvdeck.tui.widgets.engine_summary import history_text, kv_gauge
 from tests.tui.demo_stats import NUM_BLOCKS, demo_stats
-from tui.block_cells import CACHED, FREE, OWNED, SHARED, WRITING, classify_blocks
-from tui.chat_settings import ChatSettings
-from tui.dashboard_state import DashboardState
-from tui.load_generator import LoadSpec, synthetic_prompts
-from tui.reply_meter import ReplyMeter
-from tui.transcripts import ChatTurn, Transcript, TranscriptStore
-from tui.widgets.engine_summary import history_text, kv_gauge
 
 
 def test_classify_blocks_marks_each_state():
@@ -31,7 +31,7 @@ def test_classify_blocks_marks_each_state():
 
 
 def test_block_map_lines_cover_thousands_of_blocks_quickly():
-    from tui.widgets.block_map import GLYPHS
+    from kvdeck.tui.widgets.block_map import GLYPHS
 
     stats = demo_stats()
     big = 50_000
@@ -139,6 +139,6 @@ def test_gauge_and_history_text():
 
 
 def test_model_text_is_made_displayable():
-    from tui.widgets.chat_message import displayable
+    from kvdeck.tui.widgets.chat_message import displayable
 
     assert displayable("a\r\nb\x11c\td\x7f") == "a\nb\ufffdc\td\ufffd"

@@ -8,7 +8,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-from tui.chat_settings import ChatSettings
+from kvdeck.tui.chat_settings import ChatSettings
 
 
 class ChatSettingsScreen(ModalScreen[ChatSettings | None]):

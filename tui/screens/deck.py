@@ -8,12 +8,12 @@ from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from tui.chat_settings import ChatSettings
-from tui.screens.chat_settings import ChatSettingsScreen
-from tui.screens.transcript_picker import TranscriptPickerScreen
-from tui.widgets.chat_pane import ChatPane
-from tui.widgets.dashboard import Dashboard
-from tui.widgets.mini_stats import MiniStats
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
+from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
+from kvdeck.tui.widgets.chat_pane import ChatPane
+from kvdeck.tui.widgets.dashboard import Dashboard
+from kvdeck.tui.widgets.mini_stats import MiniStats
 
 NARROW_BELOW = 120  # columns; below this chat and dashboard take turns (f2)
 

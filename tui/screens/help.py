@@ -10,7 +10,7 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from tui.widgets.block_map import legend_text
+from kvdeck.tui.widgets.block_map import legend_text
 
 MAP_HELP = (
     "One cell per physical KV block, row by row. Colour = the request that owns it. "

@@ -8,7 +8,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
-from tui.load_generator import LoadSpec
+from kvdeck.tui.load_generator import LoadSpec
 
 FIELDS = (
     ("num_requests", "requests (concurrent)"),

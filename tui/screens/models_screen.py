@@ -2,7 +2,7 @@
 
 Self-contained: the app passes what it owns (how to load a model into the engine, how much
 GPU memory is free) to the constructor. Downloads run in a thread worker, quantise jobs in
-their own process (app.quantize_job); both report here through `call_from_thread`.
+their own process (kvdeck.app.jobs); both report here through `call_from_thread`.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from app import model_store, paths
-from app.compare_job import CompareJob, start_compare
-from app.download import CancelToken, DownloadError, download_model
-from app.download_progress import DownloadCancelled, DownloadProgress, format_bytes
-from app.model_inspect import InvalidModelError, read_config
-from app.model_store import LocalModel
-from app.quantize_job import QuantizeJob, QuantizeOptions, QuantizeProgress, start_quantize
-from app.recommended import RECOMMENDED, local_memory_estimate
-from tui.widgets.model_tables import PENDING_PREFIX, LocalModelsTable, RecommendedTable
-from tui.widgets.model_task_panel import ModelTaskPanel
+from kvdeck.app.jobs.compare import CompareJob, start_compare
+from kvdeck.app.jobs.quantize import QuantizeJob, QuantizeOptions, QuantizeProgress, start_quantize
+from kvdeck.app.store import local_models, paths
+from kvdeck.app.store.download import CancelToken, DownloadError, download_model
+from kvdeck.app.store.download_progress import DownloadCancelled, DownloadProgress, format_bytes
+from kvdeck.app.store.inspect import InvalidModelError, read_config
+from kvdeck.app.store.local_models import LocalModel
+from kvdeck.app.store.recommended import RECOMMENDED, local_memory_estimate
+from kvdeck.tui.widgets.model_tables import PENDING_PREFIX, LocalModelsTable, RecommendedTable
+from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
 
 def nvidia_smi_free_bytes() -> int | None:
@@ -150,8 +150,8 @@ class ModelsScreen(Screen):
 
     def action_refresh(self) -> None:
         try:
-            self.models = model_store.list_models()
-            pending = model_store.pending_downloads()
+            self.models = local_models.list_models()
+            pending = local_models.pending_downloads()
         except ValueError as exc:  # an unreadable registry
             self.notify(str(exc), severity="error", timeout=10)
             self.models, pending = [], []
@@ -160,7 +160,7 @@ class ModelsScreen(Screen):
         self.query_one(RecommendedTable).show(RECOMMENDED, free_gpu, self.context_tokens)
         gpu = f"GPU free {format_bytes(free_gpu)}" if free_gpu is not None else "no GPU seen"
         self.query_one("#models-title", Static).update(
-            f"Models · disk free {format_bytes(model_store.free_disk_bytes())}"
+            f"Models · disk free {format_bytes(local_models.free_disk_bytes())}"
             f" · {gpu} · cache {paths.hf_hub_cache()}"
         )
 
@@ -358,7 +358,7 @@ class ModelsScreen(Screen):
             if not answer:
                 return
             try:
-                model_store.delete_model(name)
+                local_models.delete_model(name)
             except (KeyError, OSError) as exc:
                 self.notify(f"Could not delete {name}: {exc}", severity="error")
             else:

@@ -8,7 +8,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Label, ProgressBar, Static
 
-from tui.engine_protocol import STARTUP_STAGES
+from kvdeck.tui.engine_protocol import STARTUP_STAGES
 
 
 class StartupScreen(ModalScreen[None]):

@@ -9,7 +9,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from tui.transcripts import Transcript
+from kvdeck.tui.transcripts import Transcript
 
 
 class TranscriptPickerScreen(ModalScreen[str | None]):

@@ -18,7 +18,7 @@ from textual.reactive import reactive
 from textual.scroll_view import ScrollView
 from textual.strip import Strip
 
-from tui.block_cells import (
+from kvdeck.tui.block_cells import (
     CACHED,
     FREE,
     KIND_NAMES,
@@ -32,7 +32,7 @@ from tui.block_cells import (
 )
 
 if TYPE_CHECKING:
-    from engine.stats import EngineStats
+    from kvdeck.engine.types.stats import EngineStats
 
 GLYPHS = {FREE: "·", CACHED: "○", OWNED: "█", SHARED: "▓", WRITING: "+"}
 # Two columns per block when the whole pool fits that way (small pools read better).

@@ -13,12 +13,12 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Markdown, Static
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
-from tui.reply_meter import ReplyMeter
-from tui.transcripts import ChatTurn, Transcript
-from tui.widgets.chat_message import ChatMessage, displayable
+from kvdeck.tui.reply_meter import ReplyMeter
+from kvdeck.tui.transcripts import ChatTurn, Transcript
+from kvdeck.tui.widgets.chat_message import ChatMessage, displayable
 
 if TYPE_CHECKING:
-    from tui.app import KvdeckApp
+    from kvdeck.tui.app import KvdeckApp
 
 
 SAVE_EVERY_S = 2.0  # how often a streaming reply is saved to the transcript

@@ -10,11 +10,11 @@ from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Static, TabbedContent, TabPane
 
-from tui.dashboard_state import DashboardState
-from tui.widgets.block_map import BlockMap, legend_text
-from tui.widgets.engine_summary import EngineSummary
-from tui.widgets.latency_plot import TimeSeriesPlot
-from tui.widgets.request_inspector import RequestInspector
+from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.widgets.block_map import BlockMap, legend_text
+from kvdeck.tui.widgets.engine_summary import EngineSummary
+from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
+from kvdeck.tui.widgets.request_inspector import RequestInspector
 
 REFRESH_HZ = 12
 PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly

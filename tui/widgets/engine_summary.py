@@ -9,7 +9,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
-from tui.dashboard_state import DashboardState
+from kvdeck.tui.dashboard_state import DashboardState
 
 GAUGE_WIDTH = 20
 BARS = " ▁▂▃▄▅▆▇█"

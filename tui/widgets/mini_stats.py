@@ -6,7 +6,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-from tui.dashboard_state import DashboardState
+from kvdeck.tui.dashboard_state import DashboardState
 
 REFRESH_S = 0.25
 

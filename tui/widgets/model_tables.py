@@ -8,10 +8,10 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import DataTable
 
-from app.download_progress import format_bytes
-from app.model_inspect import InvalidModelError, read_config
-from app.model_store import LocalModel, PendingDownload
-from app.recommended import (
+from kvdeck.app.store.download_progress import format_bytes
+from kvdeck.app.store.inspect import InvalidModelError, read_config
+from kvdeck.app.store.local_models import LocalModel, PendingDownload
+from kvdeck.app.store.recommended import (
     RecommendedModel,
     format_params,
     local_memory_estimate,

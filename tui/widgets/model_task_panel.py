@@ -10,8 +10,8 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Label, ProgressBar, Static
 
-from app.download_progress import DownloadProgress, format_bytes, format_eta
-from app.quantize_job import QuantizeProgress
+from kvdeck.app.jobs.quantize import QuantizeProgress
+from kvdeck.app.store.download_progress import DownloadProgress, format_bytes, format_eta
 
 
 class ModelTaskPanel(Vertical):

@@ -10,10 +10,10 @@ from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from tui.block_cells import PALETTE, request_colour_index
+from kvdeck.tui.block_cells import PALETTE, request_colour_index
 
 if TYPE_CHECKING:
-    from engine.stats import EngineStats, RequestStats
+    from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 COLUMNS = (("id", "request"), ("state", "state"), ("prompt", "prompt"), ("done", "computed"),
            ("out", "output"), ("cached", "cached"), ("blocks", "blocks"))

@@ -1,0 +1,199 @@
+"""`kvdeck bench throughput|serve|decode`: speed figures against a baseline in the same run."""
+
+import argparse
+import sys
+from pathlib import Path
+
+from kvdeck.app.cli import add_engine_arguments, engine_kwargs_from_args
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
+                                required=True)
+    tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload")
+    add_engine_arguments(tp)
+    _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
+    tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
+    tp.add_argument("--baseline", choices=["hf", "none"], default="none",
+                    help="also run Hugging Face transformers generate on the same requests")
+    tp.add_argument("--baseline-batch-size", type=int, default=None,
+                    help="static batch size of the baseline (default: what fits)")
+    tp.add_argument("--repeats", type=int, default=1,
+                    help="time each side this many times and report its median run (noisy machines)")
+    from kvdeck.app.bench import serve as bench_serve
+
+    sv = sub.add_parser("serve", help="online latency and throughput against a running server")
+    bench_serve.add_arguments(sv)
+    _add_workload_arguments(sv)
+    dc = sub.add_parser("decode", help="one sequence's decode speed against the memory-bandwidth "
+                                       "roofline")
+    add_engine_arguments(dc)
+    dc.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
+    dc.add_argument("--output-len", type=int, default=256, help="tokens to generate")
+    dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    dc.add_argument("--out", default=None, help="write the JSON result here")
+
+
+def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = True) -> None:
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument("--input-len", default="100:1024", help="MIN:MAX prompt tokens")
+    parser.add_argument("--output-len", default="100:1024", help="MIN:MAX output tokens")
+    if with_seed:
+        parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--plot", default=None, help="draw the figures into this PNG")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.bench_command == "decode":
+        return run_decode(args)
+    if args.num_prompts <= 0:
+        raise ValueError(f"--num-prompts must be positive, got {args.num_prompts}")
+    if args.bench_command == "serve":
+        from kvdeck.app.bench.serve import run_serve_benchmark
+
+        return run_serve_benchmark(args)
+    return run_throughput(args)
+
+
+def run_throughput(args: argparse.Namespace) -> int:
+    import gc
+
+    import torch
+
+    from kvdeck.app.bench.plot import PlotUnavailable, plot_throughput
+    from kvdeck.app.bench.result import build_result, write_json_atomic
+    from kvdeck.app.bench.throughput import (
+        WARMUP_OUTPUT_LEN,
+        WARMUP_REQUESTS,
+        median_run,
+        parse_range,
+        run_hf_baseline,
+        run_kvdeck,
+        warm_up_kvdeck,
+    )
+    from kvdeck.engine.api.llm import LLM
+    from kvdeck.engine.types.model_path import resolve_model_path
+
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
+    input_len = parse_range(args.input_len, "--input-len")
+    output_len = parse_range(args.output_len, "--output-len")
+    args.seed = args.seed if args.seed is not None else 0
+    engine_kwargs = engine_kwargs_from_args(args)
+    if not args.prompts_file:
+        # The workload's longest request: the length a contiguous allocator would reserve.
+        from kvdeck.engine.types.model_config import read_model_config
+
+        limit = read_model_config(resolve_model_path(args.model)).max_position_embeddings
+        engine_kwargs.setdefault("max_model_len", min(limit, input_len[1] + output_len[1]))
+    llm = LLM(args.model, **engine_kwargs)
+    info = llm.engine.info
+    requests = _workload(args, llm, input_len, output_len)
+    print(f"kvdeck: {len(requests)} requests on {Path(info.model_dir).name} "
+          f"({info.device}, {info.dtype}, {info.num_blocks} KV blocks)", file=sys.stderr)
+    warm_up_kvdeck(llm, requests)
+
+    kvdeck = median_run([run_kvdeck(llm, requests) for _ in range(args.repeats)])
+    figures: dict = {"kvdeck": kvdeck}
+    _print_line("kvdeck", kvdeck)
+    if args.baseline == "hf":
+        llm.shutdown()  # the engine's memory (the GPU's, on CUDA) goes back first
+        del llm
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        device = "cuda" if torch.cuda.is_available() and engine_kwargs.get("device") != "cpu" else "cpu"
+        batch_size = args.baseline_batch_size or _baseline_batch_size(device, len(requests))
+        runs = run_hf_baseline(resolve_model_path(args.model), requests, batch_size, device,
+                               "float32" if device == "cpu" else "bfloat16",
+                               dummy=engine_kwargs.get("load_format") == "dummy", repeats=args.repeats)
+        figures["baseline"] = {"name": "hf-transformers-generate", **median_run(runs)}
+        figures["ratio"] = kvdeck["output_tokens_per_s"] / figures["baseline"]["output_tokens_per_s"]
+        _print_line("hf", figures["baseline"])
+        print(f"ratio (kvdeck / hf, output tokens/s): {figures['ratio']:.2f}x")
+    config = {
+        "model": args.model or "demo", "num_prompts": args.num_prompts,
+        "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
+        "engine": engine_kwargs, "prompts_file": args.prompts_file,
+        "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
+        "repeats": args.repeats,
+    }
+    result = build_result("throughput", config, figures)
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        try:
+            plot_throughput(result, args.plot)
+        except PlotUnavailable as exc:
+            print(f"bench: {exc}", file=sys.stderr)
+    return 0
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    import random
+
+    from kvdeck.app.bench.decode import run_decode_benchmark
+    from kvdeck.app.bench.result import build_result, write_json_atomic
+    from kvdeck.engine.api.llm import LLM
+
+    if args.input_len < 1:
+        raise ValueError(f"--input-len must be positive, got {args.input_len}")
+    engine_kwargs = engine_kwargs_from_args(args)
+    engine_kwargs.setdefault("max_num_seqs", 1)
+    engine_kwargs.setdefault("max_model_len", args.input_len + args.output_len)
+    llm = LLM(args.model, **engine_kwargs)
+    info = llm.engine.info
+    rng = random.Random(args.seed if args.seed is not None else 0)
+    prompt = [rng.randrange(info.vocab_size) for _ in range(args.input_len)]
+    figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats)
+    print(f"decode, batch 1, {Path(info.model_dir).name} ({info.device}, {info.dtype}): "
+          f"{figures['time_per_output_token_s'] * 1e3:.3f} ms/token "
+          f"({figures['output_tokens_per_s']:.1f} tok/s, median of {args.repeats})")
+    print(f"  roofline: {figures['bytes_per_token'] / 1e6:.1f} MB/token (weights "
+          f"{figures['weight_bytes_per_token'] / 1e6:.1f} MB + KV at {figures['mean_context_tokens']:.0f} "
+          f"tokens) / copy bandwidth {figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s = "
+          f"{figures['roofline_time_per_output_token_s'] * 1e3:.3f} ms/token")
+    print(f"  {figures['roofline_fraction']:.1%} of the roofline")
+    config = {"model": args.model or "demo", "input_len": args.input_len,
+              "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
+              "graphs": info.cuda_graphs}
+    result = build_result("decode", config, {"decode": figures})
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _workload(args: argparse.Namespace, llm, input_len: tuple[int, int],
+              output_len: tuple[int, int]) -> list:
+    from kvdeck.app.bench.throughput import requests_from_file, synthetic_requests
+
+    if args.prompts_file:
+        return requests_from_file(args.prompts_file, llm.get_tokenizer(), output_len, args.seed,
+                                  args.num_prompts)
+    return synthetic_requests(args.num_prompts, input_len, output_len,
+                              llm.engine.info.vocab_size, args.seed)
+
+
+def _baseline_batch_size(device: str, num_requests: int) -> int:
+    # On CPU memory is no limit for the tiny models benchmarked there; on GPU, transformers'
+    # static cache grows with batch x length, so stay at a size that fits an 80 GB card.
+    return min(num_requests, 64 if device == "cpu" else 128)
+
+
+def _print_line(name: str, figures: dict) -> None:
+    print(f"{name:>7}: {figures['output_tokens_per_s']:9.1f} output tok/s  "
+          f"{figures['total_tokens_per_s']:9.1f} total tok/s  "
+          f"{figures['requests_per_s']:7.2f} req/s  ({figures['elapsed_s']:.1f} s)")
+    if "kv_waste_at_peak" in figures:
+        print(f"         peak KV usage {figures['peak_kv_usage']:.1%}, KV waste at peak "
+              f"{figures['kv_waste_at_peak']:.2%} (contiguous max-length allocation: "
+              f"{figures['contiguous_kv_waste_at_peak']:.1%}), preemptions "
+              f"{figures['preemptions']}, prefix-cache hit rate {figures['prefix_cache_hit_rate']:.1%}")
+        print(f"         host work (schedule, prepare inputs, update) {figures['host_overhead_share']:.1%} "
+              "of step time")
+
+
+COMMANDS = {"bench": (add_arguments, run)}  # the help text is in kvdeck.app.cli

@@ -1,0 +1,99 @@
+"""Benchmark results as JSON: the figures plus what is needed to trust them."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def environment() -> dict:
+    import torch
+
+    info = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "device": "cpu",
+    }
+    for name in ("triton", "transformers"):
+        try:
+            info[name] = __import__(name).__version__
+        except ImportError:
+            info[name] = None
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parents[2],  # the checkout, when run from one
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def build_result(kind: str, config: dict, figures: dict) -> dict:
+    return {
+        "benchmark": kind,
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "command": _command_line(),
+        "commit": git_commit(),
+        "environment": environment(),
+        "config": config,
+        **figures,
+    }
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    """mean, p50, p90, p99 (nearest-rank on the sorted values), as vLLM's bench reports."""
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+
+    def rank(q: float) -> float:
+        # Linear interpolation between closest ranks (numpy's default).
+        pos = (len(ordered) - 1) * q
+        lo = int(pos)
+        hi = min(lo + 1, len(ordered) - 1)
+        return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+    return {
+        "mean": sum(ordered) / len(ordered),
+        "p50": rank(0.50),
+        "p90": rank(0.90),
+        "p99": rank(0.99),
+    }
+
+
+def _command_line() -> str:
+    """How this run was started: `kvdeck ...`, or the script that drove it."""
+    if not sys.argv:
+        return "kvdeck"
+    program = Path(sys.argv[0])
+    if program.name in ("kvdeck", "cli.py", "__main__.py"):
+        return " ".join(["kvdeck", *sys.argv[1:]])
+    return " ".join(["python", str(program), *sys.argv[1:]])

@@ -1,0 +1,191 @@
+"""`kvdeck bench serve`: Poisson-arrival streaming load against an OpenAI-compatible server
+(kvdeck --serve, vLLM, ...), with vLLM's serving-benchmark metric definitions:
+TTFT (request sent -> first token), ITL (gap between streamed chunks), TPOT
+((latency - TTFT) / (output tokens - 1)), end-to-end latency."""
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
+    parser.add_argument("--model", default=None, help="served model name (default: the first listed)")
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--request-rate", type=float, default=float("inf"),
+                        help="requests per second, Poisson arrivals (default: all at once)")
+    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+
+
+@dataclass(slots=True)
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    ttft_s: float | None = None
+    latency_s: float = 0.0
+    itl_s: list[float] = field(default_factory=list)
+    chunk_times: list[tuple[float, int]] = field(default_factory=list)
+
+
+async def _send(client, url: str, headers: dict, payload: dict, timeout: float) -> RequestResult:
+    result = RequestResult(prompt_tokens=len(payload["prompt"]))
+    started = time.perf_counter()
+    last = started
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers, timeout=timeout) as resp:
+            if resp.status_code != 200:
+                body = (await resp.aread()).decode(errors="replace")
+                result.error = f"HTTP {resp.status_code}: {body[:200]}"
+                return result
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if chunk.get("usage"):
+                    result.output_tokens = chunk["usage"].get("completion_tokens", result.output_tokens)
+                choices = chunk.get("choices") or []
+                if not choices or not choices[0].get("text"):
+                    continue
+                now = time.perf_counter()
+                if result.ttft_s is None:
+                    result.ttft_s = now - started
+                else:
+                    result.itl_s.append(now - last)
+                result.chunk_times.append((time.time(), 1))
+                last = now
+        result.latency_s = time.perf_counter() - started
+        result.ok = result.ttft_s is not None
+        if not result.ok:
+            result.error = "the stream ended without a token"
+    except Exception as exc:  # network errors of every kind count as failed requests
+        result.error = f"{type(exc).__name__}: {exc}"
+    return result
+
+
+async def _run(args, requests, model: str, headers: dict) -> tuple[list[RequestResult], float]:
+    import httpx
+
+    rng = random.Random(args.seed)
+    limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
+    url = args.base_url.rstrip("/") + "/v1/completions"
+
+    async with httpx.AsyncClient() as client:
+        async def one(req) -> RequestResult:
+            payload = {
+                "model": model, "prompt": req.prompt_token_ids, "max_tokens": req.output_len,
+                "temperature": 0.0, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+            if limit is None:
+                return await _send(client, url, headers, payload, args.timeout)
+            async with limit:
+                return await _send(client, url, headers, payload, args.timeout)
+
+        tasks = []
+        started = time.perf_counter()
+        for req in requests:
+            tasks.append(asyncio.create_task(one(req)))
+            if args.request_rate != float("inf"):
+                await asyncio.sleep(rng.expovariate(args.request_rate))
+        results = await asyncio.gather(*tasks)
+        return results, time.perf_counter() - started
+
+
+_SAMPLE_TEXT = (
+    "The engine schedules requests in blocks of sixteen tokens, reuses cached prefixes, "
+    "and streams every answer back; 0123456789 quick brown fox, jumps over lazy dogs!"
+)
+
+
+def _server_info(base_url: str, headers: dict, model: str | None) -> tuple[str, list[int]]:
+    """The model name to ask for, and token ids the server's tokenizer certainly has."""
+    import httpx
+
+    base = base_url.rstrip("/")
+    resp = httpx.get(base + "/v1/models", headers=headers, timeout=10)
+    if resp.status_code != 200:
+        raise ValueError(f"{base_url}/v1/models answered {resp.status_code}: {resp.text[:200]}")
+    models = resp.json().get("data") or []
+    if not models:
+        raise ValueError(f"{base_url} serves no model")
+    name = model or models[0]["id"]
+    resp = httpx.post(base + "/tokenize", json={"model": name, "prompt": _SAMPLE_TEXT},
+                      headers=headers, timeout=10)
+    if resp.status_code == 200 and resp.json().get("tokens"):
+        return name, sorted(set(resp.json()["tokens"]))
+    return name, list(range(1000))  # servers without /tokenize: ids every real vocabulary has
+
+
+def run_serve_benchmark(args: argparse.Namespace) -> int:
+    from kvdeck.app.bench.plot import plot_serving
+    from kvdeck.app.bench.result import build_result, percentiles, write_json_atomic
+    from kvdeck.app.bench.throughput import parse_range, synthetic_requests
+
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
+    import httpx
+
+    try:
+        model, token_pool = _server_info(args.base_url, headers, args.model)
+    except (OSError, httpx.HTTPError) as exc:
+        raise ValueError(f"cannot reach a server at {args.base_url}: {exc}") from None
+    input_len = parse_range(args.input_len, "--input-len")
+    output_len = parse_range(args.output_len, "--output-len")
+    requests = synthetic_requests(args.num_prompts, input_len, output_len, len(token_pool), args.seed)
+    for r in requests:
+        r.prompt_token_ids = [token_pool[i] for i in r.prompt_token_ids]
+    print(f"bench serve: {len(requests)} requests to {args.base_url} ({model}), rate "
+          f"{args.request_rate}/s, concurrency {args.max_concurrency or 'unbounded'}", file=sys.stderr)
+    results, duration = asyncio.run(_run(args, requests, model, headers))
+    done = [r for r in results if r.ok]
+    output_tokens = sum(r.output_tokens for r in done)
+    tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
+    figures = {
+        "duration_s": duration,
+        "completed": len(done),
+        "failed": len(results) - len(done),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "request_throughput": len(done) / duration,
+        "output_tokens_per_s": output_tokens / duration,
+        "total_tokens_per_s": (output_tokens + sum(r.prompt_tokens for r in done)) / duration,
+        "ttft_ms": _ms(percentiles([r.ttft_s for r in done])),
+        "tpot_ms": _ms(percentiles(tpot)),
+        "itl_ms": _ms(percentiles([x for r in done for x in r.itl_s])),
+        "e2e_latency_ms": _ms(percentiles([r.latency_s for r in done])),
+    }
+    config = {"base_url": args.base_url, "model": model, "num_prompts": args.num_prompts,
+              "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
+              "request_rate": args.request_rate, "max_concurrency": args.max_concurrency}
+    result = build_result("serve", config, figures)
+    _print(figures)
+    if args.out:
+        write_json_atomic(args.out, result)
+    if args.plot:
+        per_request = [{"ttft_s": r.ttft_s, "itl_s": r.itl_s} for r in done]
+        timeline = sorted(t for r in done for t in r.chunk_times)
+        plot_serving(result, per_request, timeline, args.plot)
+    return 0 if done else 1
+
+
+def _ms(stats: dict[str, float]) -> dict[str, float]:
+    return {k: v * 1000 for k, v in stats.items()}
+
+
+def _print(f: dict) -> None:
+    print(f"completed {f['completed']}, failed {f['failed']} in {f['duration_s']:.1f} s")
+    print(f"throughput: {f['request_throughput']:.2f} req/s, {f['output_tokens_per_s']:.1f} output tok/s")
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_latency_ms"):
+        s = f[key]
+        print(f"{key:>15}: mean {s['mean']:8.1f}  p50 {s['p50']:8.1f}  p90 {s['p90']:8.1f}  "
+              f"p99 {s['p99']:8.1f}")
+    for error in f["errors"]:
+        print(f"error: {error}")

@@ -1,0 +1,187 @@
+"""AWQ quantisation of a local model in a background process, with progress and cancel.
+
+The quantiser (`quant.awq_pipeline.run_quantize_job`) runs in a spawned process
+(`kvdeck.app.jobs.background`, the worker in `workers.py`), so the UI stays responsive and
+a cancel is immediate. It writes into a per-job staging directory inside kvdeck's store;
+only a finished, verified result is renamed into the store and registered. A cancelled or
+failed job's staging directory is removed, so it leaves nothing behind.
+"""
+
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvdeck.app.jobs.background import BackgroundJob, start_background
+from kvdeck.app.store import paths, registry
+from kvdeck.app.store.inspect import describe_model
+from kvdeck.app.store.local_models import LocalModel, find_model
+from kvdeck.engine.types.config import DEVICES
+from kvdeck.quant.staging import pid_alive
+
+_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
+WORKER = "kvdeck.app.jobs.workers:quantize_worker"  # named: the worker loads torch, this does not
+_OWNER_FILE = "owner.pid"  # the kvdeck process that runs the job
+
+
+@dataclass(slots=True)
+class QuantizeOptions:
+    calib_file: str | None = None  # default: the calibration text shipped in assets/
+    num_samples: int = 128
+    seq_len: int = 512
+    group_size: int = 128
+    device: str = "auto"
+    num_threads: int | None = None  # torch threads in the worker (None: torch's default)
+
+    def validate(self) -> None:
+        for name in ("num_samples", "seq_len", "group_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.calib_file is not None and not Path(self.calib_file).is_file():
+            raise ValueError(f"calib_file {self.calib_file!r} does not exist")
+
+
+@dataclass(slots=True)
+class QuantizeProgress:
+    phase: str  # starting | quantizing | writing | done | failed | cancelled
+    layer: int = 0  # decoder layers finished
+    num_layers: int = 0
+    elapsed_s: float = 0.0
+    eta_s: float | None = None
+    message: str = ""
+
+    @property
+    def fraction(self) -> float:
+        if self.phase == "done":
+            return 1.0
+        return self.layer / self.num_layers if self.num_layers else 0.0
+
+
+@dataclass(slots=True)
+class QuantizeJob:
+    """A running (or finished) job; `wait()` for it, `cancel()` it."""
+
+    source: LocalModel
+    name: str
+    staging: Path
+    on_progress: Callable[[QuantizeProgress], None] | None
+    progress: QuantizeProgress = field(default_factory=lambda: QuantizeProgress("starting"))
+    result: LocalModel | None = None
+    background: BackgroundJob | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.background is not None and self.background.done
+
+    @property
+    def error(self) -> str | None:
+        return self.background.error if self.background is not None else None
+
+    def wait(self, timeout: float | None = None) -> LocalModel | None:
+        """Block until the job ends; returns the registered model (None if cancelled).
+
+        Raises RuntimeError with the worker's message if it failed, TimeoutError on timeout.
+        """
+        assert self.background is not None
+        self.background.wait_or_raise(timeout, f"quantisation of {self.source.name}")
+        return self.result
+
+    def cancel(self) -> None:
+        """Stop the worker at once; its staging directory is removed."""
+        assert self.background is not None
+        self.background.cancel()
+
+    def _report(self, progress: QuantizeProgress) -> None:
+        self.progress = progress
+        if self.on_progress is not None:
+            self.on_progress(progress)
+
+    def _on_message(self, message: tuple) -> None:
+        layer, num_layers, elapsed, eta = message
+        self._report(QuantizeProgress("quantizing", layer, num_layers, elapsed, eta))
+        if layer == num_layers:
+            self._report(QuantizeProgress("writing", layer, num_layers, elapsed, 0.0))
+
+    def _on_success(self, written: object) -> None:
+        written = Path(str(written))
+        target = paths.store_dir() / self.name
+        described = describe_model(written)  # raises InvalidModelError if it is not complete
+        if target.exists():
+            raise ValueError(f"{target} appeared while the job ran")
+        os.rename(written, target)
+        registry.mark_verified(
+            registry.store_key(self.name),
+            {"origin": self.source.name, "method": "awq", "path": str(target),
+             "architecture": described.architecture},
+        )  # fmt: skip
+        self.result = find_model(self.name)
+
+    def _on_end(self, job: BackgroundJob) -> None:
+        n = self.progress.num_layers
+        if job.cancelled:
+            self._report(QuantizeProgress("cancelled", self.progress.layer, n))
+        elif job.error is not None:
+            self._report(QuantizeProgress("failed", self.progress.layer, n, message=job.error))
+        else:
+            self._report(QuantizeProgress("done", n, n, self.progress.elapsed_s, 0.0))
+
+
+def remove_orphaned_staging() -> list[Path]:
+    """Staging directories of jobs whose kvdeck process died (killed, crashed): removed."""
+    removed = []
+    staging = paths.staging_dir()
+    for job_dir in staging.iterdir() if staging.is_dir() else ():
+        try:
+            owner = int((job_dir / _OWNER_FILE).read_text())
+        except (OSError, ValueError):
+            owner = None
+            if time.time() - job_dir.stat().st_mtime < 60:
+                continue  # just created; its owner file is about to be written
+        if owner is None or not pid_alive(owner):
+            shutil.rmtree(job_dir, ignore_errors=True)
+            removed.append(job_dir)
+    return removed
+
+
+def default_name(source: LocalModel) -> str:
+    return source.name.replace("/", "--") + "-awq"
+
+
+def start_quantize(
+    source: LocalModel | str,
+    name: str | None = None,
+    options: QuantizeOptions | None = None,
+    on_progress: Callable[[QuantizeProgress], None] | None = None,
+) -> QuantizeJob:
+    """Start quantising `source` (a listed model, or its name) into the store as `name`."""
+    options = options or QuantizeOptions()
+    options.validate()
+    model = source if isinstance(source, LocalModel) else find_model(source)
+    if model is None:
+        raise ValueError(f"no local model named {source!r} (see `kvdeck models`)")
+    if model.quantization is not None:
+        raise ValueError(f"{model.name} is already quantised ({model.quantization})")
+    if not model.supported:
+        raise ValueError(f"{model.name}: architecture {model.architecture} is not supported")
+    name = name or default_name(model)
+    if not _NAME.match(name):
+        raise ValueError(f"name must be letters, digits, '.', '_' or '-', got {name!r}")
+    if (paths.store_dir() / name).exists():
+        raise ValueError(f"a model named {name!r} already exists in {paths.store_dir()}")
+    remove_orphaned_staging()
+    staging = paths.staging_dir() / f"{name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    (staging / _OWNER_FILE).write_text(str(os.getpid()))
+    job = QuantizeJob(source=model, name=name, staging=staging, on_progress=on_progress)
+    spec = {"source": str(model.path), "out_dir": str(staging / name),
+            **{f: getattr(options, f) for f in QuantizeOptions.__slots__}}  # fmt: skip
+    job.background = start_background(WORKER, spec, staging, job._on_message, job._on_success,
+                                      job._on_end)  # fmt: skip
+    return job

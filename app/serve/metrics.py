@@ -1,0 +1,168 @@
+"""Prometheus exposition with vLLM's metric names, so dashboards made for vLLM work.
+
+Two sources feed one private registry:
+- per-request events, observed on the client as outputs stream by (token counters,
+  request_success, latency histograms from the engine's own timestamps);
+- the engine's latest stats snapshot, read at scrape time (gauges, and the core's
+  cumulative counters: prefix cache queries/hits, preemptions).
+"""
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from kvdeck.engine.types.outputs import RequestOutput
+from kvdeck.engine.types.stats import EngineStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets (CPU runs land in the low end, GPU runs in the middle).
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+               0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0,
+                           15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0,
+                           1920.0, 7680.0)
+TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000,
+                       50000, 100000)
+
+StatsSource = Callable[[], EngineStats | None]
+
+
+class EngineMetrics:
+    def __init__(self, model_name: str, stats_source: StatsSource) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry(auto_describe=True)
+        reg, name = self.registry, ["model_name"]
+        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed.", name,
+                                     registry=reg)
+        self.generation_tokens = Counter("vllm:generation_tokens", "Generation tokens produced.",
+                                         name, registry=reg)
+        self.request_success = Counter("vllm:request_success", "Finished requests by reason.",
+                                       name + ["finished_reason"], registry=reg)
+        self.ttft = Histogram("vllm:time_to_first_token_seconds",
+                              "Time from arrival to the first generated token.", name,
+                              buckets=TTFT_BUCKETS, registry=reg)
+        self.itl = Histogram("vllm:inter_token_latency_seconds",
+                             "Time between consecutive generated tokens.", name,
+                             buckets=ITL_BUCKETS, registry=reg)
+        self.e2e = Histogram("vllm:e2e_request_latency_seconds",
+                             "Time from arrival to the end of the request.", name,
+                             buckets=REQUEST_LATENCY_BUCKETS, registry=reg)
+        self.queue_time = Histogram("vllm:request_queue_time_seconds",
+                                    "Time a request waited before it was first scheduled.", name,
+                                    buckets=REQUEST_LATENCY_BUCKETS, registry=reg)
+        self.prefill_time = Histogram("vllm:request_prefill_time_seconds",
+                                      "Time from first schedule to the first token.", name,
+                                      buckets=REQUEST_LATENCY_BUCKETS, registry=reg)
+        self.decode_time = Histogram("vllm:request_decode_time_seconds",
+                                     "Time from the first token to the last.", name,
+                                     buckets=REQUEST_LATENCY_BUCKETS, registry=reg)
+        self.prompt_len = Histogram("vllm:request_prompt_tokens", "Prompt length per request.",
+                                    name, buckets=TOKEN_COUNT_BUCKETS, registry=reg)
+        self.generation_len = Histogram("vllm:request_generation_tokens",
+                                        "Generated tokens per request.", name,
+                                        buckets=TOKEN_COUNT_BUCKETS, registry=reg)
+        # Series exist (at 0) from the start, so rate() works from the first scrape.
+        for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
+                       self.queue_time, self.prefill_time, self.decode_time, self.prompt_len,
+                       self.generation_len):
+            metric.labels(model_name)
+        for reason in ("stop", "length", "abort"):
+            self.request_success.labels(model_name, reason)
+        reg.register(_EngineStatsCollector(model_name, stats_source))
+        # request id -> (tokens seen, time of the newest token), while the request runs
+        self._progress: dict[str, tuple[int, float | None]] = {}
+
+    def observe_output(self, output: RequestOutput) -> None:
+        """Feed one streamed RequestOutput (EngineClient.add_output_listener)."""
+        label = self.model_name
+        metrics = output.metrics
+        seen, last_time = self._progress.get(output.request_id, (0, None))
+        new_tokens = len(output.delta_token_ids)
+        if new_tokens:
+            if seen == 0:
+                self.prompt_tokens.labels(label).inc(len(output.prompt_token_ids))
+                if metrics.time_to_first_token is not None:
+                    self.ttft.labels(label).observe(metrics.time_to_first_token)
+                gaps = new_tokens - 1
+            else:
+                gaps = new_tokens
+            now = metrics.last_token_time
+            if gaps and now is not None and last_time is not None:
+                for _ in range(gaps):  # one engine step per token: spread evenly if batched
+                    self.itl.labels(label).observe(max(0.0, now - last_time) / gaps)
+            self.generation_tokens.labels(label).inc(new_tokens)
+            seen, last_time = seen + new_tokens, now
+        if not output.finished:
+            self._progress[output.request_id] = (seen, last_time)
+            return
+        self._progress.pop(output.request_id, None)
+        reason = output.outputs[0].finish_reason or "abort"
+        self.request_success.labels(label, reason).inc()
+        if metrics.finished_time is not None:
+            self.e2e.labels(label).observe(max(0.0, metrics.finished_time - metrics.arrival_time))
+        if metrics.queue_time is not None:
+            self.queue_time.labels(label).observe(max(0.0, metrics.queue_time))
+        first_token, scheduled = metrics.first_token_time, metrics.first_scheduled_time
+        if first_token is not None and scheduled is not None:
+            self.prefill_time.labels(label).observe(max(0.0, first_token - scheduled))
+            if metrics.last_token_time is not None:
+                self.decode_time.labels(label).observe(
+                    max(0.0, metrics.last_token_time - first_token))
+        if seen:
+            self.prompt_len.labels(label).observe(len(output.prompt_token_ids))
+            self.generation_len.labels(label).observe(seen)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineStatsCollector(Collector):
+    """Gauges and the core's own counters, from the newest stats snapshot at scrape time."""
+
+    def __init__(self, model_name: str, stats_source: StatsSource) -> None:
+        self.model_name = model_name
+        self.stats_source = stats_source
+
+    def describe(self) -> Iterator:
+        return iter(())  # families vary with the snapshot; nothing to pre-register
+
+    def collect(self) -> Iterator:
+        stats = self.stats_source()
+        labels = ["model_name"]
+        values = [self.model_name]
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        running = stats.num_running if stats else 0
+        waiting = stats.num_waiting if stats else 0
+        yield gauge("vllm:num_requests_running", "Requests in the running batch.", running)
+        yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).",
+                    stats.kv_cache_usage if stats else 0.0)
+        if stats is None:
+            return
+        yield gauge("kvdeck:num_kv_blocks", "KV cache blocks in the pool.", stats.num_blocks)
+        yield gauge("kvdeck:num_kv_blocks_free", "Free KV blocks (incl. cached ones).",
+                    stats.num_free_blocks)
+        yield gauge("kvdeck:num_kv_blocks_cached", "Free blocks still holding a reusable prefix.",
+                    stats.num_cached_blocks)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits)
+        yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
+                      stats.num_preemptions)
+        yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)

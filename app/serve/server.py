@@ -1,0 +1,255 @@
+"""`kvdeck --serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the EngineClient.
+
+The server listens at once and starts the engine in the background: /health answers
+503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
+engine is started again after `engine_restart_delay` seconds (doubling while restarts
+keep failing, up to a minute), so the server keeps serving. Routes:
+/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize (these need
+the API key when one is set), /health and /metrics (open, for probes and Prometheus).
+"""
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
+from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
+from kvdeck.app.serve.openai_routes import (
+    ServeState,
+    check_engine,
+    check_model,
+    create_chat_completion,
+    create_completion,
+)
+from kvdeck.app.serve.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+)
+from kvdeck.engine.api.async_client import EngineClient, EngineStartError
+
+logger = logging.getLogger("kvdeck.serve")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+
+
+MAX_RESTART_DELAY = 60.0
+
+
+def create_app(client: EngineClient, *, served_model_name: str | None = None,
+               api_key: str | None = None, max_queue_len: int = 256,
+               on_start_failed: Callable[[str], None] | None = None,
+               engine_restart_delay: float | None = 1.0,
+               allowed_origins: list[str] | None = None) -> FastAPI:
+    """The app; its lifespan starts the engine (in the background) and shuts it down.
+
+    `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
+    `allowed_origins`: browser origins allowed by CORS (None: no CORS headers).
+    """
+    model_name = served_model_name or client.model_name
+    metrics = EngineMetrics(model_name, lambda: client.last_stats)
+    client.add_output_listener(metrics.observe_output)
+    state = ServeState(client, metrics, model_name, max_queue_len)
+    created = int(time.time())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        tasks = []
+        if client.health().status not in ("ready", "starting"):
+            tasks.append(asyncio.create_task(_start_engine(client, model_name, on_start_failed,
+                                                           engine_restart_delay)))
+        yield
+        for task in tasks:
+            task.cancel()
+        await client.shutdown()
+
+    app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.serve = state
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
+    if allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+
+        # Added last, so it runs first: preflight requests never reach the key check.
+        app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
+                           allow_headers=["*"])
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        h = client.health()
+        body = {"status": h.status, "detail": h.detail, "model": model_name}
+        return JSONResponse(body, status_code=200 if h.status == "ready" else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def list_models() -> JSONResponse:
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "kvdeck",
+                "root": str(client.model_dir or client.model_name),
+                "max_model_len": client.max_model_len or None}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, raw: Request):
+        return await create_completion(state, body, raw)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, raw: Request):
+        return await create_chat_completion(state, body, raw)
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> JSONResponse:
+        check_model(state, body.model)
+        check_engine(state)
+        if (body.prompt is None) == (body.messages is None):
+            raise OpenAIError(400, "give exactly one of prompt or messages", param="prompt")
+        try:
+            if body.messages is not None:
+                _, ids = client.encode(messages=[{"role": m.role, "content": m.text()}
+                                                 for m in body.messages])
+            elif body.add_special_tokens:
+                _, ids = client.encode(body.prompt)
+            else:
+                ids = client.tokenizer.encode(body.prompt, add_special_tokens=False)
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="messages" if body.messages else "prompt") \
+                from None
+        return JSONResponse({"tokens": ids, "count": len(ids),
+                             "max_model_len": client.max_model_len})
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> JSONResponse:
+        check_model(state, body.model)
+        check_engine(state)
+        bad = [t for t in body.tokens if not 0 <= t < client.vocab_size]
+        if bad:
+            raise OpenAIError(400, f"tokens must be in [0, {client.vocab_size}), got {bad[0]}",
+                              param="tokens")
+        return JSONResponse({"prompt": client.tokenizer.decode(body.tokens)})
+
+    return app
+
+
+class ApiKeyMiddleware:
+    """Bearer-token check in front of the API routes (before the body is even parsed)."""
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = api_key.encode()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
+            headers = dict(scope.get("headers") or [])
+            scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                     self.expected):
+                error = OpenAIError(401, "invalid or missing API key (send 'Authorization: "
+                                         "Bearer KEY')", code="invalid_api_key")
+                response = error_response(error, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _log_progress(p) -> None:
+    logger.info("engine %s: %s", p.stage, p.message)
+
+
+async def _start_engine(client: EngineClient, model_name: str,
+                        on_failed: Callable[[str], None] | None, restart_delay: float | None) -> None:
+    try:
+        await client.start(on_progress=_log_progress)
+    except EngineStartError as exc:
+        logger.error("the engine failed to start: %s", exc)
+        if on_failed is not None:
+            on_failed(str(exc))
+        return
+    logger.info("serving %s (max_model_len %d)", model_name, client.max_model_len)
+    if restart_delay is not None:
+        await _restart_when_dead(client, restart_delay)
+
+
+async def _restart_when_dead(client: EngineClient, delay: float) -> None:
+    """Watch the engine; when it dies, start a new one (requests in flight have already
+    ended with an error; new ones get 503 until it is ready)."""
+    wait = delay
+    while True:
+        await asyncio.sleep(0.2)
+        health = client.health()
+        if health.status != "dead":
+            continue
+        logger.error("the engine is down (%s); restarting it in %.1f s", health.detail, wait)
+        await asyncio.sleep(wait)
+        try:
+            await client.restart()
+        except EngineStartError as exc:
+            logger.error("restarting the engine failed: %s", exc)
+            wait = min(max(wait, 0.5) * 2, MAX_RESTART_DELAY)
+            continue
+        logger.info("the engine is back (max_model_len %d)", client.max_model_len)
+        wait = delay
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a hostname: it could resolve to anything
+
+
+def run_server(args, engine_kwargs: dict) -> int:
+    """Entry point of `kvdeck --serve`; returns the process exit code."""
+    import uvicorn
+
+    api_key = args.api_key or os.environ.get("KVDECK_API_KEY") or None
+    if not is_loopback(args.host):
+        if not api_key and not args.allow_insecure_bind:
+            print(f"kvdeck: error: refusing to bind {args.host} (not loopback) without --api-key;"
+                  " anyone on the network could use the model. Set --api-key, or pass "
+                  "--allow-insecure-bind if you really mean it.", file=sys.stderr)
+            return 2
+        if not api_key:
+            print(f"kvdeck: WARNING: serving on {args.host} without an API key: anyone who can "
+                  "reach this port can use the model.", file=sys.stderr)
+    if args.engine_restart_delay < 0:
+        raise ValueError(f"--engine-restart-delay must be >= 0, got {args.engine_restart_delay}")
+    if args.max_queue_len < 1:
+        raise ValueError(f"--max-queue-len must be >= 1, got {args.max_queue_len}")
+    if not 0 < args.port < 65536:
+        raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    client = EngineClient(args.model, **engine_kwargs)
+    failures: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def start_failed(message: str) -> None:
+        failures.append(message)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(client, served_model_name=args.served_model_name, api_key=api_key,
+                     max_queue_len=args.max_queue_len, on_start_failed=start_failed,
+                     engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
+                     allowed_origins=args.allowed_origins)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
+                            timeout_graceful_shutdown=5, access_log=False)
+    server = uvicorn.Server(config)
+    server.run()
+    if failures:
+        print(f"kvdeck: error: the engine failed to start: {failures[0]}", file=sys.stderr)
+        return 1
+    return 0 if server.started else 1

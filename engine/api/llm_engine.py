@@ -1,0 +1,93 @@
+"""LLMEngine: the synchronous step API, the front-end over an in-process EngineCore.
+
+`add_request` / `step` / `abort_request` as vLLM's LLMEngine; the offline `LLM` drives it.
+The async `EngineClient` runs the same front-end over a core in its own process.
+"""
+
+import itertools
+
+from kvdeck.engine.client.inproc import InprocCoreClient
+from kvdeck.engine.frontend.frontend import Frontend, Prompt
+from kvdeck.engine.frontend.tokenizer import load_tokenizer
+from kvdeck.engine.runner.model_runner import ProgressCallback
+from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.outputs import RequestOutput
+from kvdeck.engine.types.request_limits import RequestLimits
+from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.stats import EngineStats, KVOccupancy, StepTimings
+from kvdeck.engine.types.wire import EngineInfo
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, progress: ProgressCallback | None = None) -> None:
+        self.config = config
+        self.client = InprocCoreClient(config, progress)
+        info = self.client.info
+        try:
+            self.tokenizer = load_tokenizer(info.model_dir, config.tokenizer,
+                                            required=config.load_format != "dummy")
+        except BaseException:
+            self.client.shutdown()
+            raise
+        self.frontend = Frontend(self.tokenizer, self.client,
+                                 RequestLimits(info.max_model_len, info.vocab_size))
+        self._ids = itertools.count()
+
+    @property
+    def core(self):
+        """The EngineCore itself (tests and debugging look inside it)."""
+        return self.client.core
+
+    @property
+    def info(self) -> EngineInfo:
+        return self.client.info
+
+    @property
+    def max_model_len(self) -> int:
+        return self.client.info.max_model_len
+
+    def next_request_id(self) -> str:
+        return str(next(self._ids))
+
+    def add_request(self, request_id: str | None, prompt: Prompt,
+                    params: SamplingParams | None = None, arrival_time: float | None = None) -> str:
+        request_id = request_id if request_id is not None else self.next_request_id()
+        self.frontend.add_request(request_id, prompt, params or SamplingParams(),
+                                  arrival_time=arrival_time)
+        return request_id
+
+    def add_chat_request(self, request_id: str | None, messages: list[dict],
+                         params: SamplingParams | None = None) -> str:
+        request_id = request_id if request_id is not None else self.next_request_id()
+        self.frontend.add_request(request_id, None, params or SamplingParams(), messages=messages)
+        return request_id
+
+    def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        return self.frontend.abort(ids)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.client.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        return self.frontend.process_outputs(self.client.step())
+
+    def stats(self) -> EngineStats:
+        return self.client.stats()
+
+    # ---- for benchmarks -------------------------------------------------------------
+    def occupancy(self) -> KVOccupancy:
+        return self.client.occupancy()
+
+    def step_timings(self) -> StepTimings:
+        return self.client.step_timings()
+
+    def reset_timings(self) -> None:
+        self.client.reset_timings()
+
+    def reset_prefix_cache(self) -> None:
+        self.client.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Free the model and the KV pool now; unfinished requests are aborted."""
+        self.client.shutdown()

@@ -1,0 +1,288 @@
+"""EngineCore: scheduler + block manager + model runner, in token ids only.
+
+Driven in-process by the offline `LLM` (`kvdeck.engine.client.inproc`), or by the loop in
+its own process (`kvdeck.engine.core.loop`) behind the subprocess client. It never changes
+the config it is given: what it resolves (the quantisation a checkpoint implies) lives in
+its own copy.
+"""
+
+import dataclasses
+import json
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+from kvdeck.engine.core.block_manager import BlockManager
+from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
+from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
+from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.model_config import ModelConfig, read_model_config
+from kvdeck.engine.types.model_path import resolve_model_path
+from kvdeck.engine.types.request_limits import RequestLimits
+from kvdeck.engine.types.stats import EngineStats, KVOccupancy, RequestStats, StepSummary, StepTimings
+from kvdeck.engine.types.wire import EngineCoreOutput, EngineCoreRequest, EngineInfo
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, progress: ProgressCallback | None = None) -> None:
+        progress = progress or (lambda stage, message: None)
+        self.model_dir = resolve_model_path(config.model)
+        self.model_config = read_model_config(self.model_dir)
+        self.config = _with_checkpoint_quantization(config, self.model_config)
+        self.runner = ModelRunner(self.config, self.model_config, self.model_dir, progress)
+        plan = self.runner.plan_kv_cache(progress)
+        self.max_model_len = _resolve_max_model_len(self.config, self.model_config, plan)
+        self.runner.allocate_kv_cache(plan.num_blocks)
+        if self.runner.cuda_graphs_supported and not self.config.enforce_eager:
+            self.runner.capture_decode_graphs(self.max_model_len, progress)
+        self.kv_plan = plan
+        self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
+                                          self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
+                                   self.runner.token_budget, self.max_model_len)
+        eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
+        self.default_eos_token_ids = eos
+        self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
+        self.requests: dict[str, Request] = {}
+        self.finish_counts: Counter[str] = Counter()
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_steps = 0
+        self.last_step = StepSummary()
+        self.blocks_written_last_step: list[int] = []
+        self.timings = StepTimings()
+        logger.info("KV cache: %d blocks of %d tokens (%s)", plan.num_blocks, plan.block_size,
+                    plan.sized_by)
+        progress("ready", f"{plan.num_blocks} KV blocks of {plan.block_size} tokens")
+
+    @property
+    def info(self) -> EngineInfo:
+        runner = self.runner
+        return EngineInfo(
+            model_dir=str(self.model_dir),
+            max_model_len=self.max_model_len,
+            vocab_size=self.model_config.vocab_size,
+            num_blocks=self.kv_plan.num_blocks,
+            block_size=self.kv_plan.block_size,
+            device=str(runner.device),
+            dtype=str(runner.dtype).removeprefix("torch."),
+            kv_bytes_per_token=self.kv_plan.bytes_per_token,
+            weight_bytes_per_token=runner.weight_bytes_per_token(),
+            cuda_graphs=runner.decode_graphs is not None,
+        )
+
+    # ---- the step API ------------------------------------------------------------
+    def add_request(self, request: EngineCoreRequest) -> None:
+        """Check and queue; ValueError (and nothing changes) for a request the engine cannot
+        run. The front-end makes the same checks first; these keep the core safe from any
+        client."""
+        if request.request_id in self.requests:
+            raise ValueError(f"request_id {request.request_id!r} is already in use")
+        self.limits.check(request.prompt_token_ids, request.params)
+        core_request = Request(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            params=request.params,
+            eos_token_ids=self.default_eos_token_ids | set(request.eos_token_ids),
+            arrival_time=request.arrival_time,
+        )
+        self.requests[request.request_id] = core_request
+        self.scheduler.add_request(core_request)
+
+    def abort_requests(self, request_ids: list[str],
+                       status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
+        for request in self.scheduler.finish_requests(set(request_ids), status):
+            self._forget(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return []
+        scheduled = time.perf_counter()
+        result = self.runner.execute(batch)
+        executed = time.perf_counter()
+        sampled = [s.token_id if s is not None else None for s in result.samples]
+        self.blocks_written_last_step = _blocks_written(batch, self.kv_plan.block_size)
+        finished = self.scheduler.update_from_output(batch, sampled)
+        self.num_steps += 1
+        self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
+                                     len(batch.requests), result.total_s)
+        outputs = []
+        for request, sample in zip(batch.requests, result.samples):
+            if sample is None:
+                continue
+            self.generation_tokens_total += 1
+            outputs.append(EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[sample.token_id],
+                finish_reason=request.status.value if request.status.finished else None,
+                stop_reason=request.stop_reason,
+                new_logprobs=[sample.logprobs] if sample.logprobs is not None else None,
+                metrics=request.metrics,
+                num_cached_tokens=request.num_cached_tokens,
+            ))
+        for request in finished:
+            self._forget(request)
+        self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
+                         model=executed - scheduled - result.prepare_s,
+                         update=time.perf_counter() - executed)
+        return outputs
+
+    def _forget(self, request: Request) -> None:
+        self.requests.pop(request.request_id, None)
+        self.runner.sampler.forget(request.request_id)
+        self.finish_counts[request.status.value] += 1
+        self.prompt_tokens_total += request.num_prompt_tokens
+
+    # ---- for benchmarks and tests ---------------------------------------------------
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (nothing from an earlier run is reused)."""
+        self.block_manager.reset_prefix_cache()
+
+    def reset_timings(self) -> None:
+        self.timings = StepTimings()
+
+    def shutdown(self) -> None:
+        """Release the model and the KV pool now (idempotent)."""
+        self.runner.shutdown()
+
+    # ---- observability -----------------------------------------------------------
+    def occupancy(self) -> KVOccupancy:
+        """The running batch's hold on the pool; cheap enough to read every step."""
+        running = self.scheduler.running
+        return KVOccupancy(
+            usage=self.block_manager.usage,
+            num_running=len(running),
+            allocated_tokens=sum(len(r.block_table) for r in running) * self.kv_plan.block_size,
+            computed_tokens=sum(r.num_computed_tokens for r in running),
+        )
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        sched = self.scheduler
+        requests = [_request_stats(r) for r in sched.running]
+        requests += [_request_stats(r) for r in sched.waiting]
+        last = self.last_step
+        return EngineStats(
+            timestamp=time.time(),
+            num_running=len(sched.running),
+            num_waiting=len(sched.waiting),
+            num_preempted=sum(1 for r in sched.waiting if r.status is RequestStatus.PREEMPTED),
+            kv_cache_usage=bm.usage,
+            num_blocks=bm.num_blocks,
+            block_size=bm.block_size,
+            num_free_blocks=bm.num_free_blocks,
+            num_cached_blocks=bm.num_cached_free_blocks,
+            block_ref_counts=[b.ref_count for b in bm.blocks],
+            block_is_cached=[b.hash is not None for b in bm.blocks],
+            blocks_written_last_step=list(self.blocks_written_last_step),
+            requests=requests,
+            prefix_cache_queries=bm.prefix_cache_queries,
+            prefix_cache_hits=bm.prefix_cache_hits,
+            num_preemptions=sched.num_preemptions,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            num_requests_finished=sum(self.finish_counts.values()),
+            num_steps=self.num_steps,
+            last_step_prefill_tokens=last.prefill_tokens,
+            last_step_decode_tokens=last.decode_tokens,
+            last_step_num_seqs=last.num_seqs,
+            last_step_duration_s=last.duration_s,
+            finished_reasons=dict(self.finish_counts),
+        )
+
+
+def _with_checkpoint_quantization(config: EngineConfig, model_config: ModelConfig) -> EngineConfig:
+    """The config with the quantisation the checkpoint implies (a copy; ValueError when the
+    asked-for method and the checkpoint disagree)."""
+    method = (model_config.quantization_config or {}).get("quant_method")
+    if method == "awq":
+        if config.quantization not in (None, "awq"):
+            raise ValueError(
+                f"the checkpoint is AWQ-quantised; quantization={config.quantization!r} "
+                "cannot be applied on top"
+            )
+        return dataclasses.replace(config, quantization="awq")
+    if method is not None:
+        raise ValueError(f"checkpoint quantisation {method!r} is not supported (supported: awq)")
+    if config.quantization == "awq" and config.load_format != "dummy":
+        raise ValueError(
+            "quantization='awq' needs an AWQ checkpoint; quantise this model first with "
+            "`kvdeck quantize MODEL --method awq`"
+        )
+    return config
+
+
+def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan: KVCachePlan) -> int:
+    capacity = plan.num_tokens
+    limit = model_config.max_position_embeddings
+    window = model_config.sliding_window
+    asked = config.max_model_len
+    if asked is not None:
+        if asked > limit:
+            raise ValueError(
+                f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}"
+            )
+        if window is not None and asked > window:
+            raise ValueError(
+                f"max_model_len {asked} exceeds the model's sliding window of {window} tokens; "
+                "kvdeck attends to the whole context, which matches the model only within "
+                "its window"
+            )
+        if asked > capacity:
+            raise ValueError(
+                f"max_model_len {asked} does not fit in the KV cache ({plan.num_blocks} blocks of "
+                f"{plan.block_size} = {capacity} tokens); raise the KV memory or lower it"
+            )
+        return asked
+    if window is not None and window < min(limit, capacity):
+        logger.info("max_model_len capped at the model's sliding window (%d tokens)", window)
+        return window
+    return min(limit, capacity)
+
+
+def _request_stats(request: Request) -> RequestStats:
+    if request.status is RequestStatus.RUNNING:
+        state = "prefilling" if request.is_prefilling else "decoding"
+    else:
+        state = request.status.value
+    return RequestStats(
+        request_id=request.request_id,
+        state=state,
+        num_prompt_tokens=request.num_prompt_tokens,
+        num_computed_tokens=request.num_computed_tokens,
+        num_output_tokens=request.num_output_tokens,
+        block_table=list(request.block_table),
+        num_cached_tokens=request.num_cached_tokens,
+    )
+
+
+def _blocks_written(batch: ScheduledBatch, block_size: int) -> list[int]:
+    """Physical blocks that receive this step's new K/V (read before counters advance)."""
+    written: set[int] = set()
+    for request, num_new in zip(batch.requests, batch.num_new_tokens):
+        first = request.num_computed_tokens // block_size
+        last = (request.num_computed_tokens + num_new - 1) // block_size
+        written.update(request.block_table[first : last + 1])
+    return sorted(written)
+
+
+def _generation_eos(model_dir: Path) -> set[int]:
+    path = model_dir / "generation_config.json"
+    if not path.is_file():
+        return set()
+    try:
+        eos = json.loads(path.read_text()).get("eos_token_id")
+    except json.JSONDecodeError:
+        return set()
+    if isinstance(eos, int):
+        return {eos}
+    return set(eos or [])

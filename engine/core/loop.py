@@ -1,0 +1,137 @@
+"""The engine loop in its own process: owns the model and the KV cache.
+
+Started by the subprocess client (`kvdeck.engine.client.process`, which names
+`run_engine_core` by string, so the parent never imports torch). It steps while any
+request is unfinished and blocks on its input pipe when idle, so an idle engine costs
+nothing. Each step sends the per-request deltas; a stats snapshot rides along at most
+STATS_HZ times a second, plus one whenever the engine goes idle (so gauges such as KV
+usage settle at their idle values) and a slow heartbeat while idle.
+
+The pipes are the liveness signal both ways: if the client process dies, the input pipe
+reports EOF and this process exits; if this process dies, the client sees EOF on the
+output pipe.
+"""
+
+import logging
+import signal
+import sys
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+from kvdeck.engine.core.engine_core import EngineCore
+from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.wire import (
+    AbortRequests,
+    AddRequest,
+    EngineCrashed,
+    EngineReady,
+    RequestRejected,
+    Shutdown,
+    StartupFailed,
+    StartupProgress,
+    StepOutputs,
+)
+
+STATS_HZ = 15.0
+IDLE_HEARTBEAT_S = 1.0
+
+logger = logging.getLogger(__name__)
+
+
+def run_engine_core(config: EngineConfig, input_conn: Connection, output_conn: Connection) -> None:
+    """Process entry point (spawned by name: `ENGINE_CORE_TARGET` in the client)."""
+    # Ctrl-C reaches the whole process group; the client decides when the engine stops.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        core = _build_core(config, output_conn)
+    except (EOFError, BrokenPipeError):
+        sys.exit(0)  # the client went away while we loaded
+    if core is None:
+        sys.exit(1)
+    try:
+        EngineCoreLoop(core, input_conn, output_conn).run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        pass  # the client is gone: nobody to serve
+    except BaseException as exc:
+        try:
+            output_conn.send(EngineCrashed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        except OSError:
+            pass
+        sys.exit(1)
+
+
+def _build_core(config: EngineConfig, output_conn: Connection) -> EngineCore | None:
+    ready_message = ""
+
+    def progress(stage: str, message: str) -> None:
+        nonlocal ready_message
+        if stage == "ready":
+            ready_message = message  # reported with EngineReady, once the client can use it
+            return
+        output_conn.send(StartupProgress(stage, message))
+
+    try:
+        core = EngineCore(config, progress)
+    except Exception as exc:
+        output_conn.send(StartupFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+        return None
+    output_conn.send(EngineReady(core.info, ready_message, core.stats()))
+    return core
+
+
+class EngineCoreLoop:
+    def __init__(self, core: EngineCore, input_conn: Connection, output_conn: Connection) -> None:
+        self.core = core
+        self.input_conn = input_conn
+        self.output_conn = output_conn
+        self.stats_interval = 1.0 / STATS_HZ
+        self.last_stats_time = 0.0
+        self.stats_dirty = False  # something changed since the last snapshot sent
+
+    def run(self) -> None:
+        while True:
+            if not self.core.has_unfinished_requests():
+                if self.stats_dirty:
+                    self._send_stats()
+                # Idle: sleep in the kernel until the client sends something.
+                if not self.input_conn.poll(IDLE_HEARTBEAT_S):
+                    self._send_stats()
+                    continue
+            while self.input_conn.poll():
+                if not self._handle(self.input_conn.recv()):
+                    return
+            if not self.core.has_unfinished_requests():
+                continue
+            outputs = self.core.step()
+            self.stats_dirty = True
+            now = time.monotonic()
+            stats = None
+            if now - self.last_stats_time >= self.stats_interval:
+                stats = self.core.stats()
+                self.last_stats_time = now
+                self.stats_dirty = False
+            if outputs or stats is not None:
+                self.output_conn.send(StepOutputs(outputs, stats))
+
+    def _handle(self, message: object) -> bool:
+        """Apply one client message; False means stop the loop."""
+        match message:
+            case AddRequest(request):
+                try:
+                    self.core.add_request(request)
+                except ValueError as exc:
+                    self.output_conn.send(RequestRejected(request.request_id, str(exc)))
+            case AbortRequests(request_ids, status):
+                self.core.abort_requests(request_ids, status)
+            case Shutdown():
+                return False
+            case _:
+                raise TypeError(f"unexpected message for the engine core: {type(message).__name__}")
+        self.stats_dirty = True
+        return True
+
+    def _send_stats(self) -> None:
+        self.output_conn.send(StepOutputs([], self.core.stats()))
+        self.last_stats_time = time.monotonic()
+        self.stats_dirty = False

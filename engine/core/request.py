@@ -1,0 +1,60 @@
+"""One request's state inside EngineCore (token ids only).
+
+It is what the runner reads of a scheduled sequence (`kvdeck.engine.runner.batch`).
+"""
+
+import time
+from dataclasses import dataclass, field
+
+from kvdeck.engine.types.outputs import RequestMetrics
+from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.wire import RequestStatus
+
+
+@dataclass(slots=True, eq=False)  # identity: two requests are never the same
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    eos_token_ids: set[int]
+    arrival_time: float = field(default_factory=time.time)
+    status: RequestStatus = RequestStatus.WAITING
+    output_token_ids: list[int] = field(default_factory=list)
+    # Tokens whose K/V are in the cache. After preemption it drops to 0 and the prompt
+    # plus the output so far are recomputed (with prefix-cache help).
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
+    block_table: list[int] = field(default_factory=list)
+    # Hash of each full block in block_table (prefix caching); len <= len(block_table).
+    block_hashes: list[int] = field(default_factory=list)
+    num_preemptions: int = 0
+    stop_reason: int | str | None = None
+    metrics: RequestMetrics = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_id_at(self, position: int) -> int:
+        n = len(self.prompt_token_ids)
+        return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+
+    @property
+    def is_prefilling(self) -> bool:
+        """True until every token but the newest sampled one has its K/V computed."""
+        return self.num_tokens - self.num_computed_tokens > 1 or not self.output_token_ids

@@ -1,0 +1,182 @@
+"""Iteration-level scheduling: which requests run this step, and how many tokens each.
+
+Each step fills a token budget: running decodes first (one token each), then chunks
+of prefills already under way, then new requests from the queue, whose cached prefix
+is reused. When the pool runs dry the newest running request is preempted: its blocks
+are freed and it goes back to the front of the queue to be recomputed later.
+"""
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from kvdeck.engine.core.block_manager import BlockManager
+from kvdeck.engine.core.request import Request, RequestStatus
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+    preempted: list[Request] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        return not self.requests
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        if request.is_prefilling:
+            self.num_prefill_tokens += num_tokens
+        else:
+            self.num_decode_tokens += num_tokens
+        self.requests.append(request)
+        self.num_new_tokens.append(num_tokens)
+
+    def remove(self, request: Request) -> int:
+        i = self.requests.index(request)
+        n = self.num_new_tokens.pop(i)
+        self.requests.pop(i)
+        if request.is_prefilling:
+            self.num_prefill_tokens -= n
+        else:
+            self.num_decode_tokens -= n
+        return n
+
+
+class Scheduler:
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        max_model_len: int,
+    ) -> None:
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_model_len = max_model_len
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    def add_request(self, request: Request) -> None:
+        self.waiting.append(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ---- one step ------------------------------------------------------------------
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        decodes = [r for r in self.running if not r.is_prefilling]
+        prefills = [r for r in self.running if r.is_prefilling]
+        for request in decodes + prefills:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+            while not self.block_manager.allocate_slots(request, num_tokens):
+                victim = self.running[-1]
+                if victim in batch.requests:
+                    budget += batch.remove(victim)
+                self._preempt(victim, batch)
+                if victim is request:
+                    break
+            else:
+                batch.add(request, num_tokens)
+                budget -= num_tokens
+        if not batch.preempted:
+            self._admit_waiting(batch, budget)
+        return batch
+
+    def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
+        now = time.time()
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            cached_ids, cached_hashes = self.block_manager.find_cached_prefix(request)
+            num_cached = len(cached_ids) * self.block_manager.block_size
+            num_tokens = min(request.num_tokens - num_cached, budget)
+            if not self.block_manager.allocate_slots(request, num_tokens, cached_ids, cached_hashes):
+                break
+            self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
+            self.waiting.popleft()
+            request.num_computed_tokens = num_cached
+            if request.metrics.first_scheduled_time is None:
+                request.num_cached_tokens = num_cached
+                request.metrics.first_scheduled_time = now
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            batch.add(request, num_tokens)
+            budget -= num_tokens
+
+    def _preempt(self, request: Request, batch: ScheduledBatch) -> None:
+        self.running.remove(request)
+        self.block_manager.free(request)
+        request.num_computed_tokens = 0
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(request)
+        batch.preempted.append(request)
+
+    # ---- after the model ran -------------------------------------------------------
+    def update_from_output(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Request]:
+        """Advance each request by its scheduled tokens, append sampled tokens, finish.
+
+        `sampled[i]` is the token sampled for batch.requests[i], or None when that
+        request was in the middle of its prefill. Returns the requests that finished.
+        """
+        finished: list[Request] = []
+        now = time.time()
+        for request, num_tokens, token_id in zip(batch.requests, batch.num_new_tokens, sampled):
+            request.num_computed_tokens += num_tokens
+            if token_id is not None:
+                request.output_token_ids.append(token_id)
+                if request.metrics.first_token_time is None:
+                    request.metrics.first_token_time = now
+                request.metrics.last_token_time = now
+                self._check_stop(request, token_id)
+            self.block_manager.cache_full_blocks(request)
+            if request.status.finished:
+                finished.append(request)
+        for request in finished:
+            self._finish(request, now)
+        return finished
+
+    def _check_stop(self, request: Request, token_id: int) -> None:
+        params = request.params
+        num_output = request.num_output_tokens
+        if num_output >= params.min_tokens:
+            if not params.ignore_eos and token_id in request.eos_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                return
+            if token_id in params.stop_token_ids:
+                request.status = RequestStatus.FINISHED_STOPPED
+                request.stop_reason = token_id
+                return
+        if params.max_tokens is not None and num_output >= params.max_tokens:
+            request.status = RequestStatus.FINISHED_LENGTH
+        elif request.num_tokens >= self.max_model_len:
+            request.status = RequestStatus.FINISHED_LENGTH
+
+    def finish_requests(self, request_ids: set[str], status: RequestStatus) -> list[Request]:
+        """Abort (or stop, for stop strings found client-side) requests wherever they are."""
+        found = [r for r in self.running if r.request_id in request_ids]
+        found += [r for r in self.waiting if r.request_id in request_ids]
+        now = time.time()
+        for request in found:
+            request.status = status
+            self._finish(request, now)
+        return found
+
+    def _finish(self, request: Request, now: float) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting.remove(request)
+        self.block_manager.free(request)
+        request.metrics.finished_time = now

@@ -1,7 +1,0 @@
-"""Qwen3: the Llama decoder with per-head RMSNorm on queries and keys, no q/k/v bias."""
-
-from engine.models.llama import LlamaForCausalLM
-
-
-class Qwen3ForCausalLM(LlamaForCausalLM):
-    qk_norm = True

@@ -1,0 +1,187 @@
+"""Decode steps replayed from CUDA graphs, one per batch-size bucket (as vLLM and nano-vllm).
+
+A decode step launches a few hundred small kernels; at small batch sizes the GPU waits on
+the host issuing them. A CUDA graph records the launches once and replays them with one
+call. Graphs read and write fixed addresses, so each step's inputs are copied into static
+buffers, padded up to the nearest captured batch size. Padding rows carry slot -1 (the
+KV write skips them) and a one-token context, and their outputs are dropped.
+
+Only decode-only batches (every row one new token) take this path; prefill and mixed
+steps, and batches above the largest bucket, run eagerly.
+"""
+
+import bisect
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from kvdeck.engine.runner.models.layers import AttentionMetadata
+from kvdeck.engine.types.arith import cdiv
+
+logger = logging.getLogger(__name__)
+
+MAX_CAPTURED_BATCH = 512
+
+
+def decode_bucket_sizes(max_num_seqs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 16 up to max_num_seqs (capped)."""
+    limit = min(max_num_seqs, MAX_CAPTURED_BATCH)
+    sizes = [size for size in (1, 2, 4, 8) if size <= limit]
+    sizes += list(range(16, limit + 1, 16))
+    if sizes[-1] < limit:
+        sizes.append(limit)
+    return sizes
+
+
+@dataclass(slots=True)
+class DecodeBuffers:
+    """The static tensors every captured graph reads from and writes to."""
+
+    input_ids: torch.Tensor  # [max_batch]
+    positions: torch.Tensor  # [max_batch]
+    slot_mapping: torch.Tensor  # [max_batch]
+    block_tables: torch.Tensor  # [max_batch, max_blocks_per_seq]
+    query_start_loc: torch.Tensor  # [max_batch + 1], always 0..max_batch: one token per row
+    seq_lens: torch.Tensor  # [max_batch]
+    hidden: torch.Tensor  # [max_batch, hidden_size]
+
+    @classmethod
+    def allocate(cls, max_batch: int, max_blocks_per_seq: int, hidden_size: int, dtype: torch.dtype,
+                 device: torch.device) -> "DecodeBuffers":
+        def zeros(*shape, dtype=torch.long):
+            return torch.zeros(*shape, dtype=dtype, device=device)
+
+        return cls(
+            input_ids=zeros(max_batch),
+            positions=zeros(max_batch),
+            slot_mapping=torch.full((max_batch,), -1, dtype=torch.long, device=device),
+            block_tables=zeros(max_batch, max_blocks_per_seq, dtype=torch.int32),
+            query_start_loc=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(max_batch, dtype=torch.int32, device=device),
+            hidden=zeros(max_batch, hidden_size, dtype=dtype),
+        )
+
+    def metadata(self, batch_size: int, max_seq_len: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:batch_size],
+            block_tables=self.block_tables[:batch_size],
+            query_start_loc=self.query_start_loc[: batch_size + 1],
+            seq_lens=self.seq_lens[:batch_size],
+            max_query_len=1,
+            # Host-side only (the attention kernel's split count); the kernel reads each
+            # row's true length from seq_lens, so one graph serves every context length.
+            max_seq_len=max_seq_len,
+        )
+
+
+class DecodeGraphs:
+    """Captured decode forwards keyed by padded batch size."""
+
+    def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int, block_size: int,
+                 hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.model = model
+        self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.dtype = dtype
+        self.sizes = decode_bucket_sizes(max_num_seqs)
+        max_blocks_per_seq = cdiv(max_model_len, block_size)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, hidden_size, dtype, device)
+        self.replays: dict[int, Callable[[], None]] = {}
+
+    @property
+    def max_batch_size(self) -> int:
+        return self.sizes[-1]
+
+    def _forward(self, batch_size: int) -> None:
+        buffers = self.buffers
+        meta = buffers.metadata(batch_size, self.max_model_len)
+        buffers.hidden[:batch_size] = self.model(buffers.input_ids[:batch_size],
+                                                 buffers.positions[:batch_size], meta)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Record one graph per bucket, largest first so the smaller ones reuse its memory pool."""
+        pool = None
+        for size in reversed(self.sizes):
+            self._forward(size)  # compiles and autotunes outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self._forward(size)
+            pool = graph.pool()
+            self.replays[size] = graph.replay
+        torch.cuda.synchronize()
+
+    def use_eager_replays(self) -> None:
+        """Run the same static-buffer path without capturing: how the padding and buffer
+        handling is tested on machines without CUDA."""
+        self.replays = {size: (lambda size=size: self._forward(size)) for size in self.sizes}
+
+    def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
+        return (bool(self.replays) and meta.max_query_len == 1 and num_seqs <= self.max_batch_size
+                and meta.block_tables.shape[1] <= self.buffers.block_tables.shape[1])
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden]."""
+        num_seqs = input_ids.shape[0]
+        size = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
+        buffers = self.buffers
+        buffers.input_ids[:num_seqs].copy_(input_ids, non_blocking=True)
+        buffers.positions[:num_seqs].copy_(positions, non_blocking=True)
+        buffers.slot_mapping[:num_seqs].copy_(meta.slot_mapping, non_blocking=True)
+        buffers.seq_lens[:num_seqs].copy_(meta.seq_lens, non_blocking=True)
+        width = meta.block_tables.shape[1]
+        buffers.block_tables[:num_seqs, :width].copy_(meta.block_tables, non_blocking=True)
+        # Padding rows: no KV write, a one-token context read through whatever table row is
+        # left over (always valid block ids), outputs ignored.
+        buffers.slot_mapping[num_seqs:size].fill_(-1)
+        buffers.seq_lens[num_seqs:size].fill_(1)
+        self.replays[size]()
+        return buffers.hidden[:num_seqs]
+
+    @torch.inference_mode()
+    def compare_with_eager(self, num_blocks: int) -> float | None:
+        """Replay decode steps and compare each with the eager forward on the same inputs: a
+        small batch (3 rows, padded to 4), the largest bucket full, and long contexts (where
+        the attention kernel splits each row). The largest difference beyond rounding, or
+        None when every replay matches."""
+        bs = self.block_size
+        longest = min(self.max_model_len, num_blocks * bs)
+        cases = [
+            [1, bs + 2, 2 * bs + 5],
+            [(row * 7) % (2 * bs) + 1 for row in range(self.max_batch_size)],
+            [longest, max(1, longest // 2 + 3)],
+        ]
+        worst: float | None = None
+        for seq_lens in cases:
+            diff = self._compare_case(seq_lens, num_blocks)
+            if diff is not None:
+                worst = diff if worst is None else max(worst, diff)
+        return worst
+
+    def _compare_case(self, seq_lens: list[int], num_blocks: int) -> float | None:
+        bs, device = self.block_size, self.buffers.hidden.device
+        rows, next_block = [], 0
+        for n in seq_lens:  # distinct blocks per row while the pool lasts, as the block manager would
+            needed = cdiv(n, bs)
+            rows.append([(next_block + i) % num_blocks for i in range(needed)])
+            next_block += needed
+        width = max(len(r) for r in rows)
+        tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=device)
+        positions = torch.tensor([n - 1 for n in seq_lens], device=device)
+        slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+        meta = AttentionMetadata(
+            slot_mapping=slots, block_tables=tables,
+            query_start_loc=torch.arange(len(seq_lens) + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            max_query_len=1, max_seq_len=max(seq_lens),
+        )
+        input_ids = torch.arange(len(seq_lens), device=device) % 97 + 1
+        eager = self.model(input_ids, positions, meta).float()
+        replayed = self.run(input_ids, positions, meta).float()
+        diff = (eager - replayed).abs().max().item()
+        # Graphs fix the attention split count, so low-precision sums may round differently.
+        tolerance = 1e-4 if self.dtype == torch.float32 else 5e-2
+        return diff if not diff <= tolerance * max(1.0, eager.abs().max().item()) else None

@@ -1,0 +1,41 @@
+"""What the engine's settings mean on this machine: the torch device, the dtype, the
+default token budget. Kept here, next to the model, so the light config imports no torch."""
+
+import torch
+
+from kvdeck.engine.types.config import DTYPE_ALIASES, EngineConfig
+from kvdeck.engine.types.model_config import ModelConfig
+
+# vLLM's defaults: a GPU step can take a large batch; a CPU step's time grows with it.
+DEFAULT_TOKEN_BUDGET = {"cuda": 8192, "cpu": 2048}
+
+
+def resolve_device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but no CUDA GPU is available")
+    return torch.device(config.device)
+
+
+def token_budget(config: EngineConfig, device: torch.device) -> int:
+    """max_num_batched_tokens, or the device's default."""
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    return DEFAULT_TOKEN_BUDGET["cuda" if device.type == "cuda" else "cpu"]
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """A dtype name from EngineConfig or config.json as a torch dtype."""
+    return getattr(torch, DTYPE_ALIASES[name])
+
+
+def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch.device) -> torch.dtype:
+    """auto: float32 on CPU; on CUDA the checkpoint's dtype (bf16/fp16 for an fp32 one)."""
+    if config.dtype != "auto":
+        return torch_dtype(config.dtype)
+    if device.type != "cuda":
+        return torch.float32
+    if model_config.checkpoint_dtype == "float32":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch_dtype(model_config.checkpoint_dtype)

@@ -1,0 +1,336 @@
+"""Owns the model and the KV pool; turns a scheduled batch into one forward pass.
+
+Start-up: the constructor loads the model, `plan_kv_cache()` sizes the pool (profiling on
+GPU, `kv_cache_memory_gib` on CPU) and returns a `KVCachePlan`, `allocate_kv_cache(plan.num_blocks)`
+allocates it and `capture_decode_graphs()` records the decode graphs. A step:
+`execute(batch)` packs the batch flat (varlen: all scheduled tokens of all requests in one
+row, with query start offsets, context lengths, block tables and a slot per new token),
+runs the model and samples, and returns a `StepResult`.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence
+from kvdeck.engine.runner.decode_graphs import DecodeGraphs
+from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
+from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
+from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
+from kvdeck.engine.runner.models import model_class_for
+from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
+from kvdeck.engine.runner.models.linear import get_linear_method
+from kvdeck.engine.runner.sampler import Sampler, SampleResult
+from kvdeck.engine.types.arith import cdiv
+from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.model_config import ModelConfig
+from kvdeck.kernels.dispatch import select_ops
+
+logger = logging.getLogger(__name__)
+ProgressCallback = Callable[[str, str], None]
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: torch.Tensor | None = None
+    positions: torch.Tensor | None = None
+    meta: AttentionMetadata | None = None
+    num_requests: int = 0
+    sample_rows: list[int] = field(default_factory=list)  # flat row of each sampled request
+    sample_requests: list[ScheduledSequence] = field(default_factory=list)
+    sample_batch_index: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True, frozen=True)
+class KVCachePlan:
+    """How big the KV pool is, and why."""
+
+    num_blocks: int
+    block_size: int
+    bytes_per_block: int  # K and V of one block over all layers
+    sized_by: str  # "override" (num_gpu_blocks_override) | "kv_cache_memory_gib" | "profiling"
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.bytes_per_block // self.block_size
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One step's sampled tokens (None for rows still in their prompt) and its timings."""
+
+    samples: list[SampleResult | None]
+    prepare_s: float  # packing the batch into device tensors
+    total_s: float  # prepare + forward + sampling
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        model_config: ModelConfig,
+        model_dir,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        progress = progress or (lambda stage, message: None)
+        self.config = config
+        self.model_config = model_config
+        self.device = resolve_device(config)
+        self.dtype = resolve_dtype(config, model_config, self.device)
+        self.token_budget = token_budget(config, self.device)
+        if self.device.type == "cpu":
+            keep_freed_buffers_in_process()
+        self.block_size = config.block_size
+        self.ops = select_ops(config.attention_backend, self.device)
+        progress("loading", f"loading weights from {model_dir}")
+        self.model = self._build_model(model_dir)
+        self.sampler = Sampler(self.device, config.seed)
+        self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
+        self.num_blocks = 0
+        self.k_caches: list[torch.Tensor] = []
+        self.v_caches: list[torch.Tensor] = []
+        self.decode_graphs: DecodeGraphs | None = None
+
+    def _build_model(self, model_dir) -> torch.nn.Module:
+        cls = model_class_for(self.model_config.architecture)
+        quant_config = dict(self.model_config.quantization_config or {})
+        # The INT4 GEMM follows the attention backend choice (triton | torch | auto).
+        quant_config.setdefault("w4a16_backend", self.config.attention_backend)
+        linear_method = get_linear_method(self.config.quantization, quant_config)
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = cls(self.model_config, self.ops, linear_method, self.dtype)
+        finally:
+            torch.set_default_dtype(previous_dtype)
+        if self.config.load_format == "dummy":
+            init_dummy_weights(model, self.config.seed)
+        else:
+            load_weights(model, model_dir, self.config.allow_pickle)
+        return model.eval()
+
+    # ---- the KV pool -------------------------------------------------------------
+    @property
+    def bytes_per_block(self) -> int:
+        cfg = self.model_config
+        element = torch.tensor([], dtype=self.dtype).element_size()
+        return 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * element
+
+    def plan_kv_cache(self, progress: ProgressCallback | None = None) -> KVCachePlan:
+        if self.config.num_gpu_blocks_override is not None:
+            num_blocks, sized_by = self.config.num_gpu_blocks_override, "override"
+        elif self.device.type != "cuda":
+            num_blocks = int(self.config.kv_cache_memory_gib * 2**30) // self.bytes_per_block
+            sized_by = "kv_cache_memory_gib"
+        else:
+            if progress:
+                progress("profiling", "profiling peak memory with a full-size batch")
+            num_blocks, sized_by = self._profile_num_gpu_blocks(), "profiling"
+        return KVCachePlan(num_blocks, self.block_size, self.bytes_per_block, sized_by)
+
+    def weight_bytes_per_token(self) -> int:
+        """Bytes of weights one decode step reads: every parameter and buffer once, except
+        the input embedding (one row per token) unless the output head shares it, and the
+        rotary table (one row)."""
+        total, seen = 0, set()
+        for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:
+            if id(tensor) in seen or name.endswith("cos_sin_cache"):
+                continue
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+        embedding = self.model.model.embed_tokens.weight
+        if self.model.lm_head.weight is not embedding:
+            total -= embedding.numel() * embedding.element_size()
+        return total
+
+    def _profile_num_gpu_blocks(self) -> int:
+        budget = self.token_budget
+        seq_len = min(budget, self.config.max_model_len or budget)
+        num_seqs = max(1, budget // seq_len)
+        scratch_blocks = num_seqs * cdiv(seq_len, self.block_size)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        self.allocate_kv_cache(scratch_blocks)
+        scratch_bytes = scratch_blocks * self.bytes_per_block
+        self._dummy_forward(num_seqs, seq_len)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        self.release_kv_cache()
+        free, total = torch.cuda.mem_get_info()
+        # Memory held outside torch's allocator (other processes, CUDA context) also counts.
+        non_torch = total - free - torch.cuda.memory_reserved()
+        available = total * self.config.gpu_memory_utilization - (peak - scratch_bytes) - non_torch
+        num_blocks = int(available // self.bytes_per_block)
+        if num_blocks <= 0:
+            raise ValueError(
+                "no GPU memory left for the KV cache after loading the model; raise "
+                "gpu_memory_utilization or lower max_num_batched_tokens"
+            )
+        return num_blocks
+
+    @torch.inference_mode()
+    def _dummy_forward(self, num_seqs: int, seq_len: int) -> None:
+        tokens = num_seqs * seq_len
+        blocks_per_seq = cdiv(seq_len, self.block_size)
+        tables = torch.arange(num_seqs * blocks_per_seq, dtype=torch.int32, device=self.device)
+        tables = tables.view(num_seqs, blocks_per_seq)
+        positions = torch.arange(seq_len, device=self.device).repeat(num_seqs)
+        slots = (tables.long()[:, :, None] * self.block_size
+                 + torch.arange(self.block_size, device=self.device)).view(num_seqs, -1)[:, :seq_len]
+        meta = AttentionMetadata(
+            slot_mapping=slots.reshape(-1),
+            block_tables=tables,
+            query_start_loc=torch.arange(0, tokens + 1, seq_len, dtype=torch.int32, device=self.device),
+            seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=self.device),
+            max_query_len=seq_len,
+            max_seq_len=seq_len,
+        )
+        input_ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
+        hidden = self.model(input_ids, positions, meta)
+        self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+
+    def allocate_kv_cache(self, num_blocks: int) -> None:
+        """Allocate `num_blocks` blocks per layer (a plan's, or a profiling scratch pool)."""
+        cfg = self.model_config
+        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
+        layers = self.attention_layers
+        def zeros() -> torch.Tensor:
+            if self.device.type == "cpu":
+                return zeros_on_huge_pages(shape, self.dtype)
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+        self.k_caches = [zeros() for _ in layers]
+        self.v_caches = [zeros() for _ in layers]
+        for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
+            layer.k_cache, layer.v_cache = k, v
+        self.num_blocks = num_blocks
+
+    def release_kv_cache(self) -> None:
+        for layer in self.attention_layers:
+            layer.k_cache = layer.v_cache = torch.empty(0)
+        self.k_caches, self.v_caches = [], []
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def shutdown(self) -> None:
+        """Free the graphs, the KV pool and the model now, not whenever a reference cycle
+        is collected: the next engine in this process profiles the memory left free."""
+        self.decode_graphs = None
+        self.release_kv_cache()
+        self.attention_layers = []
+        self.model = None
+        self.sampler.request_generators.clear()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    # ---- CUDA graphs ---------------------------------------------------------------
+    @property
+    def cuda_graphs_supported(self) -> bool:
+        # The torch attention reference plans on the host (.tolist()), which a graph
+        # cannot record; the Triton kernels read everything from device memory.
+        return self.device.type == "cuda" and self.ops.name == "triton"
+
+    def capture_decode_graphs(self, max_model_len: int, progress: ProgressCallback | None = None,
+                              capture: bool = True) -> None:
+        """Capture decode graphs for every batch-size bucket, then check one replay against
+        an eager forward; on any failure the engine stays eager and says why.
+
+        `capture=False` runs the same static-buffer path eagerly (tests without CUDA).
+        """
+        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, max_model_len, self.block_size,
+                              self.model_config.hidden_size, self.dtype, self.device)
+        if progress:
+            progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
+                                  f"{graphs.max_batch_size}")
+        try:
+            if capture:
+                graphs.capture()
+            else:
+                graphs.use_eager_replays()
+            mismatch = graphs.compare_with_eager(self.num_blocks)
+        except Exception as exc:  # noqa: BLE001 - any capture failure means: run eagerly
+            logger.warning("CUDA graph capture failed, decode runs eagerly: %s", exc)
+            return
+        if mismatch is not None:
+            logger.warning("CUDA graph replay differs from the eager forward (max abs diff %.3g); "
+                           "decode runs eagerly", mismatch)
+            return
+        self.decode_graphs = graphs
+        logger.info("decode graphs ready for batch sizes %s", graphs.sizes)
+
+    # ---- one step ------------------------------------------------------------------
+    def prepare_inputs(self, batch: BatchPlan) -> StepInputs:
+        """Pack the batch into flat tensors on the device (host lists, one copy each)."""
+        input_ids, positions, slots = [], [], []
+        query_start_loc, seq_lens, tables = [0], [], []
+        inputs = StepInputs()
+        bs = self.block_size
+        for index, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
+            start = request.num_computed_tokens
+            end = start + num_new
+            table = request.block_table
+            if num_new == 1:
+                input_ids.append(request.token_id_at(start))
+                positions.append(start)
+                slots.append(table[start // bs] * bs + start % bs)
+            else:
+                input_ids.extend(request.all_token_ids[start:end])
+                positions.extend(range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+            query_start_loc.append(query_start_loc[-1] + num_new)
+            seq_lens.append(end)
+            tables.append(table)
+            if end == request.num_tokens:
+                inputs.sample_rows.append(len(input_ids) - 1)
+                inputs.sample_requests.append(request)
+                inputs.sample_batch_index.append(index)
+        width = max(len(t) for t in tables)
+        padded_tables = [t + [0] * (width - len(t)) for t in tables]
+        inputs.input_ids = self._to_device(input_ids, torch.long)
+        inputs.positions = self._to_device(positions, torch.long)
+        inputs.meta = AttentionMetadata(
+            slot_mapping=self._to_device(slots, torch.long),
+            block_tables=self._to_device(padded_tables, torch.int32),
+            query_start_loc=self._to_device(query_start_loc, torch.int32),
+            seq_lens=self._to_device(seq_lens, torch.int32),
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        inputs.num_requests = len(batch.requests)
+        return inputs
+
+    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
+        host = torch.tensor(values, dtype=dtype)
+        if self.device.type == "cuda":
+            # Pinned memory lets the copy run asynchronously with the host's next work.
+            return host.pin_memory().to(self.device, non_blocking=True)
+        return host
+
+    @torch.inference_mode()
+    def execute(self, batch: BatchPlan) -> StepResult:
+        """Run the batch; a sample for each request that reached the end of its tokens."""
+        started = time.perf_counter()
+        inputs = self.prepare_inputs(batch)
+        prepared = time.perf_counter()
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.can_run(inputs.meta, inputs.num_requests):
+            hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        results: list[SampleResult | None] = [None] * inputs.num_requests
+        if inputs.sample_requests:
+            rows = torch.tensor(inputs.sample_rows, device=self.device)
+            logits = self.model.compute_logits(hidden[rows])
+            sampled = self.sampler.sample(logits, inputs.sample_requests)
+            for i, result in zip(inputs.sample_batch_index, sampled):
+                results[i] = result
+        return StepResult(results, prepared - started, time.perf_counter() - started)

@@ -1,0 +1,154 @@
+"""Turn the last-position logits of a batch into next tokens, one row per request.
+
+Each row follows its own SamplingParams. A request with a `seed` draws its noise from
+its own generator, so its tokens do not depend on what else is in the batch.
+"""
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from kvdeck.engine.runner.batch import ScheduledSequence
+from kvdeck.engine.types.outputs import Logprob
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_id: int
+    logprobs: dict[int, Logprob] | None = None
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.default_generator = torch.Generator(device=device).manual_seed(seed)
+        self.request_generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self.request_generators.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> list[SampleResult]:
+        logits = logits.float()
+        want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        logits = self._apply_penalties(logits, requests)
+        greedy = [r.params.greedy for r in requests]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample_random(logits, requests, greedy)
+        token_list = tokens.tolist()  # the step's one device-to-host wait
+        results = [SampleResult(t) for t in token_list]
+        if raw_logprobs is not None:
+            top = [requests[i].params.logprobs or 0 for i in want_logprobs]
+            for i, entry in zip(want_logprobs, _top_logprobs(raw_logprobs, want_logprobs,
+                                                              [token_list[i] for i in want_logprobs], top)):
+                results[i].logprobs = entry
+        return results
+
+    def _apply_penalties(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:
+        """min_tokens bans, then repetition, presence and frequency penalties (vLLM's and
+        OpenAI's definitions), gathered over the batch into one update of each kind."""
+        vocab = logits.shape[1]
+        banned: list[tuple[int, int]] = []
+        repeated: list[tuple[int, int, float]] = []  # (row, token, penalty)
+        counted: list[tuple[int, int, float]] = []  # (row, token, amount to subtract)
+        for row, request in enumerate(requests):
+            p = request.params
+            if request.num_output_tokens < p.min_tokens:
+                ends = list(p.stop_token_ids) + ([] if p.ignore_eos else list(request.eos_token_ids))
+                banned += [(row, t) for t in ends if t < vocab]
+            if p.repetition_penalty != 1.0:
+                repeated += [(row, t, p.repetition_penalty) for t in set(request.all_token_ids)]
+            if (p.presence_penalty or p.frequency_penalty) and request.output_token_ids:
+                counted += [(row, t, p.frequency_penalty * n + p.presence_penalty)
+                            for t, n in Counter(request.output_token_ids).items()]
+        device = logits.device
+        if banned:
+            rows, toks = torch.tensor(banned, device=device).unbind(1)
+            logits[rows, toks] = float("-inf")
+        if repeated:
+            rows, toks, penalty = _columns(repeated, device)
+            values = logits[rows, toks]
+            logits[rows, toks] = torch.where(values > 0, values / penalty, values * penalty)
+        if counted:
+            rows, toks, amount = _columns(counted, device)
+            logits.index_put_((rows, toks), -amount, accumulate=True)
+        return logits
+
+    def _sample_random(
+        self, logits: torch.Tensor, requests: Sequence[ScheduledSequence], greedy: list[bool]
+    ) -> torch.Tensor:
+        vocab = logits.shape[1]
+        temperature = torch.tensor(
+            [1.0 if g else r.params.temperature for r, g in zip(requests, greedy)],
+            device=logits.device,
+        )
+        scaled = logits / temperature[:, None]
+        scaled = _apply_top_k_top_p_min_p(scaled, requests)
+        probs = torch.softmax(scaled, dim=-1)
+        # Gumbel-style draw: argmax(p / Exp(1)) samples from p, one noise row per request.
+        noise = torch.empty_like(probs)
+        unseeded = [i for i, r in enumerate(requests) if r.params.seed is None]
+        if unseeded:
+            noise[unseeded] = torch.empty(
+                len(unseeded), vocab, device=logits.device
+            ).exponential_(generator=self.default_generator)
+        for i, request in enumerate(requests):
+            if request.params.seed is not None:
+                gen = self.request_generators.get(request.request_id)
+                if gen is None:
+                    gen = torch.Generator(device=logits.device).manual_seed(request.params.seed)
+                    self.request_generators[request.request_id] = gen
+                noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=gen)
+        sampled = (probs / noise).argmax(dim=-1)
+        greedy_mask = torch.tensor(greedy, device=logits.device)
+        return torch.where(greedy_mask, logits.argmax(dim=-1), sampled)
+
+
+def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    top_k = [r.params.top_k if r.params.top_k > 0 else vocab for r in requests]
+    top_p = [r.params.top_p for r in requests]
+    min_p = [r.params.min_p for r in requests]
+    if all(k >= vocab for k in top_k) and all(p >= 1.0 for p in top_p) and not any(min_p):
+        return logits
+    device = logits.device
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    remove = ranks >= torch.tensor(top_k, device=device)[:, None]
+    probs = torch.softmax(sorted_logits, dim=-1)
+    # Drop a token once the mass before it already reaches top_p (the first always stays).
+    mass_before = probs.cumsum(dim=-1) - probs
+    remove |= mass_before >= torch.tensor(top_p, device=device)[:, None]
+    remove |= probs < torch.tensor(min_p, device=device)[:, None] * probs[:, :1]
+    remove[:, 0] = False
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
+
+
+def _columns(entries: list[tuple[int, int, float]], device) -> tuple[torch.Tensor, ...]:
+    """(row, token, value) triples as a row index, a token index and a float tensor."""
+    rows, toks, values = zip(*entries)
+    return (torch.tensor(rows, device=device), torch.tensor(toks, device=device),
+            torch.tensor(values, dtype=torch.float32, device=device))
+
+
+def _top_logprobs(logprobs: torch.Tensor, rows: list[int], tokens: list[int],
+                  tops: list[int]) -> list[dict[int, Logprob]]:
+    """For each row: the sampled token's logprob and the row's `top` most likely tokens
+    (the sampled one first, as OpenAI lists it), copied to the host once for all rows."""
+    device = logprobs.device
+    picked = logprobs[rows]
+    sampled = picked.gather(1, torch.tensor(tokens, device=device)[:, None]).squeeze(1).tolist()
+    values, indices = picked.topk(max(tops), dim=-1)
+    entries = []
+    for token, logprob, row_values, row_indices, top in zip(
+            tokens, sampled, values.tolist(), indices.tolist(), tops):
+        entry = {token: Logprob(token, logprob)}
+        for value, index in zip(row_values[:top], row_indices[:top]):
+            entry.setdefault(index, Logprob(index, value))
+        entries.append(entry)
+    return entries

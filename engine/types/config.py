@@ -1,0 +1,110 @@
+"""Engine configuration: vLLM's knob names, validated with errors that name the field.
+
+Light: no torch. What depends on the machine (the device, the default token budget) is
+resolved where the model runs (`kvdeck.engine.runner.device`).
+"""
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from kvdeck.engine.types.quantization import linear_method_names
+from kvdeck.kernels.backends import KERNEL_BACKENDS
+
+# Names, not torch dtypes: the UI process imports this module and should not pay for torch.
+DTYPE_ALIASES = {
+    "float32": "float32",
+    "float": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "half": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+}
+DEVICES = ("auto", "cuda", "cpu")
+LOAD_FORMATS = ("auto", "dummy")
+BLOCK_SIZES = (8, 16, 32, 64, 128)
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str | None = None  # local directory or hub id; None means the bundled demo model
+    tokenizer: str | None = None
+    block_size: int = 16
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: 8192 on CUDA, 2048 on CPU
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory_gib: float = 1.0  # KV pool size where no GPU is profiled
+    num_gpu_blocks_override: int | None = None  # fix the pool size (tests, debugging)
+    enable_prefix_caching: bool = True
+    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
+    seed: int = 0
+    load_format: str = "auto"  # auto | dummy
+    quantization: str | None = None  # awq | bnb-nf4 | None (detected from config.json)
+    device: str = "auto"  # auto | cuda | cpu
+    attention_backend: str = "auto"  # auto | triton | torch
+    enforce_eager: bool = False  # no CUDA graphs
+    trust_remote_code: bool = False  # refused: kvdeck runs only its own model code
+    allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        _positive_int("block_size", self.block_size)
+        if self.block_size not in BLOCK_SIZES:
+            raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {self.block_size}")
+        if self.max_model_len is not None:
+            _positive_int("max_model_len", self.max_model_len)
+        _positive_int("max_num_seqs", self.max_num_seqs)
+        if self.max_num_batched_tokens is not None:
+            _positive_int("max_num_batched_tokens", self.max_num_batched_tokens)
+        if not isinstance(self.gpu_memory_utilization, int | float) or not (
+            0.0 < self.gpu_memory_utilization <= 1.0
+        ):
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if not isinstance(self.kv_cache_memory_gib, int | float) or self.kv_cache_memory_gib <= 0:
+            raise ValueError(f"kv_cache_memory_gib must be > 0, got {self.kv_cache_memory_gib!r}")
+        if self.num_gpu_blocks_override is not None:
+            _positive_int("num_gpu_blocks_override", self.num_gpu_blocks_override)
+        if self.dtype != "auto" and self.dtype not in DTYPE_ALIASES:
+            raise ValueError(
+                f"dtype must be 'auto' or one of {sorted(DTYPE_ALIASES)}, got {self.dtype!r}"
+            )
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format must be one of {LOAD_FORMATS}, got {self.load_format!r}")
+        methods = linear_method_names()
+        if self.quantization is not None and self.quantization not in methods:
+            raise ValueError(f"quantization must be one of {methods} or None, got {self.quantization!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
+        if self.attention_backend not in KERNEL_BACKENDS:
+            raise ValueError(
+                f"attention_backend must be one of {KERNEL_BACKENDS}, got {self.attention_backend!r}"
+            )
+        if not isinstance(self.seed, int):
+            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.trust_remote_code:
+            raise ValueError(
+                "trust_remote_code is not supported: kvdeck runs only its own model implementations"
+            )
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_kwargs(cls, model: str | None, **kwargs: Any) -> "EngineConfig":
+        unknown = sorted(set(kwargs) - set(cls.field_names()))
+        if unknown:
+            raise ValueError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(model=model, **kwargs)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+

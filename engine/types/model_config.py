@@ -1,0 +1,113 @@
+"""The parts of a Hugging Face config.json that kvdeck's models need, read without
+transformers' config classes so old (rope_scaling) and new (rope_parameters) files load.
+Light (no torch): the model store and the server read it too."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvdeck.engine.types.config import DTYPE_ALIASES
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    architecture: str
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope_theta: float
+    rope_scaling: dict | None
+    checkpoint_dtype: str  # a DTYPE_ALIASES value: float32 | float16 | bfloat16
+    eos_token_ids: list[int] = field(default_factory=list)
+    bos_token_id: int | None = None
+    quantization_config: dict | None = None
+    # Keys a query may see, if any layer limits it (Mistral v0.1, Qwen2 with
+    # use_sliding_window). kvdeck attends to the whole context, which is the same
+    # computation as long as the context fits in the window.
+    sliding_window: int | None = None
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V per token for all layers, at 2 bytes per element (fp16/bf16)."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2
+
+
+def read_model_config(model_dir: Path) -> ModelConfig:
+    path = model_dir / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{model_dir} has no config.json: not a Hugging Face model directory")
+    try:
+        raw = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    return model_config_from_dict(raw, model_dir)
+
+
+def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelConfig:
+    if "text_config" in raw and "hidden_size" not in raw:
+        raw = {**raw["text_config"], "architectures": raw.get("architectures", [])}
+    architectures = raw.get("architectures") or []
+    if not architectures:
+        raise ValueError("config.json names no architecture ('architectures' is missing)")
+    try:
+        heads = int(raw["num_attention_heads"])
+        hidden = int(raw["hidden_size"])
+        rope = dict(raw.get("rope_parameters") or raw.get("rope_scaling") or {})
+        rope_theta = float(raw.get("rope_theta") or rope.get("rope_theta") or 10000.0)
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        eos = raw.get("eos_token_id")
+        quant = raw.get("quantization_config")
+        return ModelConfig(
+            architecture=architectures[0],
+            model_type=raw.get("model_type", ""),
+            vocab_size=int(raw["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(raw["intermediate_size"]),
+            num_hidden_layers=int(raw["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(raw.get("num_key_value_heads") or heads),
+            head_dim=int(raw.get("head_dim") or hidden // heads),
+            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            attention_bias=bool(raw.get("attention_bias", False)),
+            rope_theta=rope_theta,
+            rope_scaling=None if rope_type == "default" else {**rope, "rope_type": rope_type},
+            checkpoint_dtype=_checkpoint_dtype(raw),
+            eos_token_ids=[eos] if isinstance(eos, int) else list(eos or []),
+            bos_token_id=raw.get("bos_token_id"),
+            quantization_config=quant if isinstance(quant, dict) else None,
+            sliding_window=_sliding_window(raw),
+            raw=raw,
+        )
+    except KeyError as exc:
+        where = f" in {model_dir}/config.json" if model_dir else ""
+        raise ValueError(f"config.json is missing the field {exc.args[0]!r}{where}") from exc
+
+
+def _sliding_window(raw: dict) -> int | None:
+    window = raw.get("sliding_window")
+    if not window or raw.get("use_sliding_window") is False:
+        return None
+    layer_types = raw.get("layer_types")
+    if layer_types is not None:
+        return int(window) if "sliding_attention" in layer_types else None
+    # Qwen2's older form: layers from max_window_layers on use the window.
+    if int(raw.get("max_window_layers", 0)) >= int(raw["num_hidden_layers"]):
+        return None
+    return int(window)
+
+
+def _checkpoint_dtype(raw: dict) -> str:
+    name = str(raw.get("torch_dtype") or raw.get("dtype") or "float32").replace("torch.", "")
+    return DTYPE_ALIASES.get(name, "float32")

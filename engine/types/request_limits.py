@@ -1,0 +1,36 @@
+"""The checks a request must pass before it is queued, written once: the front-end runs
+them before anything is sent (so bad input fails at once, with a clear message), and the
+core runs them again on what it receives (so no client can hurt it)."""
+
+from dataclasses import dataclass
+
+from kvdeck.engine.types.sampling_params import SamplingParams
+
+
+@dataclass(slots=True, frozen=True)
+class RequestLimits:
+    max_model_len: int
+    vocab_size: int
+
+    def check(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """ValueError naming the problem, or None."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError("params must be a SamplingParams")
+        params.validate()
+        if params.n != 1:
+            raise ValueError(f"n={params.n}: a request here yields one choice; split it with "
+                             "kvdeck.engine.frontend.parallel_sampling.choice_params "
+                             "(LLM.generate and the server do)")
+        if not prompt_token_ids:
+            raise ValueError("prompt must not be empty")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(prompt_token_ids)} tokens; max_model_len is "
+                f"{self.max_model_len}, which must leave room for at least one generated token"
+            )
+        vocab = self.vocab_size
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab
+               for t in prompt_token_ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise ValueError(f"stop_token_ids must be in [0, {vocab})")

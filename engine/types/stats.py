@@ -1,0 +1,91 @@
+"""A snapshot of the engine's state for the dashboard and /metrics."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class RequestStats:
+    request_id: str
+    state: str  # "waiting" | "prefilling" | "decoding" | "preempted"
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    num_output_tokens: int
+    block_table: list[int]  # logical block i -> physical block id
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+@dataclass(slots=True)
+class EngineStats:
+    timestamp: float
+    num_running: int
+    num_waiting: int
+    num_preempted: int  # waiting requests that were preempted and will be recomputed
+    kv_cache_usage: float  # fraction of blocks in use (cached-but-free blocks count as free)
+    num_blocks: int
+    block_size: int
+    num_free_blocks: int  # includes cached blocks that can be evicted
+    num_cached_blocks: int  # free blocks still holding a reusable prefix
+    # Per physical block: reference count and whether it holds a hashed (full, cacheable) prefix.
+    block_ref_counts: list[int]
+    block_is_cached: list[bool]
+    # Blocks written by the last step (new K/V landed in them).
+    blocks_written_last_step: list[int]
+    requests: list[RequestStats]
+    # Counters since start.
+    prefix_cache_queries: int  # prompt tokens looked up
+    prefix_cache_hits: int  # prompt tokens found in the cache
+    num_preemptions: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    num_requests_finished: int
+    num_steps: int
+    # The last step's batch.
+    last_step_prefill_tokens: int
+    last_step_decode_tokens: int
+    last_step_num_seqs: int
+    last_step_duration_s: float
+    finished_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class StepSummary:
+    """The last step's batch, as the dashboard's status line shows it."""
+
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    num_seqs: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass(slots=True)
+class KVOccupancy:
+    """The running batch's hold on the KV pool (benchmarks read it every step)."""
+
+    usage: float  # fraction of blocks in use
+    num_running: int
+    allocated_tokens: int  # slots in the running requests' blocks
+    computed_tokens: int  # of those, slots holding K/V (the rest is the last blocks' waste)
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """Where step time goes: host work (schedule, prepare, update) vs the model + sampler."""
+
+    steps: int = 0
+    schedule_s: float = 0.0
+    prepare_s: float = 0.0
+    model_s: float = 0.0
+    update_s: float = 0.0
+
+    def add(self, schedule: float, prepare: float, model: float, update: float) -> None:
+        self.steps += 1
+        self.schedule_s += schedule
+        self.prepare_s += prepare
+        self.model_s += model
+        self.update_s += update
+
+    @property
+    def host_share(self) -> float:
+        host = self.schedule_s + self.prepare_s + self.update_s
+        total = host + self.model_s
+        return host / total if total else 0.0

@@ -1,0 +1,134 @@
+"""What crosses between a front-end and the EngineCore: requests in, token deltas and
+stats out. Plain dataclasses with no torch, pickled over the process pipes by the
+subprocess client and passed as they are by the in-process one.
+
+Front-end -> core: AddRequest, AbortRequests, Shutdown.
+Core -> front-end: StartupProgress (while loading), EngineReady or StartupFailed (once),
+then StepOutputs (per step; stats throttled), RequestRejected (a request the core refused)
+and, if the loop breaks, EngineCrashed.
+"""
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+from kvdeck.engine.types.outputs import Logprob, RequestMetrics
+from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.stats import EngineStats
+
+
+class RequestStatus(Enum):
+    """A request's state in the core; the finished ones are vLLM's finish reasons."""
+
+    WAITING = "waiting"
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED_STOPPED = "stop"
+    FINISHED_LENGTH = "length"
+    FINISHED_ABORTED = "abort"
+
+    @property
+    def finished(self) -> bool:
+        return self in (
+            RequestStatus.FINISHED_STOPPED,
+            RequestStatus.FINISHED_LENGTH,
+            RequestStatus.FINISHED_ABORTED,
+        )
+
+
+@dataclass(slots=True)
+class EngineCoreRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    arrival_time: float = field(default_factory=time.time)
+    eos_token_ids: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class EngineCoreOutput:
+    request_id: str
+    new_token_ids: list[int]
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    new_logprobs: list[dict[int, Logprob]] | None = None
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True, frozen=True)
+class EngineInfo:
+    """What a started engine is: told to the front-end once, at ready."""
+
+    model_dir: str
+    max_model_len: int
+    vocab_size: int
+    num_blocks: int
+    block_size: int
+    device: str
+    dtype: str
+    kv_bytes_per_token: int  # K and V of one token over all layers, as the pool stores them
+    weight_bytes_per_token: int  # weight bytes one decode step reads (the roofline's numerator)
+    cuda_graphs: bool  # decode steps replay captured graphs
+
+
+# ---- front-end -> core -----------------------------------------------------------------
+@dataclass(slots=True)
+class AddRequest:
+    request: EngineCoreRequest
+
+
+@dataclass(slots=True)
+class AbortRequests:
+    request_ids: list[str]
+    # FINISHED_STOPPED when the front-end found a stop string; FINISHED_ABORTED otherwise.
+    status: RequestStatus = RequestStatus.FINISHED_ABORTED
+
+
+@dataclass(slots=True)
+class Shutdown:
+    pass
+
+
+# ---- core -> front-end -----------------------------------------------------------------
+@dataclass(slots=True)
+class StartupProgress:
+    stage: str  # "starting" | "loading" | "profiling" | "capturing" | "ready"
+    message: str
+
+
+@dataclass(slots=True)
+class EngineReady:
+    info: EngineInfo
+    message: str  # what the core said when it became ready (pool size)
+    stats: EngineStats
+
+
+@dataclass(slots=True)
+class StartupFailed:
+    message: str
+    traceback: str
+
+
+@dataclass(slots=True)
+class RequestRejected:
+    """The core refused a request (the front-end checks first; this is the backstop)."""
+
+    request_id: str
+    message: str
+
+
+@dataclass(slots=True)
+class StepOutputs:
+    outputs: list[EngineCoreOutput]
+    stats: EngineStats | None  # throttled: most steps carry none
+
+
+@dataclass(slots=True)
+class EngineCrashed:
+    message: str
+    traceback: str
