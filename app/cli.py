@@ -88,6 +88,11 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
                        help="start a new engine when it crashes (default: on)")
     serve.add_argument("--engine-restart-delay", type=float, default=1.0,
                        help="seconds before restarting a crashed engine, doubled while restarts fail")
+    serve.add_argument("--max-request-body-mb", type=float, default=4.0,
+                       help="larger request bodies get 413 before they are parsed (default: 4)")
+    serve.add_argument("--shutdown-grace-period", type=float, default=10.0, metavar="S",
+                       help="on SIGTERM, seconds streams may still run before they are ended "
+                            "with an error event (default: 10)")
     serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                        help="browser origins allowed by CORS, e.g. http://localhost:3000 or '*' "
                             "(default: none)")

@@ -27,13 +27,23 @@ _TYPES = {
 
 
 class OpenAIError(Exception):
+    """`retry_after` (seconds): the condition may pass (429, 503); sent as Retry-After."""
+
     def __init__(self, status: int, message: str, param: str | None = None,
-                 code: str | None = None) -> None:
+                 code: str | None = None, retry_after: float | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
         self.code = code
+        self.retry_after = retry_after
+
+    def headers(self) -> dict[str, str] | None:
+        if self.status == 401:
+            return {"WWW-Authenticate": "Bearer"}
+        if self.retry_after is not None:
+            return {"Retry-After": str(max(1, round(self.retry_after)))}
+        return None
 
     def body(self) -> dict:
         return error_body(self.status, self.message, self.param, self.code)
@@ -46,7 +56,8 @@ def error_body(status: int, message: str, param: str | None = None,
 
 
 def error_response(error: OpenAIError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(error.body(), status_code=error.status,
+                        headers={**(error.headers() or {}), **(headers or {})} or None)
 
 
 def bad_request(exc: ValueError, known_fields: frozenset[str] = frozenset()) -> OpenAIError:
@@ -65,8 +76,7 @@ def sse_error(error: OpenAIError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        return error_response(exc, headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -77,7 +87,8 @@ def install_error_handlers(app: FastAPI) -> None:
         message = exc.detail if isinstance(exc.detail, str) else "request failed"
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
-        return error_response(OpenAIError(exc.status_code, message))
+        # Starlette's own headers (Allow on a 405) are part of the answer.
+        return error_response(OpenAIError(exc.status_code, message), headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
@@ -120,4 +131,5 @@ def _is_type_tag(part: object) -> bool:
     """pydantic names union branches in `loc` ("temperature.float"); they are not fields."""
     if not isinstance(part, str):
         return False
-    return part in _TYPE_TAGS or "[" in part or part[:1].isupper() or part.startswith("function-")
+    return (part in _TYPE_TAGS or "[" in part or part[:1].isupper()
+            or part.startswith(("function-", "constrained-")))

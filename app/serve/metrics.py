@@ -1,20 +1,27 @@
 """Prometheus exposition with vLLM's metric names, so dashboards made for vLLM work.
 
-Two sources feed one private registry:
+Three sources feed one private registry:
 - per-request events, observed on the client as outputs stream by (token counters,
-  request_success, latency histograms from the engine's own timestamps);
-- the engine's latest stats snapshot, read at scrape time (gauges, and the core's
-  cumulative counters: prefix cache queries/hits, preemptions).
+  request_success by finish reason, error, latency histograms from the engine's own
+  timestamps), including the last word of requests an engine crash took down;
+- per-step token counts, streamed by the engine (iteration_tokens_total);
+- the engine's latest stats snapshot and its start-up facts, read at scrape time (gauges,
+  the core's cumulative counters, cache_config_info).
+Nothing is kept per request once it has finished. No `_created` series (as vLLM).
 """
 
 from collections.abc import Callable, Iterator
+from typing import Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.stats import EngineStats
+from kvdeck.engine.types.wire import EngineInfo
+
+disable_created_metrics()
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -28,12 +35,26 @@ REQUEST_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0,
                            1920.0, 7680.0)
 TOKEN_COUNT_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000,
                        50000, 100000)
+TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 StatsSource = Callable[[], EngineStats | None]
 
 
+class MetricsSource(Protocol):
+    """What the metrics read from the engine client besides outputs."""
+
+    info: EngineInfo | None
+
+    def add_step_listener(self, listener: Callable[[list[int]], None]) -> None: ...
+
+
 class EngineMetrics:
-    def __init__(self, model_name: str, stats_source: StatsSource) -> None:
+    def __init__(self, model_name: str, stats_source: StatsSource,
+                 engine: MetricsSource | None = None) -> None:
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         reg, name = self.registry, ["model_name"]
@@ -66,16 +87,43 @@ class EngineMetrics:
         self.generation_len = Histogram("vllm:request_generation_tokens",
                                         "Generated tokens per request.", name,
                                         buckets=TOKEN_COUNT_BUCKETS, registry=reg)
+        self.tpot = Histogram("vllm:time_per_output_token_seconds",
+                              "Mean time between output tokens of a request (after the first).",
+                              name, buckets=TPOT_BUCKETS, registry=reg)
+        self.params_n = Histogram("vllm:request_params_n", "The n of each request.", name,
+                                  buckets=N_BUCKETS, registry=reg)
+        self.params_max_tokens = Histogram("vllm:request_params_max_tokens",
+                                           "The max_tokens of each request that set it.", name,
+                                           buckets=TOKEN_COUNT_BUCKETS, registry=reg)
+        self.iteration_tokens = Histogram("vllm:iteration_tokens_total",
+                                          "Tokens computed per engine step.", name,
+                                          buckets=ITERATION_TOKEN_BUCKETS, registry=reg)
+        self.errors = Counter("kvdeck:request_errors", "Requests that ended in an error (a failure "
+                              "in the engine, or an engine crash).", name, registry=reg)
         # Series exist (at 0) from the start, so rate() works from the first scrape.
         for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
                        self.queue_time, self.prefill_time, self.decode_time, self.prompt_len,
-                       self.generation_len):
+                       self.generation_len, self.tpot, self.params_n, self.params_max_tokens,
+                       self.iteration_tokens, self.errors):
             metric.labels(model_name)
-        for reason in ("stop", "length", "abort"):
+        for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
-        reg.register(_EngineStatsCollector(model_name, stats_source))
+        reg.register(_EngineStatsCollector(model_name, stats_source, engine))
+        if engine is not None:
+            engine.add_step_listener(self.observe_steps)
         # request id -> (tokens seen, time of the newest token), while the request runs
         self._progress: dict[str, tuple[int, float | None]] = {}
+
+    def observe_request_params(self, n: int, max_tokens: int | None) -> None:
+        """Once per API request, before it is split into choices."""
+        self.params_n.labels(self.model_name).observe(n)
+        if max_tokens is not None:
+            self.params_max_tokens.labels(self.model_name).observe(max_tokens)
+
+    def observe_steps(self, tokens_per_step: list[int]) -> None:
+        histogram = self.iteration_tokens.labels(self.model_name)
+        for tokens in tokens_per_step:
+            histogram.observe(tokens)
 
     def observe_output(self, output: RequestOutput) -> None:
         """Feed one streamed RequestOutput (EngineClient.add_output_listener)."""
@@ -103,6 +151,11 @@ class EngineMetrics:
         self._progress.pop(output.request_id, None)
         reason = output.outputs[0].finish_reason or "abort"
         self.request_success.labels(label, reason).inc()
+        if reason == "error":
+            self.errors.labels(label).inc()
+        first, last = metrics.first_token_time, metrics.last_token_time
+        if seen > 1 and first is not None and last is not None:
+            self.tpot.labels(label).observe(max(0.0, last - first) / (seen - 1))
         if metrics.finished_time is not None:
             self.e2e.labels(label).observe(max(0.0, metrics.finished_time - metrics.arrival_time))
         if metrics.queue_time is not None:
@@ -124,9 +177,11 @@ class EngineMetrics:
 class _EngineStatsCollector(Collector):
     """Gauges and the core's own counters, from the newest stats snapshot at scrape time."""
 
-    def __init__(self, model_name: str, stats_source: StatsSource) -> None:
+    def __init__(self, model_name: str, stats_source: StatsSource,
+                 engine: MetricsSource | None) -> None:
         self.model_name = model_name
         self.stats_source = stats_source
+        self.engine = engine
 
     def describe(self) -> Iterator:
         return iter(())  # families vary with the snapshot; nothing to pre-register
@@ -146,6 +201,12 @@ class _EngineStatsCollector(Collector):
             family.add_metric(values, value)
             return family
 
+        info = self.engine.info if self.engine is not None else None
+        if info is not None:
+            family = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration.",
+                                       labels=[*labels, *CACHE_CONFIG_LABELS])
+            family.add_metric([*values, *cache_config_values(info)], 1.0)
+            yield family
         running = stats.num_running if stats else 0
         waiting = stats.num_waiting if stats else 0
         yield gauge("vllm:num_requests_running", "Requests in the running batch.", running)
@@ -166,3 +227,14 @@ class _EngineStatsCollector(Collector):
         yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
                       stats.num_preemptions)
         yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)
+
+
+CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "num_gpu_blocks", "num_cpu_blocks",
+                       "enable_prefix_caching", "kv_bytes_per_token", "device")
+
+
+def cache_config_values(info: EngineInfo) -> list[str]:
+    on_gpu = info.device.startswith("cuda")
+    return [str(info.block_size), info.kv_cache_dtype, str(info.num_blocks if on_gpu else 0),
+            str(0 if on_gpu else info.num_blocks), str(info.enable_prefix_caching).lower(),
+            str(info.kv_bytes_per_token), info.device]

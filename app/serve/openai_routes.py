@@ -1,9 +1,11 @@
 """/v1/completions and /v1/chat/completions on top of the EngineClient.
 
 A request is checked completely (model, engine state, sampling values, context length,
-queue room) before anything is queued, so a bad request never disturbs the others.
-n > 1 queues one engine request per choice (engine/parallel_sampling.py); choice i*n + j
-is prompt i's choice j, as OpenAI numbers them.
+queue room) before anything is queued, so a bad request never disturbs the others; what
+can never succeed is a 400, what may succeed later a 429 or 503 with Retry-After.
+Tokenising and chat templates run off the event loop. n > 1 queues one engine request per
+choice (frontend/parallel_sampling.py); choice i*n + j is prompt i's choice j, as OpenAI
+numbers them.
 """
 
 import asyncio
@@ -20,7 +22,14 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from kvdeck.app.serve.errors import OpenAIError, bad_request, sse_error
 from kvdeck.app.serve.metrics import EngineMetrics
 from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
-from kvdeck.engine.api.async_client import EngineClient, EngineDeadError, EngineNotReadyError, RequestStream
+from kvdeck.app.serve.shutdown import Drain
+from kvdeck.engine.api.async_client import (
+    EngineClient,
+    EngineDeadError,
+    EngineNotReadyError,
+    RequestFailedError,
+    RequestStream,
+)
 from kvdeck.engine.frontend.parallel_sampling import choice_params
 from kvdeck.engine.types.outputs import Logprob, RequestOutput
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -39,6 +48,12 @@ class ServeState:
     metrics: EngineMetrics
     model_name: str  # what /v1/models lists and requests must name
     max_queue_len: int
+    drain: Drain
+    restart_delay: float | None = 1.0  # None: a dead engine stays down
+
+
+class ServerShuttingDown(Exception):
+    """The grace period after SIGTERM ran out with this request still running."""
 
 
 @dataclass(slots=True)
@@ -73,12 +88,31 @@ def check_model(state: ServeState, model: str | None) -> None:
                                f"{state.model_name!r}", param="model", code="model_not_found")
 
 
+ENGINE_START_RETRY_S = 5.0  # Retry-After while the engine is starting
+
+
 def check_engine(state: ServeState) -> None:
+    if state.drain.draining:
+        raise OpenAIError(503, "the server is shutting down", code="server_shutting_down")
     health = state.client.health()
     if health.status == "ready":
         return
-    code = "engine_starting" if health.status == "starting" else "engine_unavailable"
-    raise OpenAIError(503, f"the engine is {health.status}: {health.detail}", code=code)
+    if health.status == "starting":
+        raise OpenAIError(503, f"the engine is starting: {health.detail}", code="engine_starting",
+                          retry_after=ENGINE_START_RETRY_S)
+    # Dead: back after the restart delay (and its start-up), unless restarts are off.
+    retry = None if state.restart_delay is None else state.restart_delay + ENGINE_START_RETRY_S
+    raise OpenAIError(503, f"the engine is {health.status}: {health.detail}",
+                      code="engine_unavailable", retry_after=retry)
+
+
+def check_choice_count(state: ServeState, num_choices: int, param: str) -> None:
+    """Before anything is expanded: a request with more choices than the queue holds can
+    never be queued (400, not 429)."""
+    if num_choices > state.max_queue_len:
+        raise OpenAIError(400, f"this request needs {num_choices} engine requests (prompts x n); "
+                               f"the queue holds {state.max_queue_len} (--max-queue-len)",
+                          param=param, code="too_many_choices")
 
 
 def check_queue(state: ServeState, num_new: int) -> None:
@@ -86,7 +120,7 @@ def check_queue(state: ServeState, num_new: int) -> None:
     if waiting + num_new > state.max_queue_len:
         raise OpenAIError(429, f"the queue is full ({waiting} requests waiting, "
                                f"--max-queue-len {state.max_queue_len}); retry later",
-                          code="queue_full")
+                          code="queue_full", retry_after=1)
 
 
 def check_unsupported(req: SamplingRequest) -> None:
@@ -146,8 +180,7 @@ def submit(state: ServeState, prepared: list[PreparedPrompt]) -> list[RequestStr
     except (ValueError, EngineDeadError, EngineNotReadyError) as exc:
         for stream in streams:
             stream.cancel()
-        status = 400 if isinstance(exc, ValueError) else 503
-        raise OpenAIError(status, str(exc)) from None
+        raise stream_error(exc) from None
     return streams
 
 
@@ -162,15 +195,17 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
             raise OpenAIError(400, f"{name} is not supported", param=name,
                               code="unsupported_parameter")
     prompts = _prompt_list(req.prompt)
+    check_choice_count(state, len(prompts) * req.n, "n" if req.n > 1 else "prompt")
+    state.metrics.observe_request_params(req.n, req.max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
+    params = sampling_params(req, req.max_tokens if req.max_tokens is not None
+                             else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs)
     prepared = []
     for prompt in prompts:
         try:
-            _, ids = state.client.encode(prompt)
+            _, ids = await state.client.encode_async(prompt)
         except ValueError as exc:
-            raise OpenAIError(400, str(exc), param="prompt") from None
-        params = sampling_params(req, req.max_tokens if req.max_tokens is not None
-                                 else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs)
+            raise bad_prompt(exc, "prompt") from None
         for choice in choice_params(params):
             prepared.append(prepare(state, ids, choice, f"{request_id}-{len(prepared)}",
                                     req.max_tokens is not None))
@@ -179,7 +214,7 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
                                                       req.logprobs, req.n), streams)
-    finals = await _run_to_end(streams, raw)
+    finals = await _run_to_end(streams, raw, state.drain)
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": _completion_logprobs(out, 0, req.logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
@@ -196,7 +231,7 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
     sent_logprobs = [0] * len(streams)
     finals: list[RequestOutput | None] = [None] * len(streams)
     try:
-        async with aclosing(_merged(streams)) as outputs:
+        async with aclosing(_merged(streams, state.drain)) as outputs:
             async for index, out in outputs:
                 completion = out.outputs[0]
                 if out.finished:
@@ -218,10 +253,8 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
             yield _sse({"id": request_id, "object": "text_completion", "created": created,
                         "model": state.model_name, "choices": [],
                         "usage": _usage(finals, choices_per_prompt)})
-    except (EngineDeadError, EngineNotReadyError) as exc:
-        yield sse_error(OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable"))
-    except ValueError as exc:
-        yield sse_error(OpenAIError(400, str(exc)))
+    except Exception as exc:  # every stream ends with an error event and [DONE], never cut
+        yield sse_error(stream_error(exc))
     yield "data: [DONE]\n\n"
 
 
@@ -238,13 +271,14 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
                           param="response_format", code="unsupported_value")
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
-    messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-    try:
-        _, ids = state.client.encode(messages=messages)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="messages") from None
+    check_choice_count(state, req.n, "n")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
+    state.metrics.observe_request_params(req.n, max_tokens)
+    try:
+        _, ids = await state.client.encode_async(messages=[m.for_template() for m in req.messages])
+    except ValueError as exc:
+        raise bad_prompt(exc, "messages") from None
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -256,7 +290,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(state, streams, request_id, include_usage,
                                                 logprobs), streams)
-    finals = await _run_to_end(streams, raw)
+    finals = await _run_to_end(streams, raw, state.drain)
     choices = [{"index": i, "message": {"role": "assistant", "content": out.outputs[0].text},
                 "logprobs": _chat_logprobs(out, 0, logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
@@ -284,7 +318,7 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
     sent_logprobs = [0] * len(streams)
     finals: list[RequestOutput | None] = [None] * len(streams)
     try:
-        async with aclosing(_merged(streams)) as outputs:
+        async with aclosing(_merged(streams, state.drain)) as outputs:
             for index in range(len(streams)):
                 yield chunk(index, {"role": "assistant", "content": ""})
             async for index, out in outputs:
@@ -300,10 +334,8 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                             completion.stop_reason)
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(finals, len(finals))})
-    except (EngineDeadError, EngineNotReadyError) as exc:
-        yield sse_error(OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable"))
-    except ValueError as exc:
-        yield sse_error(OpenAIError(400, str(exc)))
+    except Exception as exc:  # every stream ends with an error event and [DONE], never cut
+        yield sse_error(stream_error(exc))
     yield "data: [DONE]\n\n"
 
 
@@ -318,27 +350,53 @@ async def _final_output(stream: RequestStream) -> RequestOutput:
     return last
 
 
-async def _run_to_end(streams: list[RequestStream], raw: Request) -> list[RequestOutput]:
+async def _run_to_end(streams: list[RequestStream], raw: Request, drain: Drain) -> list[RequestOutput]:
     """Run to completion; if the HTTP client goes away first, abort (frees the blocks)."""
     work = asyncio.ensure_future(asyncio.gather(*(_final_output(s) for s in streams)))
-    watcher = asyncio.ensure_future(_wait_disconnect(raw))
+    watchers = {asyncio.ensure_future(_wait_disconnect(raw)), asyncio.ensure_future(drain.expired.wait())}
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({work, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        watcher.cancel()
+        for watcher in watchers:
+            watcher.cancel()
         finished = work.done()
         if not finished:
             work.cancel()
         for stream in streams:
             stream.cancel()
     if not finished:
+        if drain.expired.is_set():
+            raise stream_error(ServerShuttingDown())
         raise OpenAIError(400, "the client disconnected", code="client_disconnected")
     try:
         return work.result()
-    except (EngineDeadError, EngineNotReadyError) as exc:
-        raise OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable") from None
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc)) from None
+    except Exception as exc:
+        raise stream_error(exc) from None
+
+
+def stream_error(exc: Exception) -> OpenAIError:
+    """What a request that failed while running is told."""
+    match exc:
+        case EngineDeadError() | EngineNotReadyError():
+            return OpenAIError(503, f"the engine stopped: {exc}", code="engine_unavailable",
+                               retry_after=ENGINE_START_RETRY_S)
+        case RequestFailedError():
+            return OpenAIError(500, f"the engine could not complete this request: {exc}",
+                               code="request_failed")
+        case ServerShuttingDown():
+            return OpenAIError(503, "the server is shutting down", code="server_shutting_down")
+        case OpenAIError():
+            return exc
+        case ValueError():
+            return OpenAIError(400, str(exc))
+    return OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def bad_prompt(exc: ValueError, param: str) -> OpenAIError:
+    error = OpenAIError(400, str(exc), param=param)
+    if "max_model_len" in error.message:
+        error.code = "context_length_exceeded"
+    return error
 
 
 async def _wait_disconnect(raw: Request) -> None:
@@ -346,12 +404,10 @@ async def _wait_disconnect(raw: Request) -> None:
         pass
 
 
-async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(prompt index, output) from one or several requests, as they arrive."""
-    if len(streams) == 1:
-        async for out in streams[0]:
-            yield 0, out
-        return
+async def _merged(streams: list[RequestStream],
+                  drain: Drain) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from one or several requests, as they arrive; raises
+    ServerShuttingDown once the grace period after SIGTERM is over."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, stream: RequestStream) -> None:
@@ -361,7 +417,12 @@ async def _merged(streams: list[RequestStream]) -> AsyncIterator[tuple[int, Requ
         except Exception as exc:
             queue.put_nowait(exc)
 
+    async def cut() -> None:
+        await drain.expired.wait()
+        queue.put_nowait(ServerShuttingDown())
+
     tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    tasks.append(asyncio.ensure_future(cut()))
     remaining = len(streams)
     try:
         while remaining:

@@ -1,16 +1,53 @@
 """Request bodies of the OpenAI API (the subset kvdeck serves), as pydantic models.
 
 Types are strict where OpenAI is strict: `"temperature": "hot"` or `"max_tokens": "5"`
-is a 400, not a silent conversion. Ranges are checked by SamplingParams (one source of
-truth, errors that name the field). Unknown fields are ignored, as OpenAI does.
+is a 400, not a silent conversion. Value ranges come from the engine's own bounds
+(`SAMPLING_BOUNDS`, one source of truth), with OpenAI's narrower ones where it has them
+(temperature <= 2); they are in the OpenAPI document too. Unknown fields are ignored, as
+OpenAI does.
 """
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
 
-Number = StrictFloat | StrictInt
-TokenIds = list[StrictInt]
+from kvdeck.engine.types.sampling_params import (
+    INT64_MAX,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    SAMPLING_BOUNDS,
+)
+
+MAX_PROMPTS = 256  # prompts in one /v1/completions request (each choice is a queued request)
+MAX_MESSAGES = 4096
+OPENAI_MAX_TEMPERATURE = 2.0
+
+
+def bounded(kind: str, name: str, high: float | None = None) -> Any:
+    """An "int" or a "number" within the engine's range for `name` (narrowed to `high`)."""
+    bound = SAMPLING_BOUNDS[name]
+    limits: dict[str, float] = {}
+    if bound.low is not None:
+        limits["gt" if bound.low_open else "ge"] = bound.low
+    top = bound.high if high is None else high
+    if top is not None:
+        limits["le"] = top
+    if kind == "int":
+        return Annotated[StrictInt, Field(**limits)]
+    # Each branch carries the range, so the OpenAPI document states it (minimum, maximum).
+    real = Annotated[StrictFloat, Field(allow_inf_nan=False, **limits)]
+    return real | Annotated[StrictInt, Field(**limits)]
+
+
+Number = Annotated[StrictFloat, Field(allow_inf_nan=False)] | StrictInt
+
+
+def unsupported(**schema: object) -> Any:
+    """Document the values served without enforcing them here: the route refuses the rest
+    with a 400 that names the option (clearer than a type error)."""
+    return Field(json_schema_extra=schema)
+TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 
 
 class StreamOptions(BaseModel):
@@ -24,34 +61,39 @@ class SamplingRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: StrictStr | None = None
-    max_tokens: StrictInt | None = None
-    temperature: Number | None = None
-    top_p: Number | None = None
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    repetition_penalty: Number | None = None
-    seed: StrictInt | None = None
-    stop: StrictStr | list[StrictStr] | None = None
-    stop_token_ids: TokenIds | None = None
+    max_tokens: bounded("int", "max_tokens") | None = None
+    temperature: bounded("number", "temperature", OPENAI_MAX_TEMPERATURE) | None = None
+    top_p: bounded("number", "top_p") | None = None
+    top_k: bounded("int", "top_k") | None = None
+    min_p: bounded("number", "min_p") | None = None
+    presence_penalty: bounded("number", "presence_penalty") | None = None
+    frequency_penalty: bounded("number", "frequency_penalty") | None = None
+    repetition_penalty: bounded("number", "repetition_penalty") | None = None
+    seed: bounded("int", "seed") | None = None
+    stop: StrictStr | Annotated[list[StrictStr], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Field(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     ignore_eos: StrictBool = False
-    min_tokens: StrictInt = 0
+    min_tokens: bounded("int", "min_tokens") = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
-    n: StrictInt = 1
+    n: bounded("int", "n") = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    logit_bias: dict[str, Number] | None = None
+    # Unsupported options are accepted as types and refused with a 400 that names them; the
+    # schema says which values are served (what `unsupported` documents).
+    logit_bias: Annotated[dict[str, Number], unsupported(maxProperties=0)] | None = None
 
 
 class CompletionRequest(SamplingRequest):
-    prompt: StrictStr | TokenIds | list[StrictStr] | list[TokenIds]
-    logprobs: StrictInt | None = None
-    echo: StrictBool = False
-    suffix: StrictStr | None = None
-    best_of: StrictInt | None = None
+    prompt: (Annotated[StrictStr, Field(min_length=1)] | TokenIds
+             | Annotated[list[Annotated[StrictStr, Field(min_length=1)]],
+                         Field(min_length=1, max_length=MAX_PROMPTS)]
+             | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    logprobs: bounded("int", "logprobs") | None = None
+    echo: Annotated[StrictBool, unsupported(const=False)] = False
+    suffix: Annotated[StrictStr, unsupported(maxLength=0)] | None = None
+    best_of: Annotated[StrictInt, unsupported(minimum=1, maximum=1)] | None = None
 
 
 class TextContentPart(BaseModel):
@@ -60,32 +102,59 @@ class TextContentPart(BaseModel):
     text: StrictStr
 
 
+class FunctionCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    id: StrictStr
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """One message. `content` may be null only on an assistant message with `tool_calls`
+    (checked with the chat template, which also decides what the roles mean)."""
+
     model_config = ConfigDict(extra="ignore")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextContentPart] | None = None
     name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
+    def text(self) -> str | None:
+        if self.content is None or isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (OpenAI's field names)."""
+        message: dict = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        if self.tool_calls:
+            message["tool_calls"] = [call.model_dump() for call in self.tool_calls]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        return message
 
 
 class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="allow")
-    type: StrictStr
+    type: Annotated[StrictStr, unsupported(enum=["text"])]
 
 
 class ChatCompletionRequest(SamplingRequest):
-    messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: StrictInt | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
+    max_completion_tokens: bounded("int", "max_tokens") | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
-    tools: list[dict] | None = None
-    tool_choice: StrictStr | dict | None = None
+    top_logprobs: bounded("int", "logprobs") | None = None
+    tools: Annotated[list[dict], unsupported(maxItems=0)] | None = None
+    tool_choice: Annotated[StrictStr, unsupported(enum=["none"])] | dict | None = None
     response_format: ResponseFormat | None = None
 
 
@@ -93,11 +162,11 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
     prompt: StrictStr | None = None
-    messages: list[ChatMessage] | None = None
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: StrictBool = True
 
 
 class DetokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None
-    tokens: TokenIds
+    tokens: Annotated[list[TokenId], Field(max_length=1 << 20)]

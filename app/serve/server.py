@@ -6,6 +6,7 @@ engine is started again after `engine_restart_delay` seconds (doubling while res
 keep failing, up to a minute), so the server keeps serving. Routes:
 /v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize (these need
 the API key when one is set), /health and /metrics (open, for probes and Prometheus).
+Bodies over the limit get 413 before they are parsed; SIGTERM drains (shutdown.py).
 """
 
 import asyncio
@@ -22,13 +23,23 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
+from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
 from kvdeck.app.serve.openai_routes import (
     ServeState,
+    bad_prompt,
     check_engine,
     check_model,
     create_chat_completion,
     create_completion,
+)
+from kvdeck.app.serve.openapi import (
+    GENERATE_RESPONSES,
+    METRICS_RESPONSES,
+    TOKENS_RESPONSES,
+    HealthResponse,
+    errors,
+    install_openapi,
 )
 from kvdeck.app.serve.protocol import (
     ChatCompletionRequest,
@@ -36,6 +47,7 @@ from kvdeck.app.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.engine.api.async_client import EngineClient, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
@@ -49,16 +61,20 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                api_key: str | None = None, max_queue_len: int = 256,
                on_start_failed: Callable[[str], None] | None = None,
                engine_restart_delay: float | None = 1.0,
-               allowed_origins: list[str] | None = None) -> FastAPI:
+               allowed_origins: list[str] | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               drain: Drain | None = None) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
     `allowed_origins`: browser origins allowed by CORS (None: no CORS headers).
+    `drain`: set by the server on SIGTERM (requests then get 503, streams are cut later).
     """
     model_name = served_model_name or client.model_name
-    metrics = EngineMetrics(model_name, lambda: client.last_stats)
+    metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
     client.add_output_listener(metrics.observe_output)
-    state = ServeState(client, metrics, model_name, max_queue_len)
+    state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
+                       engine_restart_delay)
     created = int(time.time())
 
     @asynccontextmanager
@@ -75,6 +91,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     install_error_handlers(app)
+    install_openapi(app, model_name)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
     if allowed_origins:
@@ -84,32 +102,32 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         app.add_middleware(CORSMiddleware, allow_origins=allowed_origins, allow_methods=["*"],
                            allow_headers=["*"])
 
-    @app.get("/health")
+    @app.get("/health", response_model=HealthResponse, responses=errors(503))
     async def health() -> JSONResponse:
         h = client.health()
         body = {"status": h.status, "detail": h.detail, "model": model_name}
         return JSONResponse(body, status_code=200 if h.status == "ready" else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=errors(401))
     async def list_models() -> JSONResponse:
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "kvdeck",
                 "root": str(client.model_dir or client.model_name),
                 "max_model_len": client.max_model_len or None}
         return JSONResponse({"object": "list", "data": [card]})
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=GENERATE_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):
         return await create_completion(state, body, raw)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=GENERATE_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         return await create_chat_completion(state, body, raw)
 
-    @app.post("/tokenize")
+    @app.post("/tokenize", responses=TOKENS_RESPONSES)
     async def tokenize(body: TokenizeRequest) -> JSONResponse:
         check_model(state, body.model)
         check_engine(state)
@@ -117,19 +135,18 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
             raise OpenAIError(400, "give exactly one of prompt or messages", param="prompt")
         try:
             if body.messages is not None:
-                _, ids = client.encode(messages=[{"role": m.role, "content": m.text()}
-                                                 for m in body.messages])
+                messages = [m.for_template() for m in body.messages]
+                _, ids = await client.encode_async(messages=messages)
             elif body.add_special_tokens:
-                _, ids = client.encode(body.prompt)
+                _, ids = await client.encode_async(body.prompt)
             else:
-                ids = client.tokenizer.encode(body.prompt, add_special_tokens=False)
+                ids = await client.encode_async_plain(body.prompt)
         except ValueError as exc:
-            raise OpenAIError(400, str(exc), param="messages" if body.messages else "prompt") \
-                from None
+            raise bad_prompt(exc, "messages" if body.messages else "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids),
                              "max_model_len": client.max_model_len})
 
-    @app.post("/detokenize")
+    @app.post("/detokenize", responses=TOKENS_RESPONSES)
     async def detokenize(body: DetokenizeRequest) -> JSONResponse:
         check_model(state, body.model)
         check_engine(state)
@@ -137,7 +154,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
         if bad:
             raise OpenAIError(400, f"tokens must be in [0, {client.vocab_size}), got {bad[0]}",
                               param="tokens")
-        return JSONResponse({"prompt": client.tokenizer.decode(body.tokens)})
+        return JSONResponse({"prompt": await client.decode_async(body.tokens)})
 
     return app
 
@@ -231,6 +248,10 @@ def run_server(args, engine_kwargs: dict) -> int:
         raise ValueError(f"--max-queue-len must be >= 1, got {args.max_queue_len}")
     if not 0 < args.port < 65536:
         raise ValueError(f"--port must be in 1..65535, got {args.port}")
+    if not args.max_request_body_mb > 0:
+        raise ValueError(f"--max-request-body-mb must be > 0, got {args.max_request_body_mb}")
+    if not args.shutdown_grace_period >= 0:
+        raise ValueError(f"--shutdown-grace-period must be >= 0, got {args.shutdown_grace_period}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     client = EngineClient(args.model, **engine_kwargs)
     failures: list[str] = []
@@ -241,13 +262,16 @@ def run_server(args, engine_kwargs: dict) -> int:
         if server is not None:
             server.should_exit = True
 
+    drain = Drain()
     app = create_app(client, served_model_name=args.served_model_name, api_key=api_key,
                      max_queue_len=args.max_queue_len, on_start_failed=start_failed,
                      engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
-                     allowed_origins=args.allowed_origins)
+                     allowed_origins=args.allowed_origins,
+                     max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain)
+    # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
-                            timeout_graceful_shutdown=5, access_log=False)
-    server = uvicorn.Server(config)
+                            timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)
+    server = GracefulServer(config, drain, args.shutdown_grace_period)
     server.run()
     if failures:
         print(f"kvdeck: error: the engine failed to start: {failures[0]}", file=sys.stderr)

@@ -14,9 +14,10 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from kvdeck.engine.api.streams import RequestStream, StreamRegistry
+from kvdeck.engine.api.streams import RequestFailedError, RequestStream, StreamRegistry
 from kvdeck.engine.client.supervisor import (
     EngineDeadError,
     EngineHealth,
@@ -34,7 +35,7 @@ from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats
-from kvdeck.engine.types.wire import RequestRejected, StartupProgress, StepOutputs
+from kvdeck.engine.types.wire import EngineInfo, RequestRejected, StartupProgress, StepOutputs
 
 logger = logging.getLogger(__name__)
 
@@ -53,19 +54,24 @@ class EngineClient:
         self.num_blocks: int = 0
         self.model_dir: Path | None = None
         self.tokenizer = None
+        self.info: EngineInfo | None = None  # what the running engine is (set at ready)
         self.last_stats: EngineStats | None = None
         self._supervisor = ProcessSupervisor(self.config, log_path, self._on_message, self._on_death)
         self._frontend: Frontend | None = None
         self._streams = StreamRegistry()
         self._output_listeners: list[OutputListener] = []
+        self._step_listeners: list[Callable[[list[int]], None]] = []
         self._on_progress: ProgressListener | None = None
+        # Tokenising and chat templates run here, one at a time (fast tokenizers must not be
+        # used from two threads at once), so a long prompt never stalls the event loop.
+        self._tokenize_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kvdeck-tokenize")
 
     # ---- lifecycle -----------------------------------------------------------------
     async def start(self, on_progress: ProgressListener | None = None) -> None:
         """Spawn the engine process; return once it is ready (EngineStartError if not)."""
         self._on_progress = on_progress
         ready = await self._supervisor.start(on_progress, self._load_tokenizer)
-        info = ready.info
+        info = self.info = ready.info
         self.max_model_len = info.max_model_len
         self.vocab_size = info.vocab_size
         self.num_blocks = info.num_blocks
@@ -117,6 +123,10 @@ class EngineClient:
         """Called on the event loop with every RequestOutput (metrics, logging)."""
         self._output_listeners.append(listener)
 
+    def add_step_listener(self, listener: Callable[[list[int]], None]) -> None:
+        """Called on the event loop with the tokens computed by each engine step."""
+        self._step_listeners.append(listener)
+
     # ---- requests ------------------------------------------------------------------
     def encode(self, prompt: Prompt | None = None,
                messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
@@ -132,28 +142,64 @@ class EngineClient:
             raise EngineNotReadyError("the engine has not been started")
         self._frontend.limits.check(prompt_token_ids, params)
 
+    async def encode_async(self, prompt: Prompt | None = None,
+                           messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+        """`encode` off the event loop (in the tokenizer's thread)."""
+        if self._frontend is None:
+            raise EngineNotReadyError("the engine has not been started")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, self._frontend.encode, prompt, messages)
+
+    async def encode_async_plain(self, text: str) -> list[int]:
+        """Token ids of `text` without the special tokens the tokenizer would add."""
+        if self._frontend is None:
+            raise EngineNotReadyError("the engine has not been started")
+        frontend = self._frontend
+        frontend.check_text(text, "prompt")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._tokenize_pool, lambda: frontend.tokenizer.encode(text, add_special_tokens=False))
+
+    async def decode_async(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:
+            raise EngineNotReadyError("the engine has not been started")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenize_pool, self.tokenizer.decode, token_ids)
+
     def add_request(self, prompt: Prompt | None, params: SamplingParams,
                     request_id: str | None = None, messages: list[dict] | None = None) -> RequestStream:
         """Queue a request now and return its stream (closing the stream early aborts it).
 
         Synchronous, so a caller can check capacity and queue without another task
-        slipping in between. ValueError for bad input, before anything is queued.
+        slipping in between (pass token ids, from `encode_async`, to keep the tokenising
+        off the loop). ValueError for bad input, before anything is queued.
         """
+        self._supervisor.require_ready()
+        frontend = self._frontend
+        assert frontend is not None
+        prompt_text, prompt_ids = frontend.encode(prompt, messages)
+        return self._add_encoded(request_id, prompt_text, prompt_ids, params)
+
+    def _add_encoded(self, request_id: str | None, prompt_text: str | None, prompt_ids: list[int],
+                     params: SamplingParams) -> RequestStream:
         self._supervisor.require_ready()
         frontend = self._frontend
         assert frontend is not None
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         if request_id in self._streams.streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        frontend.add_request(request_id, prompt, params, messages, arrival_time=time.time())
+        frontend.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=time.time())
         stream = self._streams.open(request_id)
         return RequestStream(request_id, stream, self._cancel)
 
     async def generate(self, prompt: Prompt | None, params: SamplingParams,
                        request_id: str | None = None,
                        messages: list[dict] | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; leaving the loop early aborts the request."""
-        stream = self.add_request(prompt, params, request_id, messages)
+        """Stream one request's outputs; leaving the loop early aborts the request.
+        Tokenising runs off the event loop."""
+        self._supervisor.require_ready()
+        prompt_text, prompt_ids = await self.encode_async(prompt, messages)
+        stream = self._add_encoded(request_id, prompt_text, prompt_ids, params)
         try:
             async for out in stream:
                 yield out
@@ -201,7 +247,10 @@ class EngineClient:
 
     def _on_message(self, message: object) -> None:
         match message:
-            case StepOutputs(outputs, stats):
+            case StepOutputs(outputs, stats, iteration_tokens):
+                if iteration_tokens:
+                    for step_listener in self._step_listeners:
+                        step_listener(iteration_tokens)
                 if outputs and self._frontend is not None:
                     for out in self._frontend.process_outputs(outputs):
                         self._notify(out)
@@ -220,7 +269,10 @@ class EngineClient:
         error = EngineDeadError(detail)
         lost = self._streams.end_all(error)
         if self._frontend is not None:
-            self._frontend.abort(lost, tell_core=False)
+            # Their last word: finished with "error", so listeners (metrics) count them.
+            lost += [rid for rid in list(self._frontend.output_processor.states) if rid not in lost]
+            for out in self._frontend.abort(lost, tell_core=False, error=detail):
+                self._notify(out)
         self._streams.publish_stats(error)
 
 
@@ -231,6 +283,7 @@ __all__ = [
     "EngineNotReadyError",
     "EngineStartError",
     "EngineState",
+    "RequestFailedError",
     "RequestStream",
     "StartupProgress",
 ]

@@ -1,9 +1,10 @@
 """Per-request output streams and the stats fan-out of the async client.
 
 A `RequestStream` is an async iterator over one request's `RequestOutput`s; it ends after
-the finished output, or raises what ended it (EngineDeadError, ValueError for a request
-the core refused). Closing it early aborts the request. Stats readers each get a small
-queue that keeps the newest snapshots, so a slow reader never builds a backlog.
+the finished output, or raises what ended it (EngineDeadError, ValueError for a request the
+core refused, RequestFailedError for one that failed in the engine). Closing it early
+aborts the request. Stats readers each get a small queue that keeps the newest snapshots,
+so a slow reader never builds a backlog.
 """
 
 import asyncio
@@ -13,6 +14,10 @@ from dataclasses import dataclass, field
 from kvdeck.engine.types.outputs import RequestOutput
 
 STATS_BACKLOG = 32  # snapshots kept per slow stats reader (oldest dropped first)
+
+
+class RequestFailedError(RuntimeError):
+    """This request failed in the engine (the engine and the other requests went on)."""
 
 
 @dataclass(slots=True)
@@ -39,6 +44,9 @@ class StreamRegistry:
         if stream is None:
             return
         stream.has_output = True
+        if output.error is not None:
+            self.end(output.request_id, RequestFailedError(output.error))
+            return
         stream.queue.put_nowait(output)
         if output.finished:
             del self.streams[output.request_id]

@@ -71,6 +71,8 @@ class EngineCore:
             device=str(runner.device),
             dtype=str(runner.dtype).removeprefix("torch."),
             kv_bytes_per_token=self.kv_plan.bytes_per_token,
+            kv_cache_dtype=str(runner.dtype).removeprefix("torch."),
+            enable_prefix_caching=self.config.enable_prefix_caching,
             weight_bytes_per_token=runner.weight_bytes_per_token(),
             cuda_graphs=runner.decode_graphs is not None,
         )
@@ -115,7 +117,7 @@ class EngineCore:
         self.num_steps += 1
         self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
                                      len(batch.requests), result.total_s)
-        outputs = []
+        outputs = self._fail(batch, result.failures)
         for request, sample in zip(batch.requests, result.samples):
             if sample is None:
                 continue
@@ -134,6 +136,20 @@ class EngineCore:
         self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
                          model=executed - scheduled - result.prepare_s,
                          update=time.perf_counter() - executed)
+        return outputs
+
+    def _fail(self, batch: ScheduledBatch, failures: dict[int, str]) -> list[EngineCoreOutput]:
+        """Finish the requests whose processing failed this step (their blocks freed, their
+        client told why); the rest of the batch goes on."""
+        outputs = []
+        for row, why in failures.items():
+            request = batch.requests[row]
+            for failed in self.scheduler.finish_requests({request.request_id},
+                                                         RequestStatus.FINISHED_ERROR):
+                self._forget(failed)
+            logger.error("request %s failed and was finished: %s", request.request_id, why)
+            outputs.append(EngineCoreOutput(request.request_id, [], RequestStatus.FINISHED_ERROR.value,
+                                            metrics=request.metrics, error=why))
         return outputs
 
     def _forget(self, request: Request) -> None:

@@ -88,6 +88,7 @@ class EngineCoreLoop:
         self.stats_interval = 1.0 / STATS_HZ
         self.last_stats_time = 0.0
         self.stats_dirty = False  # something changed since the last snapshot sent
+        self.iteration_tokens: list[int] = []  # per step, until the next message carries them
 
     def run(self) -> None:
         while True:
@@ -103,7 +104,11 @@ class EngineCoreLoop:
                     return
             if not self.core.has_unfinished_requests():
                 continue
+            steps_before = self.core.num_steps
             outputs = self.core.step()
+            if self.core.num_steps != steps_before:  # an empty schedule runs no step
+                last = self.core.last_step
+                self.iteration_tokens.append(last.prefill_tokens + last.decode_tokens)
             self.stats_dirty = True
             now = time.monotonic()
             stats = None
@@ -112,7 +117,8 @@ class EngineCoreLoop:
                 self.last_stats_time = now
                 self.stats_dirty = False
             if outputs or stats is not None:
-                self.output_conn.send(StepOutputs(outputs, stats))
+                self.output_conn.send(StepOutputs(outputs, stats, self.iteration_tokens))
+                self.iteration_tokens = []
 
     def _handle(self, message: object) -> bool:
         """Apply one client message; False means stop the loop."""
@@ -132,6 +138,7 @@ class EngineCoreLoop:
         return True
 
     def _send_stats(self) -> None:
-        self.output_conn.send(StepOutputs([], self.core.stats()))
+        self.output_conn.send(StepOutputs([], self.core.stats(), self.iteration_tokens))
+        self.iteration_tokens = []
         self.last_stats_time = time.monotonic()
         self.stats_dirty = False

@@ -53,27 +53,38 @@ class OutputProcessor:
     def has_request(self, request_id: str) -> bool:
         return request_id in self.states
 
-    def process(self, core_outputs: list[EngineCoreOutput]) -> tuple[list[RequestOutput], list[str]]:
-        """Outputs for the caller, and ids that a stop string finished (to stop in the core)."""
+    def process(self, core_outputs: list[EngineCoreOutput],
+                ) -> tuple[list[RequestOutput], list[str], list[str]]:
+        """Outputs for the caller; ids a stop string finished and ids whose output could not be
+        processed (both still running in the core, to be finished there)."""
         outputs: list[RequestOutput] = []
         stopped_by_string: list[str] = []
+        failed: list[str] = []
         for core_output in core_outputs:
             state = self.states.get(core_output.request_id)
             if state is None:
                 continue  # aborted on this side already
-            output = self._update(state, core_output)
+            try:
+                output = self._update(state, core_output)
+            except Exception as exc:  # this request's text could not be made: end it alone
+                output = self._build(state, "", [], "error", None, 0,
+                                     error=f"{type(exc).__name__}: {exc}")
+                if not core_output.finished:
+                    failed.append(state.request_id)
             if output.finished:
                 del self.states[state.request_id]
                 if state.detokenizer.stop_reason is not None and not core_output.finished:
                     stopped_by_string.append(state.request_id)
             outputs.append(output)
-        return outputs, stopped_by_string
+        return outputs, stopped_by_string, failed
 
-    def abort(self, request_id: str) -> RequestOutput | None:
+    def abort(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+        """End a request here: its final output, finish_reason "abort" (or "error" with a
+        reason, when the engine lost it)."""
         state = self.states.pop(request_id, None)
         if state is None:
             return None
-        return self._build(state, "", [], "abort", None, 0)
+        return self._build(state, "", [], "error" if error else "abort", None, 0, error)
 
     def _update(self, state: RequestState, core_output: EngineCoreOutput) -> RequestOutput:
         if core_output.metrics is not None:
@@ -97,10 +108,11 @@ class OutputProcessor:
         if finish_reason is not None and state.metrics.finished_time is None:
             state.metrics.finished_time = time.time()
         return self._build(state, delta, new_ids, finish_reason, stop_reason,
-                           core_output.num_cached_tokens)
+                           core_output.num_cached_tokens, core_output.error)
 
     def _build(self, state: RequestState, delta: str, new_ids: list[int], finish_reason: str | None,
-               stop_reason: int | str | None, num_cached: int) -> RequestOutput:
+               stop_reason: int | str | None, num_cached: int,
+               error: str | None = None) -> RequestOutput:
         completion = CompletionOutput(
             index=0,
             text=state.detokenizer.text[: state.detokenizer.emitted],
@@ -119,4 +131,5 @@ class OutputProcessor:
             delta_text=delta,
             delta_token_ids=list(new_ids),
             num_cached_tokens=num_cached,
+            error=error,
         )

@@ -6,14 +6,19 @@ those blocks shared)."""
 from dataclasses import replace
 
 from kvdeck.engine.types.outputs import RequestOutput
-from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.sampling_params import INT64_MIN, SamplingParams
 
 
 def choice_params(params: SamplingParams) -> list[SamplingParams]:
-    """One SamplingParams (n=1) per choice. A seed is offset by the choice index, so the
-    choices differ while the whole request stays reproducible."""
-    return [replace(params, n=1, seed=None if params.seed is None else params.seed + index)
+    """One SamplingParams (n=1) per choice. A seed is offset by the choice index (wrapping
+    around the 64-bit range), so the choices differ while the whole request stays
+    reproducible."""
+    return [replace(params, n=1, seed=None if params.seed is None else _offset_seed(params.seed, index))
             for index in range(params.n)]
+
+
+def _offset_seed(seed: int, index: int) -> int:
+    return (seed + index - INT64_MIN) % 2**64 + INT64_MIN
 
 
 def merge_choices(outputs: list[RequestOutput]) -> RequestOutput:

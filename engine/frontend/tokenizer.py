@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+from kvdeck.engine.frontend.chat import check_unicode
+
 
 class NoTokenizer:
     """Stands in where a model has no tokenizer (a bare config with dummy weights):
@@ -29,6 +31,14 @@ def load_tokenizer(model_dir: Path, tokenizer: str | None = None, required: bool
         raise ValueError(f"cannot load a tokenizer from {source}: {exc}") from exc
 
 
+def max_chars_per_token(tokenizer) -> int | None:
+    """The most characters one token can stand for (its longest vocabulary entry; byte-level
+    BPE entries have one character per byte), None without a vocabulary."""
+    get_vocab = getattr(tokenizer, "get_vocab", None)
+    vocab = get_vocab() if get_vocab is not None else None
+    return max(map(len, vocab), default=1) if vocab else None
+
+
 def tokenizer_eos_ids(tokenizer) -> list[int]:
     """The tokenizer's own end-of-sequence id (added to the model's for every request)."""
     eos = getattr(tokenizer, "eos_token_id", None)
@@ -40,6 +50,7 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> tuple[str | None, list[
     if isinstance(prompt, str):
         if not prompt:
             raise ValueError("prompt must not be empty")
+        check_unicode(prompt, "prompt")
         return prompt, tokenizer.encode(prompt)
     is_ids = isinstance(prompt, list | tuple) and all(
         isinstance(t, int) and not isinstance(t, bool) for t in prompt
@@ -49,22 +60,3 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> tuple[str | None, list[
             raise ValueError("prompt must not be empty")
         return None, list(prompt)
     raise ValueError("prompt must be a string or a list of token ids")
-
-
-def apply_chat_template(tokenizer, messages: list[dict]) -> list[int]:
-    """Render a conversation with the tokenizer's chat template, ready for the reply."""
-    if not isinstance(messages, list) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role', 'content'} objects")
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or "role" not in message or "content" not in message:
-            raise ValueError(f"messages[{i}] must have 'role' and 'content'")
-        if message["role"] not in ("system", "user", "assistant", "tool", "developer"):
-            raise ValueError(f"messages[{i}].role {message['role']!r} is not a known role")
-        if not isinstance(message["content"], str):
-            raise ValueError(f"messages[{i}].content must be a string")
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model's tokenizer has no chat template; use a plain completion")
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-        ids = ids["input_ids"]
-    return list(ids)

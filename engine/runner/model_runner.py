@@ -69,6 +69,7 @@ class StepResult:
     samples: list[SampleResult | None]
     prepare_s: float  # packing the batch into device tensors
     total_s: float  # prepare + forward + sampling
+    failures: dict[int, str] = field(default_factory=dict)  # batch row -> why its sampling failed
 
 
 class ModelRunner:
@@ -327,10 +328,34 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
         results: list[SampleResult | None] = [None] * inputs.num_requests
+        failures: dict[int, str] = {}
         if inputs.sample_requests:
             rows = torch.tensor(inputs.sample_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows])
-            sampled = self.sampler.sample(logits, inputs.sample_requests)
+            sampled, failed = self._sample(logits, inputs.sample_requests)
             for i, result in zip(inputs.sample_batch_index, sampled):
                 results[i] = result
-        return StepResult(results, prepared - started, time.perf_counter() - started)
+            failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
+        return StepResult(results, prepared - started, time.perf_counter() - started, failures)
+
+    def _sample(self, logits: torch.Tensor, requests: list[ScheduledSequence],
+                ) -> tuple[list[SampleResult | None], dict[int, str]]:
+        """Sample the batch; if that fails, sample each row alone, so that a request the
+        sampler cannot serve fails by itself and the others still get their tokens. A failure
+        no single row explains (every row fails) is the engine's, and is raised."""
+        try:
+            return list(self.sampler.sample(logits, requests)), {}
+        except Exception as batch_error:
+            samples: list[SampleResult | None] = []
+            failed: dict[int, str] = {}
+            for row, request in enumerate(requests):
+                try:
+                    samples.append(self.sampler.sample(logits[row : row + 1], [request])[0])
+                except Exception as exc:
+                    samples.append(None)
+                    failed[row] = f"{type(exc).__name__}: {exc}"
+            if len(failed) == len(requests) > 1:
+                raise batch_error
+            logger.error("sampling failed for %d of %d requests: %s", len(failed), len(requests),
+                         "; ".join(failed.values()))
+            return samples, failed

@@ -29,6 +29,13 @@ class Sampler:
     def forget(self, request_id: str) -> None:
         self.request_generators.pop(request_id, None)
 
+    def _generator(self, request: ScheduledSequence, device: torch.device) -> torch.Generator:
+        gen = self.request_generators.get(request.request_id)
+        if gen is None:
+            gen = torch.Generator(device=device).manual_seed(request.params.seed)
+            self.request_generators[request.request_id] = gen
+        return gen
+
     def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> list[SampleResult]:
         logits = logits.float()
         want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
@@ -91,18 +98,17 @@ class Sampler:
         probs = torch.softmax(scaled, dim=-1)
         # Gumbel-style draw: argmax(p / Exp(1)) samples from p, one noise row per request.
         noise = torch.empty_like(probs)
+        # Every seeded row's generator exists before any noise is drawn, so a failure here
+        # leaves no generator advanced (the runner may re-sample the rows one by one).
+        seeded = [(i, self._generator(r, logits.device)) for i, r in enumerate(requests)
+                  if r.params.seed is not None]
         unseeded = [i for i, r in enumerate(requests) if r.params.seed is None]
         if unseeded:
             noise[unseeded] = torch.empty(
                 len(unseeded), vocab, device=logits.device
             ).exponential_(generator=self.default_generator)
-        for i, request in enumerate(requests):
-            if request.params.seed is not None:
-                gen = self.request_generators.get(request.request_id)
-                if gen is None:
-                    gen = torch.Generator(device=logits.device).manual_seed(request.params.seed)
-                    self.request_generators[request.request_id] = gen
-                noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=gen)
+        for i, gen in seeded:
+            noise[i] = torch.empty(vocab, device=logits.device).exponential_(generator=gen)
         sampled = (probs / noise).argmax(dim=-1)
         greedy_mask = torch.tensor(greedy, device=logits.device)
         return torch.where(greedy_mask, logits.argmax(dim=-1), sampled)
@@ -110,7 +116,7 @@ class Sampler:
 
 def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:
     vocab = logits.shape[1]
-    top_k = [r.params.top_k if r.params.top_k > 0 else vocab for r in requests]
+    top_k = [min(r.params.top_k, vocab) if r.params.top_k > 0 else vocab for r in requests]
     top_p = [r.params.top_p for r in requests]
     min_p = [r.params.min_p for r in requests]
     if all(k >= vocab for k in top_k) and all(p >= 1.0 for p in top_p) and not any(min_p):

@@ -38,7 +38,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     logprobs: list[dict[int, Logprob]] | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
@@ -55,3 +55,4 @@ class RequestOutput:
     delta_text: str = ""
     delta_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    error: str | None = None  # finish_reason "error": what went wrong with this request

@@ -1,11 +1,62 @@
-"""Per-request sampling settings, validated on construction (vLLM's names)."""
+"""Per-request sampling settings, validated on construction (vLLM's names).
 
+Every numeric field is bounded to what the sampler, torch and the kernels accept
+(`SAMPLING_BOUNDS`, read by the server's request schema too), so a request that passes
+validation cannot fail inside the engine for its values. Non-finite numbers are refused.
+"""
+
+import math
 from dataclasses import dataclass, field
+
+INT32_MAX = 2**31 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_CHOICES = 128  # n per request (OpenAI's limit); each choice is an engine request
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+# Temperatures below this sample greedily: dividing logits by them overflows float32 (vLLM's
+# _SAMPLING_EPS).
+GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+@dataclass(slots=True, frozen=True)
+class Bound:
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False  # `low` itself is not allowed
+
+    def describe(self) -> str:
+        low = "-inf" if self.low is None else _number(self.low)
+        high = "inf" if self.high is None else _number(self.high)
+        return f"{'(' if self.low_open else '['}{low}, {high}]"
+
+    def holds(self, value: float) -> bool:
+        if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
+            return False
+        return self.high is None or value <= self.high
+
+
+SAMPLING_BOUNDS: dict[str, Bound] = {
+    "n": Bound(1, MAX_CHOICES),
+    "temperature": Bound(0.0, None),
+    "top_p": Bound(0.0, 1.0, low_open=True),
+    "top_k": Bound(-1, INT32_MAX),  # -1 or 0: no limit; larger than the vocabulary: no limit
+    "min_p": Bound(0.0, 1.0),
+    "presence_penalty": Bound(-2.0, 2.0),
+    "frequency_penalty": Bound(-2.0, 2.0),
+    "repetition_penalty": Bound(0.0, None, low_open=True),
+    "seed": Bound(INT64_MIN, INT64_MAX),  # torch generators take 64-bit seeds
+    "max_tokens": Bound(1, INT64_MAX),
+    "min_tokens": Bound(0, INT64_MAX),
+    "logprobs": Bound(0, MAX_LOGPROBS),
+}
+_INTEGER_FIELDS = {"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
 
 
 @dataclass(slots=True)
 class SamplingParams:
-    n: int = 1  # choices per prompt; the client side fans them out (engine/parallel_sampling.py)
+    n: int = 1  # choices per prompt; the front-end fans them out (frontend/parallel_sampling.py)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: no limit
@@ -35,52 +86,46 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW_TEMPERATURE
 
     def validate(self) -> None:
-        _check_int("n", self.n, low=1)
-        _check_number("temperature", self.temperature, low=0.0)
-        _check_number("top_p", self.top_p, low=0.0, high=1.0)
-        if self.top_p == 0.0:
-            raise ValueError("top_p must be in (0, 1], got 0")
-        _check_int("top_k", self.top_k, low=-1)
-        _check_number("min_p", self.min_p, low=0.0, high=1.0)
-        _check_number("presence_penalty", self.presence_penalty, low=-2.0, high=2.0)
-        _check_number("frequency_penalty", self.frequency_penalty, low=-2.0, high=2.0)
-        _check_number("repetition_penalty", self.repetition_penalty, low=0.0)
-        if self.repetition_penalty == 0.0:
-            raise ValueError("repetition_penalty must be > 0, got 0")
-        if self.seed is not None:
-            _check_int("seed", self.seed)
-        if self.max_tokens is not None:
-            _check_int("max_tokens", self.max_tokens, low=1)
-        _check_int("min_tokens", self.min_tokens, low=0)
+        for name, bound in SAMPLING_BOUNDS.items():
+            value = getattr(self, name)
+            if value is None and name in ("seed", "max_tokens", "logprobs"):
+                continue
+            _check(name, value, bound, integer=name in _INTEGER_FIELDS)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}"
             )
-        if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, low=0, high=20)
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True")
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop may hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}")
         for s in self.stop:
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+            if len(s) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"stop strings may be at most {MAX_STOP_STRING_CHARS} characters, "
+                                 f"got one of {len(s)}")
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids may hold at most {MAX_STOP_TOKEN_IDS} ids, "
+                             f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
-            _check_int("stop_token_ids[]", t, low=0)
+            _check("stop_token_ids[]", t, Bound(0, INT64_MAX), integer=True)
 
 
-def _check_number(name: str, value: object, low: float | None = None, high: float | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+def _number(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
+def _check(name: str, value: object, bound: Bound, integer: bool) -> None:
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{name} must be an integer, got {value!r}")
+    elif isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if value != value:  # NaN
-        raise ValueError(f"{name} must be a number, got NaN")
-    if low is not None and value < low or high is not None and value > high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
-
-
-def _check_int(name: str, value: object, low: int | None = None, high: int | None = None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if low is not None and value < low or high is not None and value > high:
-        raise ValueError(f"{name} must be in [{low}, {high}], got {value}")
+    elif not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value}")
+    if not bound.holds(value):
+        raise ValueError(f"{name} must be in {bound.describe()}, got {value}")

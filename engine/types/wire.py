@@ -26,6 +26,7 @@ class RequestStatus(Enum):
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # this request failed in the engine; the others went on
 
     @property
     def finished(self) -> bool:
@@ -33,6 +34,7 @@ class RequestStatus(Enum):
             RequestStatus.FINISHED_STOPPED,
             RequestStatus.FINISHED_LENGTH,
             RequestStatus.FINISHED_ABORTED,
+            RequestStatus.FINISHED_ERROR,
         )
 
 
@@ -54,6 +56,7 @@ class EngineCoreOutput:
     new_logprobs: list[dict[int, Logprob]] | None = None
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    error: str | None = None  # why it failed (finish_reason "error")
 
     @property
     def finished(self) -> bool:
@@ -72,6 +75,8 @@ class EngineInfo:
     device: str
     dtype: str
     kv_bytes_per_token: int  # K and V of one token over all layers, as the pool stores them
+    kv_cache_dtype: str  # the pool's element type
+    enable_prefix_caching: bool
     weight_bytes_per_token: int  # weight bytes one decode step reads (the roofline's numerator)
     cuda_graphs: bool  # decode steps replay captured graphs
 
@@ -126,6 +131,8 @@ class RequestRejected:
 class StepOutputs:
     outputs: list[EngineCoreOutput]
     stats: EngineStats | None  # throttled: most steps carry none
+    # Tokens computed by each step since the previous message (vllm:iteration_tokens_total).
+    iteration_tokens: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -74,8 +74,7 @@ def start_server(model_dir: Path, log_dir: Path, *extra: str, api_key: str | Non
             "--host", "127.0.0.1", "--port", str(port), "--kv-cache-memory-gib", KV_GIB, *extra]
     if api_key:
         args += ["--api-key", api_key]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1",
-           "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     env.pop("KVDECK_API_KEY", None)
     log_path = log_dir / f"server-{port}.log"
     log = log_path.open("wb")

@@ -12,6 +12,24 @@ import pytest
 
 from tests.serve.conftest import start_server, stop_server
 
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """One sample's value from a Prometheus exposition."""
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{key}="{value}"' in line for key, value in labels.items()):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sample {name}{labels}")
+
+
+def raw_stream_events(base_url: str, body: dict, events: list[str]) -> None:
+    """Read an SSE stream to its end, keeping every `data:` payload."""
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+
 pytestmark = pytest.mark.timeout(150)
 RESTART_DELAY = 6
 
@@ -55,12 +73,15 @@ def test_engine_death_is_an_error_not_a_hang(server):
         except openai.APIStatusError as exc:
             results["plain"] = exc
 
-    threads = [threading.Thread(target=stream_until_error), threading.Thread(target=non_stream)]
+    raw_events: list[str] = []
+    raw_body = {"prompt": "hi", "max_tokens": 480, "stream": True, "ignore_eos": True}
+    threads = [threading.Thread(target=stream_until_error), threading.Thread(target=non_stream),
+               threading.Thread(target=raw_stream_events, args=(server.base_url, raw_body, raw_events))]
     for thread in threads:
         thread.start()
     deadline = time.monotonic() + 20
-    while not results.get("started"):
-        assert time.monotonic() < deadline, "the stream did not start"
+    while not results.get("started") or len(raw_events) < 3:
+        assert time.monotonic() < deadline, "the streams did not start"
         time.sleep(0.01)
     os.kill(engine, signal.SIGKILL)
     for thread in threads:
@@ -76,12 +97,19 @@ def test_engine_death_is_an_error_not_a_hang(server):
     health = httpx.get(f"{server.base_url}/health")
     assert health.status_code == 503
     assert health.json()["status"] == "dead" and "SIGKILL" in health.json()["detail"]
-    # new work is refused with an OpenAI error, quickly
+    # the raw stream ended with an error event, then [DONE]
+    assert raw_events[-1] == "[DONE]" and '"error"' in raw_events[-2], raw_events[-3:]
+    # new work is refused with an OpenAI error, quickly, saying when to come back
     response = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "x"}, timeout=5)
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "engine_unavailable"
-    # the rest of the server still answers
-    assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+    assert int(response.headers["retry-after"]) >= RESTART_DELAY
+    # the rest of the server still answers, and the metrics count the lost requests
+    metrics = httpx.get(f"{server.base_url}/metrics")
+    assert metrics.status_code == 200
+    assert metric(metrics.text, "vllm:request_success_total", finished_reason="error") == 3
+    assert metric(metrics.text, "kvdeck:request_errors_total") == 3
+    assert "_created" not in metrics.text
     assert httpx.get(f"{server.base_url}/v1/models").status_code == 200
 
 

@@ -1,0 +1,65 @@
+"""Conversations to token ids through the model's own chat template.
+
+Roles as OpenAI's API has them: `developer` is the newer name of `system`, so templates
+that do not know it get `system`; `tool` messages and assistant `tool_calls` go to templates
+that render them and are refused (naming the role) by those that would not. A template
+that raises is a bad-input error with the template's own message, never a crash.
+"""
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def check_unicode(text: str, what: str) -> None:
+    """ValueError for text that is not valid Unicode (JSON can carry lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{what} is not valid Unicode: a lone surrogate at character "
+                         f"{exc.start}") from None
+
+
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    """Token ids of the conversation, ready for the assistant's reply."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        raise ValueError("this model's tokenizer has no chat template; use a plain completion")
+    prepared = prepare_messages(messages, template)
+    try:
+        ids = tokenizer.apply_chat_template(prepared, tools=tools, add_generation_prompt=True,
+                                            tokenize=True)
+    except Exception as exc:  # jinja2 errors and the templates' own raise_exception
+        raise ValueError(f"the model's chat template cannot render these messages: "
+                         f"{type(exc).__name__}: {exc}") from None
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return list(ids)
+
+
+def prepare_messages(messages: list[dict], template: str) -> list[dict]:
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {'role', 'content'} objects")
+    prepared = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or "role" not in message:
+            raise ValueError(f"messages[{i}] must have 'role' and 'content'")
+        role, content = message["role"], message.get("content")
+        tool_calls = message.get("tool_calls")
+        if role not in ROLES:
+            raise ValueError(f"messages[{i}].role {role!r} is not a known role")
+        if content is None and not (role == "assistant" and tool_calls):
+            if "content" not in message:
+                raise ValueError(f"messages[{i}] must have 'role' and 'content'")
+            raise ValueError(f"messages[{i}].content must be a string (null only for an "
+                             "assistant message with tool_calls)")
+        if content is not None:
+            if not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string")
+            check_unicode(content, f"messages[{i}].content")
+        if role == "developer" and "developer" not in template:
+            role = "system"
+        if (role == "tool" or tool_calls) and "tool" not in template:
+            what = "tool_calls" if tool_calls else "role 'tool'"
+            raise ValueError(f"messages[{i}]: {what} is not supported by this model's chat "
+                             "template (it does not render tool messages)")
+        prepared.append({**message, "role": role})
+    return prepared
