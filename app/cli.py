@@ -1,7 +1,7 @@
 """`kvdeck` entry point.
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
-server; subcommands (pull, models, rm, quantize, eval-ppl, bench) are provided by
+server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench) are provided by
 the modules in SUBCOMMANDS, each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
 only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
@@ -20,6 +20,8 @@ SUBCOMMANDS = {  # name: (module, help)
     "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
     "models": ("kvdeck.app.store.commands", "list local models, free disk space and recommended models"),
     "rm": ("kvdeck.app.store.commands", "delete a local model"),
+    "import": ("kvdeck.app.store.gguf_commands",
+               "import a GGUF model (a file, or ollama:NAME[:TAG]) into kvdeck's store"),
     "quantize": ("kvdeck.quant.cli", "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)"),
     "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.bench.commands",
@@ -93,6 +95,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace-period", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds streams may still run before they are ended "
                             "with an error event (default: 10)")
+    serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json", "mistral"), default=None,
+                       help="the format the model writes tool calls in (default: read from its chat "
+                            "template)")
     serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                        help="browser origins allowed by CORS, e.g. http://localhost:3000 or '*' "
                             "(default: none)")

@@ -23,6 +23,7 @@ from kvdeck.app.serve.errors import OpenAIError, bad_request, sse_error
 from kvdeck.app.serve.metrics import EngineMetrics
 from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
 from kvdeck.app.serve.shutdown import Drain
+from kvdeck.app.serve.structured import ToolCallStream, plan_tools, structured_spec, tool_call_message
 from kvdeck.engine.api.async_client import (
     EngineClient,
     EngineDeadError,
@@ -31,8 +32,10 @@ from kvdeck.engine.api.async_client import (
     RequestStream,
 )
 from kvdeck.engine.frontend.parallel_sampling import choice_params
+from kvdeck.engine.frontend.tool_calls import ToolCallFormat
 from kvdeck.engine.types.outputs import Logprob, RequestOutput
 from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.structured import StructuredOutputsParams
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty",
@@ -50,6 +53,7 @@ class ServeState:
     max_queue_len: int
     drain: Drain
     restart_delay: float | None = 1.0  # None: a dead engine stays down
+    tool_call_parser: str | None = None  # the tool-call format, when not read from the template
 
 
 class ServerShuttingDown(Exception):
@@ -129,8 +133,8 @@ def check_unsupported(req: SamplingRequest) -> None:
                           code="unsupported_parameter")
 
 
-def sampling_params(req: SamplingRequest, max_tokens: int | None,
-                    logprobs: int | None) -> SamplingParams:
+def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int | None,
+                    structured: StructuredOutputsParams | None = None) -> SamplingParams:
     values = {name: getattr(req, name) for name in _SAMPLING_FIELDS
               if getattr(req, name) is not None}
     try:
@@ -138,9 +142,21 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None,
             n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop or [],
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs,
             skip_special_tokens=req.skip_special_tokens,
-            include_stop_str_in_output=req.include_stop_str_in_output, **values)
+            include_stop_str_in_output=req.include_stop_str_in_output,
+            structured_outputs=structured, **values)
     except ValueError as exc:
         raise bad_request(exc, _PARAM_NAMES) from None
+
+
+async def check_constraint(state: ServeState, params: SamplingParams, field: str | None) -> None:
+    """A schema, regex or grammar the grammar library refuses is a 400 quoting it."""
+    if params.structured_outputs is None:
+        return
+    try:
+        await state.client.check_grammar_async(params)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param=field, code="invalid_grammar") from None
+    state.metrics.observe_constrained()
 
 
 def prepare(state: ServeState, prompt_ids: list[int], params: SamplingParams,
@@ -198,8 +214,10 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     check_choice_count(state, len(prompts) * req.n, "n" if req.n > 1 else "prompt")
     state.metrics.observe_request_params(req.n, req.max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
+    structured, field = structured_spec(req)
     params = sampling_params(req, req.max_tokens if req.max_tokens is not None
-                             else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs)
+                             else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs, structured)
+    await check_constraint(state, params, field)
     prepared = []
     for prompt in prompts:
         try:
@@ -263,24 +281,28 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     check_model(state, req.model)
     check_engine(state)
     check_unsupported(req)
-    if req.tools or req.tool_choice not in (None, "none"):
-        raise OpenAIError(400, "tools are not supported", param="tools",
-                          code="unsupported_parameter")
-    if req.response_format is not None and req.response_format.type != "text":
-        raise OpenAIError(400, f"response_format {req.response_format.type!r} is not supported",
-                          param="response_format", code="unsupported_value")
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     check_choice_count(state, req.n, "n")
+    tools = plan_tools(req, getattr(state.client.tokenizer, "chat_template", None),
+                       state.tool_call_parser)
+    structured, field = structured_spec(req)
+    if tools.constraint is not None:
+        if structured is not None:
+            raise OpenAIError(400, f"tool_choice {req.tool_choice!r} and {field} both constrain the "
+                                   "output; give one", param="tool_choice")
+        structured, field = tools.constraint, "tools"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, max_tokens, logprobs, structured)  # bad values fail early
+    await check_constraint(state, params, field)
     state.metrics.observe_request_params(req.n, max_tokens)
     try:
-        _, ids = await state.client.encode_async(messages=[m.for_template() for m in req.messages])
+        _, ids = await state.client.encode_async(messages=[m.for_template() for m in req.messages],
+                                                 tools=tools.template_tools)
     except ValueError as exc:
         raise bad_prompt(exc, "messages") from None
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens, logprobs)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     choices = choice_params(params)
     prepared = [prepare(state, ids, choice, request_id if len(choices) == 1 else f"{request_id}-{i}",
@@ -289,19 +311,26 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(state, streams, request_id, include_usage,
-                                                logprobs), streams)
+                                                logprobs, tools.fmt, req.parallel_tool_calls), streams)
     finals = await _run_to_end(streams, raw, state.drain)
-    choices = [{"index": i, "message": {"role": "assistant", "content": out.outputs[0].text},
-                "logprobs": _chat_logprobs(out, 0, logprobs),
-                "finish_reason": out.outputs[0].finish_reason,
-                "stop_reason": out.outputs[0].stop_reason} for i, out in enumerate(finals)]
+    choices = []
+    for i, out in enumerate(finals):
+        completion = out.outputs[0]
+        message, called = {"role": "assistant", "content": completion.text}, False
+        if tools.fmt is not None:
+            message, called = tool_call_message(tools.fmt, completion.text, req.parallel_tool_calls)
+        choices.append({"index": i, "message": message, "logprobs": _chat_logprobs(out, 0, logprobs),
+                        "finish_reason": "tool_calls" if called else completion.finish_reason,
+                        "stop_reason": completion.stop_reason})
     return JSONResponse({"id": request_id, "object": "chat.completion",
                          "created": int(time.time()), "model": state.model_name,
                          "choices": choices, "usage": _usage(finals, len(finals))})
 
 
 async def _chat_stream(state: ServeState, streams: list[RequestStream], request_id: str,
-                       include_usage: bool, logprobs: int | None) -> AsyncIterator[str]:
+                       include_usage: bool, logprobs: int | None,
+                       tool_format: ToolCallFormat | None = None,
+                       parallel_tool_calls: bool = True) -> AsyncIterator[str]:
     created = int(time.time())
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": state.model_name}
@@ -317,21 +346,33 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
 
     sent_logprobs = [0] * len(streams)
     finals: list[RequestOutput | None] = [None] * len(streams)
+    # With tools, text goes through a parser that turns calls into tool_calls deltas.
+    tool_streams = [ToolCallStream(tool_format, parallel_tool_calls) if tool_format else None
+                    for _ in streams]
     try:
         async with aclosing(_merged(streams, state.drain)) as outputs:
             for index in range(len(streams)):
                 yield chunk(index, {"role": "assistant", "content": ""})
             async for index, out in outputs:
                 completion = out.outputs[0]
+                tool_stream = tool_streams[index]
                 if out.finished:
                     finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue
                 chunk_logprobs = _chat_logprobs(out, sent_logprobs[index], logprobs)
                 sent_logprobs[index] = len(completion.token_ids)
-                delta = {"content": out.delta_text} if out.delta_text else {}
-                yield chunk(index, delta, completion.finish_reason, chunk_logprobs,
-                            completion.stop_reason)
+                finish = completion.finish_reason
+                if tool_stream is None:
+                    delta = {"content": out.delta_text} if out.delta_text else {}
+                else:
+                    content, calls = tool_stream.update(completion.text, out.finished)
+                    delta = {"content": content} if content else {}
+                    if calls:
+                        delta["tool_calls"] = calls
+                    if out.finished and tool_stream.called:
+                        finish = "tool_calls"
+                yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason)
         if include_usage:
             yield _sse({**base, "choices": [], "usage": _usage(finals, len(finals))})
     except Exception as exc:  # every stream ends with an error event and [DONE], never cut

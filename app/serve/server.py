@@ -63,7 +63,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                engine_restart_delay: float | None = 1.0,
                allowed_origins: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               drain: Drain | None = None) -> FastAPI:
+               drain: Drain | None = None, tool_call_parser: str | None = None) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
@@ -74,7 +74,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
     client.add_output_listener(metrics.observe_output)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
-                       engine_restart_delay)
+                       engine_restart_delay, tool_call_parser)
     created = int(time.time())
 
     @asynccontextmanager
@@ -267,7 +267,8 @@ def run_server(args, engine_kwargs: dict) -> int:
                      max_queue_len=args.max_queue_len, on_start_failed=start_failed,
                      engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
                      allowed_origins=args.allowed_origins,
-                     max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain)
+                     max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain,
+                     tool_call_parser=args.tool_call_parser)
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import TextIO
 
-from kvdeck.app.store import local_models, paths
+from kvdeck.app.store import gguf_commands, local_models, paths
 from kvdeck.app.store.download import DownloadError, download_model
 from kvdeck.app.store.download_progress import (
     CancelToken,
@@ -116,6 +116,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         }
         if args.recommended:
             data["recommended"] = [_recommended_json(r, args.context) for r in RECOMMENDED]
+        data["importable"] = gguf_commands.importable_json()
         json.dump(data, out, indent=1)
         out.write("\n")
         return 0
@@ -132,6 +133,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"incomplete download: {p.repo_id} ({format_bytes(p.bytes_on_disk)} on disk;"
               f" `kvdeck pull {p.repo_id}` resumes it)", file=out)  # fmt: skip
     print(f"free disk: {format_bytes(free)} in {paths.hf_hub_cache()}", file=out)
+    gguf_commands.print_importable(out)
     if args.recommended:
         print(f"\nrecommended for one GPU (memory for one {args.context}-token sequence):", file=out)
         rec = [("REPO", "PARAMS", "QUANT", "WEIGHTS", "TOTAL", "")]

@@ -35,6 +35,7 @@ from kvdeck.engine.types.wire import (
 
 STATS_HZ = 15.0
 IDLE_HEARTBEAT_S = 1.0
+NOTHING_TO_RUN_WAIT_S = 0.002  # every waiting request is compiling its grammar
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +110,8 @@ class EngineCoreLoop:
             if self.core.num_steps != steps_before:  # an empty schedule runs no step
                 last = self.core.last_step
                 self.iteration_tokens.append(last.prefill_tokens + last.decode_tokens)
+            elif not outputs:
+                self.input_conn.poll(NOTHING_TO_RUN_WAIT_S)  # grammars compiling: do not spin
             self.stats_dirty = True
             now = time.monotonic()
             stats = None

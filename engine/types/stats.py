@@ -12,6 +12,8 @@ class RequestStats:
     num_output_tokens: int
     block_table: list[int]  # logical block i -> physical block id
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    constrained: bool = False  # its output must match a grammar (structured outputs)
+    grammar_compile_s: float | None = None  # how long its grammar took (None: not yet ready)
 
 
 @dataclass(slots=True)
