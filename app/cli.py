@@ -34,7 +34,9 @@ _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, in kebab case (vLLM's names)."""
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help="model directory or hub id (default: demo)")
+    group.add_argument("--model", default=None,
+                       help="model directory or hub id; 'demo' for the tiny bundled model (default: "
+                            "SmolLM2-135M-Instruct, fetched on first use)")
     for f in fields(EngineConfig):
         if f.name in _HIDDEN_ENGINE_FIELDS:
             continue
@@ -123,7 +125,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command:
             return int(args._handlers[args.command](args) or 0)
         engine_kwargs = engine_kwargs_from_args(args)
-        EngineConfig.from_kwargs(args.model, **engine_kwargs)  # fail fast on bad flags
+        EngineConfig.from_kwargs(None, **engine_kwargs)  # fail fast on bad flags
+        from kvdeck.app.store.default_model import default_model
+
+        args.model = default_model(args.model)
         if args.serve:
             from kvdeck.app.serve.server import run_server
 

@@ -77,14 +77,30 @@ def check_supported(config) -> None:
         )
 
 
-def check_group_divisibility(config, group_size: int) -> None:
+GROUP_SIZES = (128, 64, 32)  # AutoAWQ's
+
+
+def _input_widths(config) -> dict[str, int]:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    dims = {
-        "hidden_size": config.hidden_size,
-        "intermediate_size": config.intermediate_size,
-        "num_attention_heads * head_dim": config.num_attention_heads * head_dim,
-    }
-    for name, size in dims.items():
+    return {"hidden_size": config.hidden_size, "intermediate_size": config.intermediate_size,
+            "num_attention_heads * head_dim": config.num_attention_heads * head_dim}
+
+
+def default_group_size(config) -> int:
+    """The largest of AutoAWQ's group sizes that divides every quantised layer's input width
+    (SmolLM2's hidden size 576 takes 64)."""
+    for size in GROUP_SIZES:
+        if all(width % size == 0 for width in _input_widths(config).values()):
+            return size
+    widths = ", ".join(f"{name} = {width}" for name, width in _input_widths(config).items())
+    raise ValueError(f"no AWQ group size in {GROUP_SIZES} divides every input width ({widths})")
+
+
+def check_group_divisibility(config, group_size: int) -> None:
+    if group_size not in GROUP_SIZES:
+        raise ValueError(f"the AWQ group size must be one of {GROUP_SIZES}, got {group_size}")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    for name, size in _input_widths(config).items():
         if size % group_size != 0:
             raise ValueError(
                 f"{name} = {size} is not divisible by the AWQ group size {group_size}"
@@ -96,6 +112,23 @@ def check_group_divisibility(config, group_size: int) -> None:
     for name, size in outputs.items():
         if size % 8 != 0:
             raise ValueError(f"{name} = {size} is not a multiple of 8 (int4 packing)")
+
+
+@torch.no_grad()
+def quantize_rtn(model: nn.Module, group_size: int) -> dict[str, torch.Tensor]:
+    """Round-to-nearest INT4 (the baseline AWQ is measured against): every decoder-layer
+    linear quantised per group as it is, no calibration, no scales, no clipping; the same
+    packed layout as quantize_awq."""
+    check_supported(model.config)
+    check_group_divisibility(model.config, group_size)
+    packed: dict[str, torch.Tensor] = {}
+    for index, layer in enumerate(model.model.layers):
+        for name in LINEAR_NAMES:
+            qweight, qzeros, scales = pack_awq_weight(layer.get_submodule(name).weight.data, group_size)
+            prefix = f"model.layers.{index}.{name}"
+            packed.update({f"{prefix}.qweight": qweight, f"{prefix}.qzeros": qzeros,
+                           f"{prefix}.scales": scales})
+    return packed
 
 
 class _StopForward(Exception):

@@ -1,23 +1,25 @@
 """`kvdeck quantize` and `kvdeck eval-ppl` (registered by app/cli.py through COMMANDS)."""
 
 import argparse
-import json
 import sys
 import time
-from pathlib import Path
 
 from kvdeck.engine.types.config import DEVICES
-from kvdeck.quant.awq_quantizer import QuantizeProgress
+from kvdeck.quant.awq_pipeline import METHODS
+from kvdeck.quant.awq_quantizer import GROUP_SIZES, QuantizeProgress
 
 BAR_WIDTH = 30
 
 
 def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="model directory (or hub id in the local cache)")
-    parser.add_argument("--method", choices=("awq",), default="awq",
-                        help="quantisation method (default: awq)")
+    parser.add_argument("--method", choices=METHODS, default="awq",
+                        help="awq, or rtn: round to nearest, no calibration (the baseline AWQ beats)")
+    parser.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=None,
+                        help="INT4 group size (default: the largest of 128/64/32 that divides the "
+                             "model's layer widths)")
     parser.add_argument("--out", default=None,
-                        help="output directory (default: <source>-awq beside the source)")
+                        help="output directory (default: <source>-<method> beside the source)")
     parser.add_argument("--calib-file", default=None,
                         help="calibration text (default: assets/calibration/calibration.txt)")
     parser.add_argument("--num-samples", type=int, default=128,
@@ -50,6 +52,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     job = QuantizeJob(
         source=args.source, out_dir=args.out, calib_file=args.calib_file,
         num_samples=args.num_samples, seq_len=args.seq_len, device=args.device,
+        group_size=args.group_size, method=args.method,
     )
     stream = sys.stderr
 
@@ -58,7 +61,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         stream.write("\r" + progress_line(event) + end)
         stream.flush()
 
-    print(f"quantising {args.source} with AWQ (4-bit, group 128) ...", file=stream)
+    group = args.group_size or "auto"
+    print(f"quantising {args.source} with {args.method.upper()} (4-bit, group {group}) ...", file=stream)
     start = time.monotonic()
     try:
         out_dir = run_quantize_job(job, progress=show)
@@ -80,42 +84,19 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-windows", type=int, default=None,
                         help="score at most this many windows (default: the whole file)")
     parser.add_argument("--device", choices=DEVICES, default="auto")
+    parser.add_argument("--quantization", choices=("bnb-nf4",), default=None,
+                        help="score a dense model with its weights NF4-quantised (bitsandbytes, "
+                             "as the engine's bnb-nf4 runs them)")
 
 
 def run_eval_ppl(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from kvdeck.quant.evaluate import evaluate_perplexity
 
-    from kvdeck.quant.awq_pipeline import pick_device, resolve_model_dir
-    from kvdeck.quant.hf_int4 import load_awq_into_transformers
-    from kvdeck.quant.perplexity import hf_logits_fn, perplexity
-
-    model_dir = resolve_model_dir(args.model)
-    text_path = Path(args.file)
-    if not text_path.is_file():
-        raise ValueError(f"--file {args.file!r} does not exist")
-    if args.max_windows is not None and args.max_windows <= 0:
-        raise ValueError(f"--max-windows must be > 0, got {args.max_windows}")
-    device = pick_device(args.device)
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    config = json.loads((model_dir / "config.json").read_text())
-    quant_method = (config.get("quantization_config") or {}).get("quant_method")
-    if quant_method == "awq":
-        # kvdeck's INT4 linear layers inside the transformers model of the architecture.
-        model = load_awq_into_transformers(model_dir, device, dtype)
-        kind = "AWQ INT4 (kvdeck W4A16 layers)"
-    elif quant_method is None:
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
-        kind = f"dense {str(dtype).replace('torch.', '')}"
-    else:
-        raise ValueError(f"cannot evaluate quant_method {quant_method!r}; kvdeck reads AWQ")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    text = text_path.read_text(encoding="utf-8", errors="replace")
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
-    result = perplexity(hf_logits_fn(model), ids, args.seq_len, args.max_windows)
+    result, kind, device = evaluate_perplexity(args.model, args.file, args.seq_len, args.max_windows,
+                                               args.device, args.quantization)
     print(
         f"perplexity: {result.perplexity:.4f}  ({result.num_tokens} tokens, "
-        f"{result.num_windows} windows of up to {args.seq_len}; {kind} on {device.type})"
+        f"{result.num_windows} windows of up to {args.seq_len}; {kind} on {device})"
     )
     return 0
 

@@ -33,13 +33,15 @@ class QuantizeOptions:
     calib_file: str | None = None  # default: the calibration text shipped in assets/
     num_samples: int = 128
     seq_len: int = 512
-    group_size: int = 128
+    group_size: int | None = None  # None: the largest of 128/64/32 that divides the model
     device: str = "auto"
     num_threads: int | None = None  # torch threads in the worker (None: torch's default)
 
     def validate(self) -> None:
         for name in ("num_samples", "seq_len", "group_size"):
             value = getattr(self, name)
+            if value is None and name == "group_size":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         if self.device not in DEVICES:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -36,6 +36,7 @@ from kvdeck.app.serve.openai_routes import (
 from kvdeck.app.serve.openapi import (
     GENERATE_RESPONSES,
     METRICS_RESPONSES,
+    STATS_RESPONSES,
     TOKENS_RESPONSES,
     HealthResponse,
     errors,
@@ -48,10 +49,11 @@ from kvdeck.app.serve.protocol import (
     TokenizeRequest,
 )
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
+from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_client import EngineClient, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/")
 
 
 MAX_RESTART_DELAY = 60.0
@@ -73,6 +75,8 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     model_name = served_model_name or client.model_name
     metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
     client.add_output_listener(metrics.observe_output)
+    latencies = LatencyFeed()
+    client.add_output_listener(latencies.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
                        engine_restart_delay, tool_call_parser)
     created = int(time.time())
@@ -111,6 +115,16 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/kvdeck/v1/info", responses=errors(401))
+    async def kvdeck_info() -> JSONResponse:
+        return JSONResponse(engine_info(client, model_name))
+
+    @app.get("/kvdeck/v1/stats", response_class=StreamingResponse, responses=STATS_RESPONSES)
+    async def kvdeck_stats(raw: Request) -> StreamingResponse:
+        return StreamingResponse(stats_events(client, latencies, model_name, raw),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/v1/models", responses=errors(401))
     async def list_models() -> JSONResponse:

@@ -1,5 +1,6 @@
 """A snapshot of the engine's state for the dashboard and /metrics."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 
@@ -91,3 +92,18 @@ class StepTimings:
         host = self.schedule_s + self.prepare_s + self.update_s
         total = host + self.model_s
         return host / total if total else 0.0
+
+
+def stats_to_dict(stats: EngineStats) -> dict:
+    """A snapshot as JSON-ready data (the stats stream of `kvdeck --serve`)."""
+    return dataclasses.asdict(stats)
+
+
+def stats_from_dict(data: dict) -> EngineStats:
+    """The inverse of stats_to_dict; unknown keys (a newer server) are ignored."""
+    known = {f.name for f in dataclasses.fields(EngineStats)}
+    values = {key: value for key, value in data.items() if key in known}
+    request_fields = {f.name for f in dataclasses.fields(RequestStats)}
+    values["requests"] = [RequestStats(**{k: v for k, v in r.items() if k in request_fields})
+                          for r in values.get("requests", [])]
+    return EngineStats(**values)

@@ -265,8 +265,8 @@ def test_cancel_and_interrupt_leave_nothing(kvdeck_env, gguf_files, monkeypatch,
     assert not (paths.store_dir() / "c").exists()
 
     # Ctrl-C in the middle of the tensors, through the CLI.
-    from kvdeck.app.store import gguf_tensors
     from kvdeck.app.cli import main
+    from kvdeck.app.store import gguf_tensors
 
     real = gguf_tensors.dequantised_rows
     calls = []
