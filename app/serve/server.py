@@ -22,17 +22,11 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, check_model
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
-from kvdeck.app.serve.openai_routes import (
-    ServeState,
-    bad_prompt,
-    check_engine,
-    check_model,
-    create_chat_completion,
-    create_completion,
-)
+from kvdeck.app.serve.openai_routes import create_chat_completion, create_completion
 from kvdeck.app.serve.openapi import (
     GENERATE_RESPONSES,
     METRICS_RESPONSES,
