@@ -145,7 +145,7 @@ class LlamaServer:
             self.log_path = None
 
     def __enter__(self) -> "LlamaServer":
-        return self.start()
+        return self if self.process is not None else self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -3,7 +3,10 @@
 get the same prompts, and each pair's ratio comes from the two measured figures."""
 
 import json
+import os
+import signal
 import stat
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -32,7 +35,12 @@ def fake_llama(tmp_path, monkeypatch):
     gguf.write_bytes(b"GGUF")
     log = tmp_path / "fake.jsonl"
     monkeypatch.setenv("FAKE_LLAMA_LOG", str(log))
-    return bin_dir, gguf, log
+    yield bin_dir, gguf, log
+    # Every server the bench started is gone (each was started with this GGUF path).
+    left = subprocess.run(["pgrep", "-f", str(gguf)], capture_output=True, text=True).stdout.split()
+    for pid in left:
+        os.kill(int(pid), signal.SIGTERM)
+    assert not left, "a llama-server outlived the benchmark"
 
 
 def read_log(log: Path) -> list[dict]:
