@@ -7,8 +7,9 @@ does too little arithmetic per byte). So fewer bytes per weight is the lever:
   fp32's bytes; aten's plain bf16 matmul is slower than that packed one at every batch size;
 - int8 weight-only (one scale per output channel): aten's `_weight_int8pack_mm` reads a
   quarter of fp32's bytes, with bf16 activations (its fp32 path is a slow generic loop).
-  It is a matrix-vector kernel: from 16 rows on it loses to dequantising the weight and
-  running one bf16 GEMM, which is what larger batches (prefill chunks) do.
+  It is a matrix-vector kernel: at 64 rows it loses to dequantising the weight and running
+  one bf16 GEMM, which is what larger batches (prefill chunks) do.
+Figures: benchmarks/bench_cpu_matmul.py, results/cpu_matmul_1thread.json.
 
 The packed product is a registered custom op, so that torch.compile treats it as one
 opaque call (inductor's own lowering of oneDNN's linear wants the weight as a constant).
@@ -20,9 +21,9 @@ import weakref
 import torch
 
 # Rows up to which int8 weights go through the matrix-vector kernel; above, dequantise
-# and run one bf16 GEMM (measured on the 2-core EPYC: the kernel is 2x faster at 1 row,
-# 2x slower at 16).
-INT8_GEMV_MAX_ROWS = 8
+# and run one bf16 GEMM (results/cpu_matmul_1thread.json: at 16 rows the kernel beats the
+# dequantise path on all 7 shapes, at 64 rows it loses on 5 of 7).
+INT8_GEMV_MAX_ROWS = 16
 
 
 def bf16_packing_supported() -> bool:
