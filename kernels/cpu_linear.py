@@ -22,7 +22,7 @@ import torch
 
 # Rows up to which int8 weights go through the matrix-vector kernel; above, dequantise
 # and run one bf16 GEMM (results/cpu_matmul_1thread.json: at 16 rows the kernel beats the
-# dequantise path on all 7 shapes, at 64 rows it loses on 5 of 7).
+# dequantise path on 6 of 7 shapes, at 64 rows it loses on all 7).
 INT8_GEMV_MAX_ROWS = 16
 
 
