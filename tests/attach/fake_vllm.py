@@ -100,16 +100,19 @@ class RunningServer:
         self.thread.join(10)
 
 
-def serve(app: FastAPI) -> RunningServer:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+def serve(app: FastAPI, port: int | None = None) -> RunningServer:
+    """Run `app` on loopback in a thread; stop() closes open streams within a second."""
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
         if time.monotonic() > deadline:
-            raise RuntimeError("the fake vLLM server did not start")
+            raise RuntimeError("the fake server did not start")
         time.sleep(0.05)
     return RunningServer(f"http://127.0.0.1:{port}", server, thread)
