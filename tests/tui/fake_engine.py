@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats, RequestStats
 
@@ -74,7 +75,7 @@ class FakeEngineClient:
                  token_delay: float = 0.02, stats_interval: float = 0.05,
                  frozen_stats: list[EngineStats] | None = None, fail_start: str | None = None,
                  max_model_len: int = 4096, startup_delay: float = 0.0,
-                 model_name: str = "fake-llama") -> None:
+                 model_name: str = "fake-llama", reject: str | None = None) -> None:
         self.model_name = model_name
         self.max_model_len = max_model_len
         self.tokenizer = FakeTokenizer()
@@ -98,6 +99,7 @@ class FakeEngineClient:
         self.aborted_ids: list[str] = []
         self.last_messages: list[dict] | None = None
         self.last_params: SamplingParams | None = None
+        self.reject = reject  # every request fails with ValueError(reject), as a core refusal
         self.started_count = 0
         self.shutdown_count = 0
         self._next_id = 0
@@ -150,15 +152,10 @@ class FakeEngineClient:
             raise FakeEngineDead(f"engine is {self.status}")
         self.last_messages = messages
         self.last_params = params
-        if messages is not None:
-            text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
-            prompt_ids = text_to_ids(text, self.tokenizer.vocab_size)
-        elif isinstance(prompt, str):
-            prompt_ids = text_to_ids(prompt, self.tokenizer.vocab_size)
-        elif isinstance(prompt, list):
-            prompt_ids = list(prompt)
-        else:
-            raise ValueError("prompt or messages is required")
+        _, prompt_ids = self.encode(prompt, messages)
+        self.check_request(prompt_ids, params)  # as the real client: before anything is queued
+        if self.reject:
+            raise ValueError(self.reject)
         if request_id is None:
             self._next_id += 1
             request_id = f"req-{self._next_id}"
@@ -211,6 +208,22 @@ class FakeEngineClient:
                                metrics)
         finally:
             self._free(request)
+
+    def encode(self, prompt: str | list[int] | None = None,
+               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+        """One id per word (of each message's role and content), like a tokenizer would."""
+        if messages is not None:
+            text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
+            return None, text_to_ids(text, self.tokenizer.vocab_size)
+        if isinstance(prompt, str):
+            return prompt, text_to_ids(prompt, self.tokenizer.vocab_size)
+        if isinstance(prompt, list):
+            return None, list(prompt)
+        raise ValueError("prompt or messages is required")
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """The real client's admission check (RequestLimits), with its message."""
+        RequestLimits(self.max_model_len, self.tokenizer.vocab_size).check(prompt_ids, params)
 
     async def _pause(self, request: FakeRequest) -> None:
         """One simulated step; an abort ends the wait at once."""

@@ -167,3 +167,21 @@ async def test_a_streaming_reply_is_saved_before_it_finishes(make_app):
         assert REPLY.startswith(partial) and len(partial) < len(REPLY)
         await pilot.press("escape")
         assert await wait_for(pilot, lambda: not chat.generating)
+
+
+async def test_a_refused_request_ends_the_reply_at_once_and_says_why(make_app):
+    app, factory = make_app(token_delay=0.0, reject="the engine refused this request")
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        chat = app.screen.chat
+        await send(pilot, "hello")
+        assert await wait_for(pilot, lambda: not chat.generating
+                              and "refused" in replies(app)[0].stats)
+        assert "error" in chat.transcript.turns[-1].stats
+        # The input is usable again at once: the next message goes out.
+        factory.client.reject = None
+        await send(pilot, "again")
+        assert await wait_for(pilot, lambda: len(replies(app)) == 2 and not chat.generating)
+        assert replies(app)[1].content == REPLY
+        await pilot.press("ctrl+n")
+        assert await wait_for(pilot, lambda: not replies(app))

@@ -11,6 +11,7 @@ from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
 from kvdeck.tui.reply_meter import ReplyMeter
@@ -112,7 +113,10 @@ class ChatPane(Vertical):
                             messages: list[dict], request_id: str) -> None:
         app = self.kvdeck
         meter = ReplyMeter(app.dashboard_state)
-        stream = Markdown.get_stream(reply.markdown)
+        # Created at the first delta: a MarkdownStream stopped before its task ever ran
+        # raises CancelledError into the caller (it killed this worker before it could
+        # clear active_request_id, and the chat stayed "generating" for good).
+        stream: MarkdownStream | None = None
         text = ""
         error = ""
         last_save = time.monotonic()
@@ -124,6 +128,8 @@ class ChatPane(Vertical):
                 if out.outputs:
                     text = out.outputs[0].text
                 if out.delta_text:
+                    if stream is None:
+                        stream = Markdown.get_stream(reply.markdown)
                     await stream.write(displayable(out.delta_text))
                 if time.monotonic() - last_save > SAVE_EVERY_S:  # a crash loses little
                     turn.content = text
@@ -133,8 +139,9 @@ class ChatPane(Vertical):
             error = f"error: {exc}"
             app.check_engine_health()
         finally:
-            await stream.stop()
             self.active_request_id = None
+            if stream is not None:
+                await stream.stop()
         reply.content = text
         stats = meter.result().describe()
         if error:
