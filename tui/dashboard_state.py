@@ -39,6 +39,7 @@ class DashboardState:
         default_factory=lambda: deque(maxlen=LATENCY_LEN)
     )  # (seconds since origin, ITL ms)
     tokens_per_s: float = 0.0
+    max_model_len: int | None = None  # the loaded model's context (how many requests fit)
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
 
     def add_stats(self, stats: EngineStats) -> None:

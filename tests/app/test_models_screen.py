@@ -7,6 +7,7 @@ from textual.app import App
 
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.store import local_models, paths
+from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
 from kvdeck.tui.widgets.model_tables import LocalModelsTable, RecommendedTable
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
@@ -22,7 +23,10 @@ class ModelsApp(App):
         self.screen_kwargs = screen_kwargs
 
     def on_mount(self) -> None:
-        self.push_screen(ModelsScreen(on_load=self.loaded.append, **self.screen_kwargs))
+        self.push_screen(ModelsScreen(**self.screen_kwargs))
+
+    def on_switch_model_requested(self, message: SwitchModelRequested) -> None:
+        self.loaded.append(message.name)
 
 
 async def _wait_for(pilot, condition, seconds: float = 60.0) -> None:
@@ -125,7 +129,7 @@ async def test_quantise_compare_then_load(stored_tiny):
         assert _rows(app) == ["tiny-llama", "tiny-llama-awq"]
         await pilot.press("down", "l")
         await pilot.pause()
-        assert [m.name for m in app.loaded] == ["tiny-llama-awq"]
+        assert app.loaded == ["tiny-llama-awq"]
         await pilot.press("e")
         await _wait_for(pilot, lambda: "perplexity" in _status(app) and "vs" in _status(app),
                         seconds=60)

@@ -14,7 +14,9 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from kvdeck.engine.frontend.tokenizer import apply_chat_template, encode_prompt, load_tokenizer
 from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -75,10 +77,14 @@ class FakeEngineClient:
                  token_delay: float = 0.02, stats_interval: float = 0.05,
                  frozen_stats: list[EngineStats] | None = None, fail_start: str | None = None,
                  max_model_len: int = 4096, startup_delay: float = 0.0,
-                 model_name: str = "fake-llama", reject: str | None = None) -> None:
+                 model_name: str = "fake-llama", reject: str | None = None,
+                 model_dir: Path | None = None, real_tokenizer: bool = False) -> None:
         self.model_name = model_name
+        self.model_dir = model_dir
         self.max_model_len = max_model_len
-        self.tokenizer = FakeTokenizer()
+        # real_tokenizer: the model_dir's own tokenizer and chat template count the tokens
+        # (what the real client does), so context limits are hit where the engine hits them.
+        self.tokenizer = load_tokenizer(model_dir) if real_tokenizer and model_dir else FakeTokenizer()
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.reply_pieces = re.findall(r"\S+\s*|\n+", reply)
@@ -99,6 +105,7 @@ class FakeEngineClient:
         self.aborted_ids: list[str] = []
         self.last_messages: list[dict] | None = None
         self.last_params: SamplingParams | None = None
+        self.sent: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) of each request
         self.reject = reject  # every request fails with ValueError(reject), as a core refusal
         self.started_count = 0
         self.shutdown_count = 0
@@ -154,6 +161,7 @@ class FakeEngineClient:
         self.last_params = params
         _, prompt_ids = self.encode(prompt, messages)
         self.check_request(prompt_ids, params)  # as the real client: before anything is queued
+        self.sent.append((len(prompt_ids), params.max_tokens))
         if self.reject:
             raise ValueError(self.reject)
         if request_id is None:
@@ -211,7 +219,12 @@ class FakeEngineClient:
 
     def encode(self, prompt: str | list[int] | None = None,
                messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
-        """One id per word (of each message's role and content), like a tokenizer would."""
+        """One id per word (of each message's role and content), like a tokenizer would;
+        with a real tokenizer, what the real client sends."""
+        if not isinstance(self.tokenizer, FakeTokenizer):
+            if messages is not None:
+                return None, apply_chat_template(self.tokenizer, messages)
+            return encode_prompt(self.tokenizer, prompt)
         if messages is not None:
             text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
             return None, text_to_ids(text, self.tokenizer.vocab_size)
@@ -223,7 +236,9 @@ class FakeEngineClient:
 
     def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
         """The real client's admission check (RequestLimits), with its message."""
-        RequestLimits(self.max_model_len, self.tokenizer.vocab_size).check(prompt_ids, params)
+        vocab = (self.tokenizer.vocab_size if isinstance(self.tokenizer, FakeTokenizer)
+                 else len(self.tokenizer))
+        RequestLimits(self.max_model_len, vocab).check(prompt_ids, params)
 
     async def _pause(self, request: FakeRequest) -> None:
         """One simulated step; an abort ends the wait at once."""

@@ -142,3 +142,15 @@ def test_model_text_is_made_displayable():
     from kvdeck.tui.widgets.chat_message import displayable
 
     assert displayable("a\r\nb\x11c\td\x7f") == "a\nb\ufffdc\td\ufffd"
+
+
+def test_widgets_get_their_services_not_the_app():
+    """Issue 14: no widget reaches into the App for its services."""
+    from pathlib import Path
+
+    import kvdeck.tui
+
+    root = Path(kvdeck.tui.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "type: ignore[attr-defined]" in p.read_text()]
+    assert offenders == []

@@ -1,7 +1,8 @@
 """The Models screen: local models, recommended ones, download, quantise, load, delete.
 
-Self-contained: the app passes what it owns (how to load a model into the engine, how much
-GPU memory is free) to the constructor. Downloads run in a thread worker, quantise jobs in
+Self-contained: the app passes the services it owns (the engine session, the activity
+tracker, how much GPU memory is free) to the constructor; loading a model is a message
+(SwitchModelRequested) the app acts on. Downloads run in a thread worker, quantise jobs in
 their own process (kvdeck.app.jobs); both report here through `call_from_thread`.
 """
 
@@ -27,6 +28,9 @@ from kvdeck.app.store.download_progress import DownloadCancelled, DownloadProgre
 from kvdeck.app.store.inspect import InvalidModelError, read_config
 from kvdeck.app.store.local_models import LocalModel
 from kvdeck.app.store.recommended import RECOMMENDED, local_memory_estimate
+from kvdeck.tui.activity import ActivityTracker
+from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.widgets.model_tables import PENDING_PREFIX, LocalModelsTable, RecommendedTable
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
@@ -101,14 +105,16 @@ class ModelsScreen(Screen):
 
     def __init__(
         self,
-        on_load: Callable[[LocalModel], object] | None = None,
+        engine: EngineSession | None = None,
+        activity: ActivityTracker | None = None,
         free_gpu_bytes: Callable[[], int | None] | None = nvidia_smi_free_bytes,
         quantize_options: QuantizeOptions | None = None,
         context_tokens: int = 8192,
         compare_options: dict | None = None,
     ) -> None:
         super().__init__()
-        self.on_load = on_load
+        self.engine = engine or EngineSession()  # which model is loaded (None: not in an app)
+        self.activity = activity or ActivityTracker()
         self.free_gpu_bytes = free_gpu_bytes
         self.quantize_options = quantize_options
         self.context_tokens = context_tokens
@@ -336,10 +342,7 @@ class ModelsScreen(Screen):
         if free is not None and est.total_bytes > free:
             self.notify(f"{model.name} {needs}, only {format_bytes(free)} free on the GPU",
                         severity="warning", timeout=8)  # fmt: skip
-        if self.on_load is None:
-            self.notify(f"{model.name} ({needs}): start kvdeck --model {model.path}")
-            return
-        self.on_load(model)
+        self.post_message(SwitchModelRequested(str(model.path), model.name))
         self.notify(f"Loading {model.name} ({needs})")
 
     def action_delete(self) -> None:

@@ -21,8 +21,9 @@ PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
 class Dashboard(Vertical):
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, state: DashboardState, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.state = state
         self._seen_version = -1
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
@@ -47,10 +48,6 @@ class Dashboard(Vertical):
     def on_mount(self) -> None:
         self.set_interval(1 / REFRESH_HZ, self.redraw)
         self.redraw()
-
-    @property
-    def state(self) -> DashboardState:
-        return self.app.dashboard_state  # type: ignore[attr-defined]
 
     def redraw(self) -> None:
         state = self.state
@@ -89,6 +86,10 @@ class Dashboard(Vertical):
 
     def on_block_map_block_clicked(self, event: BlockMap.BlockClicked) -> None:
         self.query_one(RequestInspector).select(event.owner)
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one(TabbedContent).active
 
     def show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = tab_id
