@@ -32,6 +32,7 @@ from kvdeck.tui.messages import (
     SwitchModelRequested,
 )
 from kvdeck.tui.navigation import SECTIONS, section_bindings
+from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
@@ -57,9 +58,12 @@ class KvdeckApp(App[int]):
                 tooltip="Fire N concurrent synthetic requests (again: stop them)"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
                 tooltip="Switch between the light and dark theme"),
-        Binding("q", "quit", "Quit", id="quit", tooltip="Quit and stop the engine"),
+        # ctrl chords, not "q": a printable key with no input focused is typed into the
+        # chat (or the screen's input), never taken as a command.
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, show=False,
+                tooltip="Quit and stop the engine (asks while something is running)"),
         Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", priority=True, show=False,
-                tooltip="Quit and stop the engine"),
+                tooltip="Quit and stop the engine (asks while something is running)"),
         *section_bindings(SECTIONS),
     ]
 
@@ -232,6 +236,20 @@ class KvdeckApp(App[int]):
         self.engine.mark_stopped(client)
 
     async def action_quit(self) -> None:
+        """Quit; while a reply, a load burst or a job runs, ask first (asked twice: quit)."""
+        if self._quitting:
+            return
+        running = self.activity.descriptions()
+        if running and not isinstance(self.screen, ConfirmQuitScreen):
+            self.push_screen(ConfirmQuitScreen(running), self._quit_answered)
+            return
+        await self._quit_now()
+
+    def _quit_answered(self, answer: bool | None) -> None:
+        if answer:
+            self.run_worker(self._quit_now(), group="quit", exclusive=True)
+
+    async def _quit_now(self) -> None:
         if self._quitting:
             return
         self._quitting = True
@@ -299,8 +317,6 @@ class KvdeckApp(App[int]):
 
     # ----- help and command palette -----------------------------------------------------
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        from kvdeck.tui.widgets.chat_message import ChatMessage
-
         groups: list[tuple[str, list[Binding]]] = [
             ("Everywhere", [PALETTE_BINDING, *_bindings(self.BINDINGS)]),
         ]
@@ -308,7 +324,9 @@ class KvdeckApp(App[int]):
         if base is not None and _bindings(base.BINDINGS):
             section = next((s.title for s in SECTIONS if s.id == self.current_mode), "Screen")
             groups.append((section, _bindings(base.BINDINGS)))
-        groups.append(("A focused chat message", _bindings(ChatMessage.BINDINGS)))
+        # Keys that only act where their widget has focus (a screen lists them).
+        for title, bindings in getattr(base, "HELP_GROUPS", ()):
+            groups.append((title, _bindings(bindings)))
         return groups
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:

@@ -106,11 +106,13 @@ async def test_cancelled_download_is_listed_as_incomplete_and_resumes(hub):
                 screen.action_cancel_task()
 
         screen._show_download = cancel_on_weights
-        await pilot.press("p")
+        await pilot.click("#pull-button")
         await _wait_for(pilot, lambda: "cancelled" in _status(app))
         assert _rows(app) == ["pending:tiny/llama"]
         screen._show_download = original
-        await pilot.press("p")  # the input still holds the id: resume
+        screen.query_one("#repo-input").value = ""
+        screen.query_one(LocalModelsTable).focus()
+        await pilot.press("enter")  # on the incomplete row: resume
         await _wait_for(pilot, lambda: "verified and added" in _status(app))
         assert _rows(app) == ["tiny/llama"]
 
@@ -134,3 +136,13 @@ async def test_quantise_compare_then_load(stored_tiny):
         await _wait_for(pilot, lambda: "perplexity" in _status(app) and "vs" in _status(app),
                         seconds=60)
         assert "x smaller; perplexity" in _status(app) and "on 126 tokens" in _status(app)
+
+
+async def test_typing_with_a_table_focused_goes_to_the_input_not_to_shortcuts(stored_tiny):
+    app = ModelsApp(free_gpu_bytes=lambda: None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.screen.query_one(LocalModelsTable).focus()
+        await pilot.press(*"pa/lex")  # "p" is no shortcut here: it moves to the input, and so on
+        assert app.screen.query_one("#repo-input").value == "pa/lex"
+        assert not app.screen.busy and app.loaded == []
+        assert not app.screen.query_one(ModelTaskPanel).has_class("-active")

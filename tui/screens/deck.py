@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
@@ -14,11 +15,13 @@ from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.key_routing import is_shown, stray_text
 from kvdeck.tui.messages import LoadBurstStarted
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
 from kvdeck.tui.settings_store import SettingsStore
 from kvdeck.tui.transcripts import TranscriptStore
+from kvdeck.tui.widgets.chat_message import ChatMessage
 from kvdeck.tui.widgets.chat_pane import ChatPane
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.mini_stats import MiniStats
@@ -46,6 +49,8 @@ class DeckScreen(Screen[None]):
                 tooltip="Copy the last reply to the clipboard"),
     ]
 
+    HELP_GROUPS = [("A focused chat message", ChatMessage.BINDINGS)]
+
     def __init__(self, engine: EngineSession, state: DashboardState, settings: SettingsStore,
                  transcripts: TranscriptStore, activity: ActivityTracker) -> None:
         super().__init__()
@@ -54,6 +59,7 @@ class DeckScreen(Screen[None]):
         self.settings = settings
         self.transcripts = transcripts
         self.activity = activity
+        self._was_narrow: bool | None = None
 
     def compose(self) -> ComposeResult:
         yield Header(icon="▦")
@@ -75,6 +81,35 @@ class DeckScreen(Screen[None]):
     def dashboard(self) -> Dashboard:
         return self.query_one(Dashboard)
 
+    def on_key(self, event: events.Key) -> None:
+        """Text typed while the focus is elsewhere (the map, a table, nothing) is the
+        user's message: it goes to the chat input, bringing the chat into view."""
+        text = stray_text(self, event)
+        if text is None:
+            return
+        event.stop()
+        event.prevent_default()
+        if not is_shown(self.chat.prompt_input):
+            self.show_pane("chat")
+        self.chat.type_into_input(text)
+
+    def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < NARROW_BELOW
+        if self._was_narrow and not narrow:
+            self.set_class(False, "-show-dashboard")  # wide again: both panes in view
+        self._was_narrow = narrow
+        self.call_after_refresh(self._keep_focus_in_view)
+
+    def _keep_focus_in_view(self) -> None:
+        """A layout change may hide the focused widget: keys would go nowhere."""
+        focused = self.focused
+        if focused is not None and is_shown(focused):
+            return
+        if is_shown(self.chat.prompt_input):
+            self.chat.focus_input()
+        elif is_shown(self.dashboard):
+            self.dashboard.focus()
+
     def show_pane(self, pane: str) -> None:
         """In a narrow terminal show "chat" or "dashboard"; in a wide one, "dashboard" hides
         the chat (a full-width map) and "chat" shows both again."""
@@ -87,7 +122,13 @@ class DeckScreen(Screen[None]):
             self.dashboard.focus()
 
     def action_toggle_pane(self) -> None:
-        self.show_pane("chat" if self.has_class("-show-dashboard") else "dashboard")
+        if self.has_class("-show-dashboard"):
+            self.show_pane("chat")
+        elif self.chat.prompt_input.value.strip():
+            self.notify("Your message is still in the input: send it (Enter) or clear it "
+                        "first.", severity="warning", timeout=4)
+        else:
+            self.show_pane("dashboard")
 
     def action_toggle_tab(self) -> None:
         dashboard = self.dashboard
@@ -96,7 +137,7 @@ class DeckScreen(Screen[None]):
             self.show_pane("dashboard")
 
     def on_load_burst_started(self, message: LoadBurstStarted) -> None:
-        if self.has_class("-narrow"):
+        if self.has_class("-narrow") and not self.chat.prompt_input.value.strip():
             self.show_pane("dashboard")
 
     async def action_stop_reply(self) -> None:

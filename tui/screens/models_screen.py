@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
@@ -30,6 +30,7 @@ from kvdeck.app.store.local_models import LocalModel
 from kvdeck.app.store.recommended import RECOMMENDED, local_memory_estimate
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.key_routing import stray_text
 from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.widgets.model_tables import PENDING_PREFIX, LocalModelsTable, RecommendedTable
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
@@ -85,14 +86,13 @@ class ConfirmDeleteScreen(ModalScreen[bool]):
 
 class ModelsScreen(Screen):
     BINDINGS = [
-        Binding("p", "pull", "Download", id="models_pull"),
-        Binding("a", "quantize", "Quantise AWQ", id="models_quantize"),
-        Binding("l", "load", "Load", id="models_load"),
-        Binding("x,delete", "delete", "Delete", id="models_delete"),
-        Binding("e", "compare", "Compare with original", id="models_compare"),
-        Binding("c", "cancel_task", "Cancel task", id="models_cancel"),
-        Binding("r", "refresh", "Refresh", id="models_refresh"),
+        Binding("ctrl+k", "cancel_task", "Cancel task", id="models_cancel",
+                tooltip="Cancel the running download, quantisation or comparison"),
+        Binding("ctrl+r", "refresh", "Refresh", id="models_refresh",
+                tooltip="List the local models again"),
     ]
+    HELP_GROUPS = [("The local models table (focused)", LocalModelsTable.BINDINGS),
+                   ("The recommended table (focused)", RecommendedTable.BINDINGS)]
     DEFAULT_CSS = """
     ModelsScreen { layout: vertical; }
     ModelsScreen #models-title { height: 1; padding: 0 1; background: $boost; }
@@ -132,13 +132,25 @@ class ModelsScreen(Screen):
         yield RecommendedTable(id="recommended")
         with Horizontal(id="pull-row"):
             yield Input(placeholder="any hub repo id, e.g. Qwen/Qwen2.5-0.5B-Instruct",
-                        id="repo-input")  # fmt: skip
+                        id="repo-input", select_on_focus=False)  # fmt: skip
             yield Button("Download", id="pull-button", variant="primary")
         yield ModelTaskPanel(id="task-panel")
         yield Footer()
 
     def on_mount(self) -> None:
         self.action_refresh()
+
+    def on_key(self, event: events.Key) -> None:
+        """A printable key that no focused table claims is typed into the input: typing a
+        path or a repo id never runs a shortcut."""
+        text = stray_text(self, event)
+        if text is None:
+            return
+        event.stop()
+        event.prevent_default()
+        repo_input = self.query_one("#repo-input", Input)
+        repo_input.focus()
+        repo_input.insert_text_at_cursor(text)
 
     @property
     def busy(self) -> bool:
@@ -197,7 +209,7 @@ class ModelsScreen(Screen):
 
     def start_download(self, repo_id: str) -> None:
         if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
+            self.notify("A task is already running (ctrl+k cancels it)", severity="warning")
             return
         self.download_cancel = CancelToken()
         self.query_one(ModelTaskPanel).start(f"Downloading {repo_id}")
@@ -213,7 +225,7 @@ class ModelsScreen(Screen):
             model = download_model(repo_id, on_progress=report, cancel=cancel)
             outcome = (f"{model.name} verified and added ({format_bytes(model.size_bytes)})", False)
         except DownloadCancelled:
-            outcome = (f"Download of {repo_id} cancelled; p resumes it", False)
+            outcome = (f"Download of {repo_id} cancelled; enter on its row resumes it", False)
         except (DownloadError, ValueError) as exc:
             outcome = (str(exc), True)
         except Exception as exc:  # noqa: BLE001 - show the unexpected too, never crash the UI
@@ -231,7 +243,7 @@ class ModelsScreen(Screen):
             self.notify("Select a local model to quantise", severity="warning")
             return
         if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
+            self.notify("A task is already running (ctrl+k cancels it)", severity="warning")
             return
         try:
             job = start_quantize(model, options=self.quantize_options,
@@ -275,7 +287,7 @@ class ModelsScreen(Screen):
                         severity="warning")  # fmt: skip
             return
         if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
+            self.notify("A task is already running (ctrl+k cancels it)", severity="warning")
             return
         try:
             self.compare_job = start_compare(
@@ -324,6 +336,10 @@ class ModelsScreen(Screen):
     # -- load, delete ----------------------------------------------------------------------
 
     def action_load(self) -> None:
+        key = self.query_one(LocalModelsTable).selected_key() or ""
+        if key.startswith(PENDING_PREFIX):  # an incomplete download: go on with it
+            self.start_download(key[len(PENDING_PREFIX):])
+            return
         model = self.selected_local()
         if model is None:
             self.notify("Select a local model to load", severity="warning")

@@ -66,7 +66,9 @@ class ChatPane(Vertical):
         with VerticalScroll(id="messages"):
             yield Static(WELCOME, id="chat-welcome")
         yield Static(id="chat-status")
-        yield Input(placeholder="Message · Enter sends · Esc stops", id="prompt")
+        # No select-on-focus: keys typed elsewhere are appended here, never a selection.
+        yield Input(placeholder="Message · Enter sends · Esc stops", id="prompt",
+                    select_on_focus=False)
 
     def on_mount(self) -> None:
         self.transcript.system_prompt = self.settings.current.system_prompt

@@ -6,6 +6,7 @@ Rows are keyed by the model's name / repo id, so the screen acts on `selected_ke
 from __future__ import annotations
 
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 from kvdeck.app.store.download_progress import format_bytes
@@ -39,6 +40,14 @@ class _KeyedTable(DataTable):
 
 
 class LocalModelsTable(_KeyedTable):
+    # Single letters act only here, where the table has focus: typed elsewhere they are
+    # text (the screen sends stray keys to its input).
+    BINDINGS = [
+        Binding("l,enter", "screen.load", "Load (or resume a download)", id="models_load"),
+        Binding("a", "screen.quantize", "Quantise AWQ", id="models_quantize"),
+        Binding("e", "screen.compare", "Compare", id="models_compare"),
+        Binding("x,delete", "screen.delete", "Delete", id="models_delete"),
+    ]
     COLUMNS = ("Name", "Architecture", "Params", "Dtype", "Quant", "Size", "Needs", "kvdeck",
                "Source")  # fmt: skip
 
@@ -59,7 +68,7 @@ class LocalModelsTable(_KeyedTable):
                          key=m.name)  # fmt: skip
         for p in pending:
             self.add_row(Text(p.repo_id, style="dim"), "", "", "", "", format_bytes(p.bytes_on_disk),
-                         "", "", Text("incomplete: p resumes", style="yellow"),
+                         "", "", Text("incomplete: enter resumes", style="yellow"),
                          key=PENDING_PREFIX + p.repo_id)  # fmt: skip
         self._restore_cursor(keep)
 
@@ -76,6 +85,9 @@ def _needs(model: LocalModel, free_gpu_bytes: int | None, context_tokens: int) -
 
 
 class RecommendedTable(_KeyedTable):
+    BINDINGS = [
+        Binding("p,enter", "screen.pull", "Download", id="recommended_pull"),
+    ]
     COLUMNS = ("Repo", "Params", "Quant", "Weights", "Needs", "Fits", "")
 
     def on_mount(self) -> None:
