@@ -24,7 +24,7 @@ from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
 from kvdeck.tui.engine_session import DEMO_MODEL_NAME, EngineSession, display_model_name
-from kvdeck.tui.load_generator import LoadGenerator, LoadSpec
+from kvdeck.tui.load_generator import LoadGenerator, LoadSpec, new_seed
 from kvdeck.tui.messages import (
     EngineHealthCheck,
     LoadBurstStarted,
@@ -289,25 +289,30 @@ class KvdeckApp(App[int]):
         if spec is None:
             return
         self.load_spec = spec
-        self.run_load(spec)
-        self.screen.post_message(LoadBurstStarted(spec.num_requests, spec.seed))
+        seed = spec.seed if spec.seed is not None else new_seed()  # fresh prompts each burst
+        self.run_load(spec, seed)
+        self.screen.post_message(LoadBurstStarted(spec.num_requests, seed))
 
     @work(group="load")
-    async def run_load(self, spec: LoadSpec) -> None:
+    async def run_load(self, spec: LoadSpec, seed: int | None = None) -> None:
         load = self.load
         assert load is not None
-        self.notify(f"Load: {spec.num_requests} requests × {spec.prompt_tokens} prompt + "
-                    f"{spec.output_tokens} output tokens", timeout=3)
+        seed = seed if seed is not None else spec.seed if spec.seed is not None else new_seed()
+        shared = (f", the first {spec.shared_prefix_tokens} shared (one leader first)"
+                  if spec.shared_prefix_tokens else "")
+        self.notify(f"Load: {spec.num_requests} requests × {spec.prompt_tokens} prompt tokens"
+                    f"{shared} + {spec.output_tokens} output · seed {seed}", timeout=4)
         self.activity.begin("load", f"a load burst of {spec.num_requests} requests", load.stop)
         try:
-            result = await load.run(spec)
+            result = await load.run(spec, seed)
         except Exception as exc:
             self.notify(f"Load generator failed: {exc}", severity="error")
             return
         finally:
             self.activity.end("load")
-        summary = (f"Load done: {result.completed} finished, {result.aborted} stopped, "
-                   f"{result.failed} failed, {result.output_tokens} tokens out")
+        summary = (f"Load done (seed {result.seed}): {result.completed} finished, "
+                   f"{result.aborted} stopped, {result.failed} failed, "
+                   f"{result.output_tokens} tokens out")
         self.notify(summary, severity="error" if result.failed else "information", timeout=5)
 
     def action_stop_load(self) -> None:

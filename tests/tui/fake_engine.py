@@ -1,7 +1,8 @@
 """A deterministic stand-in for engine.client.EngineClient, for the TUI's tests.
 
-It simulates a paged KV pool (block allocation on demand, prefix sharing by block hash,
-cached-evictable blocks after a request ends, abort freeing at once) and streams canned
+It simulates a paged KV pool (block allocation on demand, prefix sharing by block hash
+once a block is computed, cached-evictable blocks after a request ends, abort freeing at
+once) and streams canned
 tokens, so the dashboard shows real-looking, checkable state without torch or a model.
 `frozen_stats` replaces the live stats with a fixed list, for snapshot pictures.
 """
@@ -60,6 +61,7 @@ class FakeRequest:
     output_ids: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    unregistered: list[tuple[int, int]] = field(default_factory=list)  # (hash, block) to cache
     aborted: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # set on abort: stop waiting
 
@@ -106,6 +108,7 @@ class FakeEngineClient:
         self.last_messages: list[dict] | None = None
         self.last_params: SamplingParams | None = None
         self.sent: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) of each request
+        self.prompts: list[list[int]] = []  # the prompt ids of each request
         self.reject = reject  # every request fails with ValueError(reject), as a core refusal
         self.started_count = 0
         self.shutdown_count = 0
@@ -162,6 +165,7 @@ class FakeEngineClient:
         _, prompt_ids = self.encode(prompt, messages)
         self.check_request(prompt_ids, params)  # as the real client: before anything is queued
         self.sent.append((len(prompt_ids), params.max_tokens))
+        self.prompts.append(prompt_ids)
         if self.reject:
             raise ValueError(self.reject)
         if request_id is None:
@@ -178,6 +182,7 @@ class FakeEngineClient:
                 await self._pause(request)
             request.state = "prefilling"
             await self._pause(request)
+            self._register_prefix(request)
             self.last_prefill = len(prompt_ids)
             reason = None
             while reason is None:
@@ -296,11 +301,19 @@ class FakeEngineClient:
             block = self._take_block()
             assert block is not None
             if h is not None:
-                self.block_hash[block] = h
-                self.hash_to_block[h] = block
+                request.unregistered.append((h, block))
             request.blocks.append(block)
             self.written.add(block)
         return True
+
+    def _register_prefix(self, request: FakeRequest) -> None:
+        """As the real engine: a full block joins the prefix cache once it is computed, so
+        requests admitted together share nothing."""
+        for h, block in request.unregistered:
+            if h not in self.hash_to_block and self.ref_counts[block] > 0:
+                self.block_hash[block] = h
+                self.hash_to_block[h] = block
+        request.unregistered = []
 
     def _grow(self, request: FakeRequest) -> None:
         if request.num_tokens > len(request.blocks) * self.block_size:

@@ -90,6 +90,8 @@ async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llam
         assert await wait_for(pilot, lambda: state.stats is not None
                               and state.stats.num_running >= 2, timeout=30)
         assert state.stats.kv_cache_usage > 0
+        # The leader went first, so the first burst already shares its two prefix blocks.
+        assert await wait_for(pilot, lambda: max(state.stats.block_ref_counts) > 1, timeout=30)
         # Select a running request: the inspector shows the engine's block table for it.
         inspector = app.screen.query_one(RequestInspector)
         table = inspector.query_one(DataTable)

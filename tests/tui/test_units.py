@@ -119,17 +119,20 @@ def test_chat_settings_parse_names_the_bad_field():
 def test_load_spec_validation_and_shared_prefix():
     spec = LoadSpec(num_requests=4, prompt_tokens=20, output_tokens=5, shared_prefix_tokens=8)
     spec.validate(max_model_len=64)
-    prompts = synthetic_prompts(spec, vocab_size=100)
+    prompts = synthetic_prompts(spec, vocab_size=100, seed=5)
     assert len(prompts) == 4 and all(len(p) == 20 for p in prompts)
     assert all(p[:8] == prompts[0][:8] for p in prompts)
     assert len({tuple(p[8:]) for p in prompts}) == 4
     assert all(3 <= t < 100 for p in prompts for t in p)
-    assert synthetic_prompts(spec, 100) == prompts  # seeded: the same burst again
+    assert synthetic_prompts(spec, 100, seed=5) == prompts  # seeded: the same burst again
+    assert synthetic_prompts(spec, 100, seed=6)[0][:8] != prompts[0][:8]  # another: fresh
     for bad, message in ((dict(num_requests=0), "num_requests"),
                          (dict(shared_prefix_tokens=30), "shared_prefix_tokens"),
-                         (dict(prompt_tokens=60), "max_model_len")):
+                         (dict(prompt_tokens=60), "max_model_len"),
+                         (dict(seed=-1), "seed")):
         with pytest.raises(ValueError, match=message):
-            LoadSpec(**{**dict(num_requests=4, prompt_tokens=20, output_tokens=5), **bad}
+            LoadSpec(**{**dict(num_requests=4, prompt_tokens=20, output_tokens=5,
+                            shared_prefix_tokens=8), **bad}
                      ).validate(max_model_len=64)
 
 

@@ -62,7 +62,7 @@ def cell_style(kind: int, colour: str | None, muted: bool) -> Style:
     return Style(color=base, bold=kind == SHARED)
 
 
-def legend_text() -> Text:
+def legend_text(block_size: int | None = None) -> Text:
     text = Text()
     entries = (
         ("█", Style(color=PALETTE[2]), "owned (colour: request)"),
@@ -76,6 +76,8 @@ def legend_text() -> Text:
             text.append("  ")
         text.append(glyph, style)
         text.append(f" {label}")
+    if block_size is not None:
+        text.append(f"  · a cell is {block_size} tokens")
     return text
 
 

@@ -28,6 +28,7 @@ class Dashboard(Vertical):
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
         self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
+        self._legend_block_size: int | None = None
 
     def compose(self) -> ComposeResult:
         yield EngineSummary(id="summary")
@@ -58,6 +59,9 @@ class Dashboard(Vertical):
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
+                if state.stats.block_size != self._legend_block_size:
+                    self._legend_block_size = state.stats.block_size
+                    self.query_one("#legend", Static).update(legend_text(state.stats.block_size))
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
         if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:

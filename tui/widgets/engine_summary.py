@@ -59,8 +59,10 @@ def kv_line(state: DashboardState) -> Text:
         return kv_gauge(0.0)
     text = kv_gauge(stats.kv_cache_usage)
     used = stats.num_blocks - stats.num_free_blocks
-    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached"
-                f" · {stats.block_size} tok/blk")
+    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached")
+    if state.max_model_len:  # the pool's size in the unit a user thinks in
+        fits = stats.num_blocks * stats.block_size // state.max_model_len
+        text.append(f" · fits {fits}×{state.max_model_len} tok")
     return text
 
 
