@@ -1,9 +1,11 @@
-"""`kvdeck quantize` and `kvdeck eval-ppl` (registered by app/cli.py through COMMANDS)."""
+"""`kvdeck eval-ppl`, and the quantiser's side of `kvdeck quantize` (its arguments, its
+progress bar, the run into a directory); app/jobs/quantize_command.py adds the store."""
 
 import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from kvdeck.engine.types.config import DEVICES
@@ -17,7 +19,10 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", choices=("awq",), default="awq",
                         help="quantisation method (default: awq)")
     parser.add_argument("--out", default=None,
-                        help="output directory (default: <source>-awq beside the source)")
+                        help="output directory (default: into kvdeck's model store, where "
+                             "`kvdeck models` and the TUI list it)")
+    parser.add_argument("--name", default=None,
+                        help="its name in kvdeck's store (default: <source name>-awq)")
     parser.add_argument("--calib-file", default=None,
                         help="calibration text (default: assets/calibration/calibration.txt)")
     parser.add_argument("--num-samples", type=int, default=128,
@@ -44,11 +49,14 @@ def progress_line(event: QuantizeProgress) -> str:
     )
 
 
-def run_quantize(args: argparse.Namespace) -> int:
+def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
+                 on_written: Callable[[Path], Path] | None = None) -> int:
+    """Quantise `args.source` into `out_dir` (default `args.out`); `on_written` may move the
+    result (into kvdeck's store) and returns where it ended up."""
     from kvdeck.quant.awq_pipeline import QuantizeJob, run_quantize_job
 
     job = QuantizeJob(
-        source=args.source, out_dir=args.out, calib_file=args.calib_file,
+        source=args.source, out_dir=out_dir or args.out, calib_file=args.calib_file,
         num_samples=args.num_samples, seq_len=args.seq_len, device=args.device,
     )
     stream = sys.stderr
@@ -61,14 +69,15 @@ def run_quantize(args: argparse.Namespace) -> int:
     print(f"quantising {args.source} with AWQ (4-bit, group 128) ...", file=stream)
     start = time.monotonic()
     try:
-        out_dir = run_quantize_job(job, progress=show)
+        written = run_quantize_job(job, progress=show)
+        written = on_written(written) if on_written is not None else written
     except OSError as exc:
         print(f"\nkvdeck: error: {exc.strerror or exc}", file=stream)
         return 1
     except KeyboardInterrupt:
         print("\nkvdeck: interrupted; nothing was written", file=stream)
         return 130
-    print(f"wrote {out_dir} in {format_seconds(time.monotonic() - start)}")
+    print(f"wrote {written} in {format_seconds(time.monotonic() - start)}")
     return 0
 
 
@@ -120,7 +129,8 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     return 0
 
 
+# `kvdeck quantize` itself is kvdeck.app.jobs.quantize_command: it writes into the model
+# store, which lives in the app layer above this one.
 COMMANDS = {  # name: (add_arguments, run); the help texts are in kvdeck.app.cli
-    "quantize": (add_quantize_arguments, run_quantize),
     "eval-ppl": (add_eval_arguments, run_eval_ppl),
 }
