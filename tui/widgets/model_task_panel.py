@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Label, ProgressBar, Static
 
+from kvdeck.app.jobs.compare import CompareProgress
 from kvdeck.app.jobs.quantize import QuantizeProgress
 from kvdeck.app.store.download_progress import DownloadProgress, format_bytes, format_eta
 
@@ -66,13 +67,25 @@ class ModelTaskPanel(Vertical):
         else:
             self._status(p.message or p.phase)
 
+    def show_compare(self, p: CompareProgress) -> None:
+        self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
+        self._status(p.message)
+
     def show_message(self, message: str) -> None:
         self._status(message)
 
-    def finish(self, message: str, error: bool = False) -> None:
+    def finish(self, message: str, error: bool = False, complete: bool = False) -> None:
+        """The outcome; `complete`: the task did all its work, so the bar ends full."""
         self.set_classes("-outcome -error" if error else "-outcome")
         self.query_one("#task-cancel", Button).display = False
+        if complete:
+            self.query_one("#task-bar", ProgressBar).update(total=100, progress=100)
         self._status(message)
+
+    @property
+    def percent(self) -> float:
+        bar = self.query_one("#task-bar", ProgressBar)
+        return 100 * (bar.progress / bar.total) if bar.total else 0.0
 
     @property
     def status_text(self) -> str:
