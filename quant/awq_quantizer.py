@@ -67,6 +67,63 @@ class QuantizeProgress:
 ProgressCallback = Callable[[QuantizeProgress], None]
 
 
+@dataclass(frozen=True, slots=True)
+class QuantizeStep:
+    """Progress inside the layers, a few seconds apart at most: which step runs now and how
+    much of all layers' work is done (by block forwards over the calibration batch)."""
+
+    fraction: float
+    what: str  # e.g. "layer 3/6: scale search, mlp (12/20)"
+    elapsed_s: float
+
+
+StepCallback = Callable[[QuantizeStep], None]
+STEP_REPORT_S = 0.5  # at most this often (every grid point on a fast GPU would be noise)
+
+
+class _StepReporter:
+    """Counts a layer's work in block forwards: recording the inputs (1), each scale search
+    (n_grid), each clip search (1), and reports the fraction done."""
+
+    def __init__(self, on_step: StepCallback | None, num_layers: int, scale_searches: int,
+                 settings: AWQSettings, start: float) -> None:
+        self.on_step = on_step
+        self.num_layers = num_layers
+        self.n_grid = settings.n_grid
+        clips = sum(settings.clip and name not in NO_CLIP for name in LINEAR_NAMES)
+        self.per_layer = 1 + scale_searches * settings.n_grid + clips
+        self.start = start
+        self.layer = 0
+        self.done = 0  # units of the current layer
+        self.last = 0.0
+
+    def begin_layer(self, index: int) -> None:
+        self.layer, self.done = index, 0
+        self.report("recording the linears' inputs", force=True)
+
+    def advance(self, what: str, units: int = 1) -> None:
+        self.done += units
+        self.report(what)
+
+    def report(self, what: str, force: bool = False, in_layer: bool = True) -> None:
+        now = time.monotonic()
+        if self.on_step is None or (not force and now - self.last < STEP_REPORT_S):
+            return
+        self.last = now
+        done = min(self.done, self.per_layer)
+        fraction = (self.layer + done / self.per_layer) / self.num_layers
+        if in_layer:
+            what = f"layer {self.layer + 1}/{self.num_layers}: {what}"
+        self.on_step(QuantizeStep(fraction, what, now - self.start))
+
+    def search(self, what: str) -> Callable[[int], None]:
+        """The on_grid_point callback of one scale search."""
+        def grid_point(point: int) -> None:
+            self.advance(f"scale search, {what} ({point}/{self.n_grid})")
+
+        return grid_point
+
+
 def check_supported(config) -> None:
     """Refuse, before any work, models whose shape AWQ-in-kvdeck cannot handle."""
     model_type = getattr(config, "model_type", None)
@@ -109,29 +166,45 @@ def quantize_awq(
     settings: AWQSettings = AWQSettings(),
     device: torch.device | str = "cpu",
     progress: ProgressCallback | None = None,
+    on_step: StepCallback | None = None,
 ) -> dict[str, torch.Tensor]:
     """Quantise every decoder-layer linear of `model` (on CPU; moved to `device` a layer at a
     time). Returns the packed tensors {"model.layers.i.<linear>.qweight": ..., "...qzeros",
-    "...scales"} in AutoAWQ's GEMM layout; norms and biases are updated in the model."""
+    "...scales"} in AutoAWQ's GEMM layout; norms and biases are updated in the model.
+    `progress` hears of each finished layer, `on_step` of the work inside them."""
     check_supported(model.config)
     check_group_divisibility(model.config, settings.group_size)
     if calibration_ids.dim() != 2 or calibration_ids.numel() == 0:
         raise ValueError("calibration_ids must be a non-empty [num_samples, seq_len] tensor")
     device = torch.device(device)
     layers = model.model.layers
-    hidden, layer_kwargs = _catch_layer0_inputs(model, calibration_ids, settings.batch_size, device)
+    start = time.monotonic()
+    attn = layers[0].self_attn
+    steps = _StepReporter(on_step, len(layers),
+                          4 if attn.v_proj.weight.shape == attn.o_proj.weight.shape else 3,
+                          settings, start)
+
+    def captured(batch: int, batches: int) -> None:
+        steps.report(f"capturing layer 1's inputs (batch {batch}/{batches})", force=batch == 1,
+                     in_layer=False)
+
+    hidden, layer_kwargs = _catch_layer0_inputs(model, calibration_ids, settings.batch_size, device,
+                                                captured)
     packed: dict[str, torch.Tensor] = {}
     start = time.monotonic()
     for index, layer in enumerate(layers):
         layer.to(device)
+        steps.begin_layer(index)
         inputs, next_hidden = _record_linear_inputs(layer, hidden, layer_kwargs,
                                                     settings.batch_size)
-        _search_and_fold_scales(layer, inputs, layer_kwargs, settings)
+        steps.advance("searching the scales")
+        _search_and_fold_scales(layer, inputs, layer_kwargs, settings, steps)
         for name in LINEAR_NAMES:
             linear = layer.get_submodule(name)
             if settings.clip and name not in NO_CLIP:
                 max_val = search_clip(linear.weight, inputs[INPUT_OF[name]], settings.group_size)
                 apply_clip(linear, max_val, settings.group_size)
+                steps.advance(f"clip search, {name}")
             qweight, qzeros, scales = pack_awq_weight(linear.weight.data, settings.group_size)
             prefix = f"model.layers.{index}.{name}"
             packed[f"{prefix}.qweight"] = qweight.cpu()
@@ -151,7 +224,8 @@ def quantize_awq(
 
 
 def _catch_layer0_inputs(
-    model: nn.Module, ids: torch.Tensor, batch_size: int, device: torch.device
+    model: nn.Module, ids: torch.Tensor, batch_size: int, device: torch.device,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> tuple[list[torch.Tensor], dict]:
     """Run the model up to layer 0 and keep what it receives (hidden states and kwargs)."""
     inner = model.model
@@ -169,7 +243,10 @@ def _catch_layer0_inputs(
 
     handle = inner.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
+        batches = -(-ids.shape[0] // batch_size)
         for start in range(0, ids.shape[0], batch_size):
+            if on_batch is not None:
+                on_batch(start // batch_size + 1, batches)
             try:
                 model(ids[start:start + batch_size].to(device), use_cache=False)
             except _StopForward:
@@ -224,7 +301,8 @@ def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int):
 
 
 def _search_and_fold_scales(
-    layer: nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict, settings: AWQSettings
+    layer: nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict, settings: AWQSettings,
+    steps: _StepReporter,
 ) -> None:
     attn, mlp = layer.self_attn, layer.mlp
     attn_kwargs = {k: v for k, v in kwargs.items() if k != "use_cache"}
@@ -237,16 +315,18 @@ def _search_and_fold_scales(
     gate_up = [mlp.gate_proj, mlp.up_proj]
     # All four searches score the layer as it came in; the folds are applied afterwards.
     qkv_scales = search_scale(_chunked(attention, batch), qkv, inputs["self_attn.q_proj"],
-                              group, grid, settings.duo_scaling)
+                              group, grid, settings.duo_scaling, steps.search("q/k/v"))
     v_o_scales = None
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
         # With grouped-query attention v's rows do not map one to one onto o's inputs.
         v_o_scales = search_scale(_chunked(attn.o_proj, batch), [attn.o_proj],
-                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling)
+                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling,
+                                  steps.search("v→o"))
     mlp_scales = search_scale(_chunked(mlp, batch), gate_up, inputs["mlp.gate_proj"],
-                              group, grid, settings.duo_scaling)
+                              group, grid, settings.duo_scaling, steps.search("gate/up"))
     down_scales = search_scale(_chunked(mlp.down_proj, batch), [mlp.down_proj],
-                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling)
+                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling,
+                               steps.search("down"))
 
     # The recorded inputs are divided too: the clip search then sees what the scaled
     # weights will really be multiplied with.

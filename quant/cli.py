@@ -7,9 +7,11 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from kvdeck.engine.types.config import DEVICES
-from kvdeck.quant.awq_quantizer import QuantizeProgress
+from kvdeck.quant.awq_quantizer import QuantizeProgress, QuantizeStep
+from kvdeck.quant.progress_text import format_duration, format_remaining, remaining_seconds
 
 BAR_WIDTH = 30
 
@@ -33,20 +35,58 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where layers are quantised (default: cuda if available)")
 
 
-def format_seconds(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+def progress_bar(fraction: float) -> str:
+    filled = int(BAR_WIDTH * min(max(fraction, 0.0), 1.0))
+    return f"AWQ [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * fraction:3.0f}%"
+
+
+def step_line(step: QuantizeStep) -> str:
+    """The redrawn line: the bar, the step inside the layer, elapsed and what is left."""
+    left = format_remaining(remaining_seconds(step.fraction, step.elapsed_s))
+    return (f"{progress_bar(step.fraction)} {step.what} · {format_duration(step.elapsed_s)} "
+            f"elapsed · {left}")
 
 
 def progress_line(event: QuantizeProgress) -> str:
-    filled = int(BAR_WIDTH * event.fraction())
-    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-    return (
-        f"AWQ [{bar}] layer {event.layer}/{event.num_layers}  "
-        f"elapsed {format_seconds(event.elapsed_s)}  ETA {format_seconds(event.eta_s)}"
-    )
+    """A line of its own for each finished layer."""
+    return (f"{progress_bar(event.fraction())} layer {event.layer}/{event.num_layers} done · "
+            f"{format_duration(event.elapsed_s)} elapsed · ETA {format_remaining(event.eta_s)}")
+
+
+class TerminalProgress:
+    """Steps redraw one line on a terminal (a line every LOG_EVERY_S into a file); each
+    finished layer gets a line of its own."""
+
+    LOG_EVERY_S = 15.0
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.is_tty = stream.isatty()
+        self.last_logged = -self.LOG_EVERY_S
+        self.width = 0
+
+    def step(self, step: QuantizeStep) -> None:
+        line = step_line(step)
+        if self.is_tty:
+            self._redraw(line)
+        elif step.elapsed_s - self.last_logged >= self.LOG_EVERY_S:
+            self.last_logged = step.elapsed_s
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def layer(self, event: QuantizeProgress) -> None:
+        if self.is_tty:
+            self._redraw(progress_line(event))
+        else:
+            self.stream.write(progress_line(event))
+        self.stream.write("\n")
+        self.width = 0
+        self.stream.flush()
+
+    def _redraw(self, line: str) -> None:
+        pad = max(0, self.width - len(line))
+        self.stream.write("\r" + line + " " * pad)
+        self.width = len(line)
 
 
 def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
@@ -60,16 +100,12 @@ def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
         num_samples=args.num_samples, seq_len=args.seq_len, device=args.device,
     )
     stream = sys.stderr
-
-    def show(event: QuantizeProgress) -> None:
-        end = "\n" if event.layer == event.num_layers else ""
-        stream.write("\r" + progress_line(event) + end)
-        stream.flush()
+    show = TerminalProgress(stream)
 
     print(f"quantising {args.source} with AWQ (4-bit, group 128) ...", file=stream)
     start = time.monotonic()
     try:
-        written = run_quantize_job(job, progress=show)
+        written = run_quantize_job(job, progress=show.layer, on_step=show.step)
         written = on_written(written) if on_written is not None else written
     except OSError as exc:
         print(f"\nkvdeck: error: {exc.strerror or exc}", file=stream)
@@ -77,7 +113,7 @@ def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
     except KeyboardInterrupt:
         print("\nkvdeck: interrupted; nothing was written", file=stream)
         return 130
-    print(f"wrote {written} in {format_seconds(time.monotonic() - start)}")
+    print(f"wrote {written} in {format_duration(time.monotonic() - start)}")
     return 0
 
 
@@ -120,7 +156,8 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
         raise ValueError(f"cannot evaluate quant_method {quant_method!r}; kvdeck reads AWQ")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     text = text_path.read_text(encoding="utf-8", errors="replace")
-    ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
+    ids = torch.tensor(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"],
+                       dtype=torch.long)
     result = perplexity(hf_logits_fn(model), ids, args.seq_len, args.max_windows)
     print(
         f"perplexity: {result.perplexity:.4f}  ({result.num_tokens} tokens, "

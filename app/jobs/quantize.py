@@ -21,6 +21,7 @@ from kvdeck.app.store import paths, registry
 from kvdeck.app.store.inspect import describe_model
 from kvdeck.app.store.local_models import LocalModel, find_model
 from kvdeck.engine.types.config import DEVICES
+from kvdeck.quant.progress_text import remaining_seconds
 from kvdeck.quant.staging import pid_alive
 
 _NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
@@ -54,13 +55,16 @@ class QuantizeProgress:
     layer: int = 0  # decoder layers finished
     num_layers: int = 0
     elapsed_s: float = 0.0
-    eta_s: float | None = None
-    message: str = ""
+    eta_s: float | None = None  # None: too early to tell
+    message: str = ""  # the step under way, or what went wrong
+    done: float | None = None  # fraction of the work, finer than whole layers
 
     @property
     def fraction(self) -> float:
         if self.phase == "done":
             return 1.0
+        if self.done is not None:
+            return self.done
         return self.layer / self.num_layers if self.num_layers else 0.0
 
 
@@ -105,10 +109,19 @@ class QuantizeJob:
             self.on_progress(progress)
 
     def _on_message(self, message: tuple) -> None:
-        layer, num_layers, elapsed, eta = message
-        self._report(QuantizeProgress("quantizing", layer, num_layers, elapsed, eta))
+        if message[0] == "step":  # inside a layer (or before the first): a few seconds apart
+            _, fraction, what, elapsed = message
+            last = self.progress
+            self._report(QuantizeProgress(
+                "quantizing", last.layer, last.num_layers, elapsed,
+                remaining_seconds(fraction, elapsed), what, max(fraction, last.fraction)))
+            return
+        _, layer, num_layers, elapsed, eta = message
+        self._report(QuantizeProgress("quantizing", layer, num_layers, elapsed, eta,
+                                      f"layer {layer}/{num_layers} done"))
         if layer == num_layers:
-            self._report(QuantizeProgress("writing", layer, num_layers, elapsed, 0.0))
+            self._report(QuantizeProgress("writing", layer, num_layers, elapsed, 0.0,
+                                          "writing the checkpoint"))
 
     def _on_success(self, written: object) -> None:
         self.result = install_quantized(Path(str(written)), self.name, self.source.name,

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from kvdeck.quant.awq_pipeline import QuantizeJob as QuantSpec
 from kvdeck.quant.awq_pipeline import run_quantize_job
+from kvdeck.quant.awq_quantizer import QuantizeProgress, QuantizeStep
 from kvdeck.quant.hf_int4 import load_awq_into_transformers
 from kvdeck.quant.perplexity import hf_logits_fn, num_windows, perplexity
 
@@ -23,17 +24,21 @@ def _set_threads(spec: dict) -> None:
 
 
 def quantize_worker(spec: dict, emit: Callable[[tuple], None]) -> str:
-    """In the worker process: run kvdeck's AWQ quantiser, emitting (layer, of, elapsed, eta)."""
+    """In the worker process: run kvdeck's AWQ quantiser, emitting ("layer", done, of,
+    elapsed, eta) per finished layer and ("step", fraction, what, elapsed) in between."""
     _set_threads(spec)
     job = QuantSpec(source=spec["source"], out_dir=spec["out_dir"], calib_file=spec["calib_file"],
                     num_samples=spec["num_samples"], seq_len=spec["seq_len"],
                     group_size=spec["group_size"], device=spec["device"])  # fmt: skip
     started = time.monotonic()
 
-    def progress(p) -> None:
-        emit((p.layer, p.num_layers, time.monotonic() - started, p.eta_s))
+    def progress(p: QuantizeProgress) -> None:
+        emit(("layer", p.layer, p.num_layers, time.monotonic() - started, p.eta_s))
 
-    return str(run_quantize_job(job, progress))
+    def step(s: QuantizeStep) -> None:
+        emit(("step", s.fraction, s.what, time.monotonic() - started))
+
+    return str(run_quantize_job(job, progress, step))
 
 
 def compare_worker(spec: dict, emit: Callable[[tuple], None]) -> tuple[float, float, int]:

@@ -52,6 +52,10 @@ def test_quantize_job_reports_monotone_progress_and_registers(stored_source):
     assert result.size_bytes < stored_source.size_bytes
     layers = [p.layer for p in seen if p.phase == "quantizing"]
     assert layers == sorted(layers) and layers[-1] == 2 and seen[-1].phase == "done"
+    # Progress starts at once and moves inside the layers, not only when each ends.
+    messages = [p.message for p in seen]
+    assert messages[0] == "reading the model's config"
+    assert "layer 1/2: recording the linears' inputs" in messages
     fractions = [p.fraction for p in seen]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert [m.name for m in local_models.list_models()] == ["tiny-llama", "tiny-llama-awq"]

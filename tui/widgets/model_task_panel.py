@@ -13,6 +13,7 @@ from textual.widgets import Button, Label, ProgressBar, Static
 from kvdeck.app.jobs.compare import CompareProgress
 from kvdeck.app.jobs.quantize import QuantizeProgress
 from kvdeck.app.store.download_progress import DownloadProgress, format_bytes, format_eta
+from kvdeck.quant.progress_text import format_duration, format_remaining
 
 
 class ModelTaskPanel(Vertical):
@@ -62,8 +63,8 @@ class ModelTaskPanel(Vertical):
     def show_quantize(self, p: QuantizeProgress) -> None:
         self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
         if p.phase == "quantizing":
-            self._status(f"layer {p.layer} of {p.num_layers} · {p.elapsed_s:.0f}s elapsed"
-                         f" · ETA {format_eta(p.eta_s)}")  # fmt: skip
+            self._status(f"{p.message or 'starting'} · {format_duration(p.elapsed_s)} elapsed"
+                         f" · {format_remaining(p.eta_s)}")  # fmt: skip
         else:
             self._status(p.message or p.phase)
 
