@@ -95,29 +95,41 @@ class _StepReporter:
         self.start = start
         self.layer = 0
         self.done = 0  # units of the current layer
+        self.partial = 0.0  # of the unit under way, by calibration batches
+        self.current = ""  # what the unit under way is
         self.last = 0.0
 
     def begin_layer(self, index: int) -> None:
-        self.layer, self.done = index, 0
-        self.report("recording the linears' inputs", force=True)
+        self.layer, self.done, self.partial = index, 0, 0.0
+        self.current = "recording the linears' inputs"
+        self.report(self.current, force=True)
 
-    def advance(self, what: str, units: int = 1) -> None:
-        self.done += units
+    def advance(self, what: str) -> None:
+        self.done += 1
+        self.partial = 0.0
+        self.current = what
         self.report(what)
+
+    def chunk(self, index: int, count: int) -> None:
+        """One calibration batch of a block forward done: a report within the unit."""
+        self.partial = index / count
+        self.report(f"{self.current}, batch {index}/{count}")
 
     def report(self, what: str, force: bool = False, in_layer: bool = True) -> None:
         now = time.monotonic()
         if self.on_step is None or (not force and now - self.last < STEP_REPORT_S):
             return
         self.last = now
-        done = min(self.done, self.per_layer)
+        done = min(self.done + self.partial, self.per_layer)
         fraction = (self.layer + done / self.per_layer) / self.num_layers
         if in_layer:
             what = f"layer {self.layer + 1}/{self.num_layers}: {what}"
         self.on_step(QuantizeStep(fraction, what, now - self.start))
 
     def search(self, what: str) -> Callable[[int], None]:
-        """The on_grid_point callback of one scale search."""
+        """The on_grid_point callback of one scale search (made as the search starts)."""
+        self.current = f"scale search, {what} (reference)"
+
         def grid_point(point: int) -> None:
             self.advance(f"scale search, {what} ({point}/{self.n_grid})")
 
@@ -196,7 +208,7 @@ def quantize_awq(
         layer.to(device)
         steps.begin_layer(index)
         inputs, next_hidden = _record_linear_inputs(layer, hidden, layer_kwargs,
-                                                    settings.batch_size)
+                                                    settings.batch_size, steps.chunk)
         steps.advance("searching the scales")
         _search_and_fold_scales(layer, inputs, layer_kwargs, settings, steps)
         for name in LINEAR_NAMES:
@@ -276,7 +288,8 @@ def _layer_output(output) -> torch.Tensor:
 
 
 def _record_linear_inputs(
-    layer: nn.Module, hidden: list[torch.Tensor], kwargs: dict, batch_size: int
+    layer: nn.Module, hidden: list[torch.Tensor], kwargs: dict, batch_size: int,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in set(INPUT_OF.values())}
     handles = [
@@ -285,17 +298,28 @@ def _record_linear_inputs(
         )
         for name in recorded
     ]
+    outputs = []
     try:
-        outputs = [_layer_output(layer(chunk, **kwargs)) for chunk in hidden]
+        for index, chunk in enumerate(hidden):
+            outputs.append(_layer_output(layer(chunk, **kwargs)))
+            if on_chunk is not None:
+                on_chunk(index + 1, len(hidden))
     finally:
         for handle in handles:
             handle.remove()
     return {name: torch.cat(chunks, dim=0) for name, chunks in recorded.items()}, outputs
 
 
-def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int):
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int,
+             on_chunk: Callable[[int, int], None] | None = None):
     def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([fn(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+        starts = range(0, x.shape[0], batch_size)
+        outputs = []
+        for index, i in enumerate(starts):
+            outputs.append(fn(x[i:i + batch_size]))
+            if on_chunk is not None:
+                on_chunk(index + 1, len(starts))
+        return torch.cat(outputs)
 
     return run
 
@@ -314,17 +338,18 @@ def _search_and_fold_scales(
     qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
     gate_up = [mlp.gate_proj, mlp.up_proj]
     # All four searches score the layer as it came in; the folds are applied afterwards.
-    qkv_scales = search_scale(_chunked(attention, batch), qkv, inputs["self_attn.q_proj"],
+    tick = steps.chunk  # progress reports per calibration batch of each block forward
+    qkv_scales = search_scale(_chunked(attention, batch, tick), qkv, inputs["self_attn.q_proj"],
                               group, grid, settings.duo_scaling, steps.search("q/k/v"))
     v_o_scales = None
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
         # With grouped-query attention v's rows do not map one to one onto o's inputs.
-        v_o_scales = search_scale(_chunked(attn.o_proj, batch), [attn.o_proj],
+        v_o_scales = search_scale(_chunked(attn.o_proj, batch, tick), [attn.o_proj],
                                   inputs["self_attn.o_proj"], group, grid, settings.duo_scaling,
                                   steps.search("v→o"))
-    mlp_scales = search_scale(_chunked(mlp, batch), gate_up, inputs["mlp.gate_proj"],
+    mlp_scales = search_scale(_chunked(mlp, batch, tick), gate_up, inputs["mlp.gate_proj"],
                               group, grid, settings.duo_scaling, steps.search("gate/up"))
-    down_scales = search_scale(_chunked(mlp.down_proj, batch), [mlp.down_proj],
+    down_scales = search_scale(_chunked(mlp.down_proj, batch, tick), [mlp.down_proj],
                                inputs["mlp.down_proj"], group, grid, settings.duo_scaling,
                                steps.search("down"))
 
