@@ -80,6 +80,12 @@ class DashboardState:
             self.origin = at
         return at - self.origin
 
+    def latest_time(self) -> float:
+        """Seconds since start of the newest sample of any series (the graphs' "now")."""
+        last = [series[-1][0] for series in (self.kv_history, self.ttft_points, self.itl_points)
+                if series]
+        return max(last, default=0.0)
+
     @property
     def prefix_hit_rate(self) -> float | None:
         if self.stats is None or self.stats.prefix_cache_queries == 0:

@@ -190,3 +190,31 @@ def _params():
     from kvdeck.engine.types.sampling_params import SamplingParams
 
     return SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+async def test_inspector_keeps_finished_requests_dimmed_and_graphs_share_a_window(make_app):
+    app, factory = make_app(token_delay=0.02, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=8, prompt_tokens=32, output_tokens=6,
+                        shared_prefix_tokens=0)
+        inspector = app.screen.query_one(RequestInspector)
+        table = inspector.query_one(DataTable)
+        assert await wait_for(pilot, lambda: not app.activity.is_running("load"), timeout=15)
+        assert await wait_for(pilot, lambda: app.dashboard_state.stats.num_running == 0)
+
+        def states() -> list[str]:
+            return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+        # The last six are kept (dimmed) after they ended; the map redraws on its timer.
+        assert await wait_for(pilot, lambda: states() == ["finished"] * 6)
+        table.focus()
+        await pilot.press("down")
+        assert await wait_for(pilot, lambda: inspector.selected_id is not None)
+        detail = str(inspector.query_one("#request-detail").render())
+        assert "finished: its blocks were freed" in detail and "logical→physical" in detail
+        assert "idle" in str(app.screen.query_one("#throughput").render())
+        await pilot.press("f3")
+        await pilot.pause(0.6)
+        plots = [app.screen.query_one(f"#plot-{n}") for n in ("ttft", "itl", "throughput", "kv")]
+        assert all(p._points and max(x for x, _ in p._points) <= 0 for p in plots)
+        assert all(min(x for x, _ in p._points) >= -60 for p in plots)

@@ -17,6 +17,7 @@ async def test_startup_shows_progress_then_the_deck(make_app):
     async with app.run_test(size=(80, 24)) as pilot:
         assert await wait_for(pilot, lambda: isinstance(app.screen, StartupScreen))
         startup = app.screen
+        assert app.sub_title == "fake-llama"  # one title, before and after the engine is up
         assert await wait_for(pilot, lambda: "loading" in startup.stages_seen)
         assert "loading weights" in str(startup.query_one("#startup-stage", Static).render())
         assert await wait_for(pilot, lambda: app.engine_ready)

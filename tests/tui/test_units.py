@@ -157,3 +157,51 @@ def test_widgets_get_their_services_not_the_app():
     offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
                  if "type: ignore[attr-defined]" in p.read_text()]
     assert offenders == []
+
+
+def test_request_colours_keep_neighbours_apart_and_stay_put():
+    from kvdeck.tui.request_colours import RequestColours, palette_colour
+
+    def rgb(colour: str) -> tuple[int, int, int]:
+        return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+
+    def distance(a: str, b: str) -> float:
+        return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
+
+    first = [palette_colour(i) for i in range(12)]
+    assert len(set(first)) == 12
+    assert min(distance(a, b) for a, b in zip(first, first[1:])) > 120  # neighbours differ
+    assert min(distance(a, b) for i, a in enumerate(first[:8]) for b in first[i + 1:8]) > 60
+    colours = RequestColours()
+    colours.observe(["a", "b", "c"])
+    assert [colours.index(r) for r in "abc"] == [0, 1, 2]
+    assert colours.colour("b") == palette_colour(1)  # the same request keeps its colour
+
+
+def test_plot_ticks_are_round():
+    from kvdeck.tui.plot_ticks import labelled, nice_ticks
+
+    assert labelled(nice_ticks(3352.7)) == ["0", "1000", "2000", "3000", "4000"]
+    assert labelled(nice_ticks(100)) == ["0", "25", "50", "75", "100"]
+    assert labelled(nice_ticks(0.73)) == ["0.0", "0.2", "0.4", "0.6", "0.8"]
+    assert labelled(nice_ticks(1.0)) == ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    assert labelled(nice_ticks(57, 2)) == ["0", "50", "100"]
+
+
+def test_summary_says_idle_when_nothing_runs():
+    from kvdeck.tui.widgets.engine_summary import throughput_line
+
+    state = DashboardState()
+    stats = demo_stats()
+    state.add_stats(stats)
+    assert "step 256 prefill" in throughput_line(state).plain
+    stats.num_running = stats.num_waiting = 0
+    state.add_stats(stats)
+    assert throughput_line(state).plain.endswith("· idle")
+
+
+def test_the_title_names_the_demo_model_as_the_engine_does():
+    from kvdeck.engine.api.async_client import DEMO_MODEL_NAME
+    from kvdeck.tui.engine_session import display_model_name
+
+    assert display_model_name(None) == DEMO_MODEL_NAME  # not "demo model", then renamed

@@ -34,7 +34,8 @@ class ConfirmQuitScreen(ModalScreen[bool]):
         with Vertical():
             yield Static("Quit kvdeck?", classes="title")
             yield Static("Still running: " + "; ".join(self.running) + ".\nQuitting stops "
-                         "it (a partial reply is kept in the saved chat).", id="quit-running")
+                         "it: a partial reply stays in the saved chat, a cancelled job leaves "
+                         "nothing behind.", id="quit-running")
             with Horizontal():
                 yield Button("Stay (n)", id="stay")
                 yield Button("Quit (y)", id="quit", variant="warning")

@@ -61,6 +61,7 @@ class ChatPane(Vertical):
         self.last_reply: ChatMessage | None = None
         self.reply_worker: Worker | None = None
         self._told_about_trimming: str | None = None  # the transcript last told
+        self._note = ""  # what the status line says before the settings ("generating"...)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="messages"):
@@ -74,6 +75,15 @@ class ChatPane(Vertical):
         self.transcript.system_prompt = self.settings.current.system_prompt
         self.query_one("#messages", VerticalScroll).anchor()
         self.update_status()
+        self._engine_seen: tuple[int, bool] = (id(self.engine.client), self.engine.ready)
+        self.set_interval(0.5, self._follow_engine)
+
+    def _follow_engine(self) -> None:
+        """The status line names the context and reply budget of the engine now loaded."""
+        seen = (id(self.engine.client), self.engine.ready)
+        if seen != self._engine_seen:
+            self._engine_seen = seen
+            self.update_status(self._note)  # the same note, the new engine's figures
 
     @property
     def generating(self) -> bool:
@@ -89,6 +99,7 @@ class ChatPane(Vertical):
         return bool(self.prompt_input.value.strip()) or self.generating
 
     def update_status(self, note: str = "") -> None:
+        self._note = note
         settings = self.settings.current
         seed = "random" if settings.seed is None else str(settings.seed)
         client = self.engine.usable

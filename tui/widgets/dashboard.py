@@ -11,6 +11,7 @@ from textual.containers import Grid, Vertical
 from textual.widgets import Static, TabbedContent, TabPane
 
 from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.request_colours import RequestColours
 from kvdeck.tui.widgets.block_map import BlockMap, legend_text
 from kvdeck.tui.widgets.engine_summary import EngineSummary
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
@@ -24,6 +25,7 @@ class Dashboard(Vertical):
     def __init__(self, state: DashboardState, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.state = state
+        self.colours = RequestColours()  # one colour per request, in the map and the table
         self._seen_version = -1
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
@@ -34,9 +36,9 @@ class Dashboard(Vertical):
         yield EngineSummary(id="summary")
         with TabbedContent(id="dashboard-tabs"):
             with TabPane("Blocks", id="tab-blocks"):
-                yield BlockMap(id="block-map")
+                yield BlockMap(self.colours, id="block-map")
                 yield Static(legend_text(), id="legend")
-                yield RequestInspector(id="inspector")
+                yield RequestInspector(self.colours, id="inspector")
             with TabPane("Latency", id="tab-latency"):
                 with Grid(id="plots"):
                     yield TimeSeriesPlot("TTFT", "ms", id="plot-ttft")
@@ -74,11 +76,13 @@ class Dashboard(Vertical):
             return
         self._plotted = key
         self._plot_age = 0.0
-        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points)
-        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points)
-        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history)
+        now = state.latest_time()  # one window for all four: events line up
+        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points, now)
+        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points, now)
+        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history,
+                                                                      now)
         self.query_one("#plot-kv", TimeSeriesPlot).set_points(
-            (t, v * 100) for t, v in state.kv_history
+            ((t, v * 100) for t, v in state.kv_history), now
         )
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:

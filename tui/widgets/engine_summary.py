@@ -73,7 +73,10 @@ def throughput_line(state: DashboardState) -> Text:
     text.append(" tok/s · prefix hit ")
     rate = state.prefix_hit_rate
     text.append("n/a" if rate is None else f"{rate * 100:.1f}%", style="bold")
-    if stats is not None:
+    if stats is not None and stats.num_running == 0 and stats.num_waiting == 0:
+        text.append(" · ")
+        text.append("idle", style="bold")  # not the last step's figures, long gone
+    elif stats is not None:
         text.append(" · step ")
         text.append(f"{stats.last_step_prefill_tokens}", style="bold #4363d8")
         text.append(" prefill + ")

@@ -20,6 +20,7 @@ from kvdeck.app.store.local_models import LocalModel, PendingDownload
 from kvdeck.app.store.recommended import (
     CPU_RUNTIME_OVERHEAD_BYTES,
     RUNTIME_OVERHEAD_BYTES,
+    GiB,
     MemoryEstimate,
     RecommendedModel,
     format_params,
@@ -49,13 +50,12 @@ class MemoryBudget:
 
     def explain(self, context_tokens: int) -> str:
         if self.device == "cuda":
-            where = (f"the free GPU memory, with ~{format_bytes(RUNTIME_OVERHEAD_BYTES)} for "
-                     "the CUDA runtime")
+            where = f"free GPU memory, with {RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for CUDA"
         else:
-            where = (f"free RAM: no GPU seen, so kvdeck runs on the CPU in float32 (~"
-                     f"{format_bytes(CPU_RUNTIME_OVERHEAD_BYTES)} for torch)")
-        return (f"Needs: weights + KV cache of one {context_tokens}-token sequence (or the "
-                f"model's context, if shorter). Fits: in {where}.")
+            where = (f"free RAM, with {CPU_RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for torch (no GPU "
+                     "seen: kvdeck runs on the CPU, in float32)")
+        return (f"Needs: weights + KV of one {context_tokens}-token sequence (or the model's "
+                f"context). Fits: in {where}.")
 
 
 class _KeyedTable(DataTable):
@@ -98,7 +98,9 @@ class LocalModelsTable(_KeyedTable):
         self.clear()
         for m in models:
             supported = Text("yes", style="green") if m.supported else Text("no", style="red")
-            source = Text(m.source + ("" if m.verified else " (unverified)"))
+            # Verified: hashes checked on download, or made here; a folder is the user's own.
+            checked = m.verified or m.source == "folder"
+            source = Text(m.source + ("" if checked else " (unverified)"))
             if loaded and m.name in loaded:
                 source.append(" · loaded", style="bold")
             self.add_row(m.name, m.architecture, format_params(m.num_params), m.dtype,
