@@ -107,10 +107,11 @@ class ChatPane(Vertical):
             max_tokens = f"max {settings.reply_budget(client.max_model_len)} tok"
         else:
             max_tokens = f"max {settings.max_tokens or 'auto'} tok"
-        text = (f"temp {settings.temperature:g} · top_p {settings.top_p:g} · {max_tokens} · "
-                f"seed {seed}")
+        # The reply budget and the context first: what decides how much history fits.
         if client is not None:
-            text += f" · ctx {client.max_model_len}"
+            max_tokens += f" · ctx {client.max_model_len}"
+        text = (f"{max_tokens} · temp {settings.temperature:g} · top_p {settings.top_p:g} · "
+                f"seed {seed}")
         if note:
             text = f"{note} · {text}"
         self.query_one("#chat-status", Static).update(text)
