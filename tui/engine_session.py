@@ -48,6 +48,10 @@ class EngineSession:
     def mark_stopped(self, client: EngineClientProtocol) -> None:
         self._live_dirs.pop(id(client), None)
 
+    def serving_dirs(self) -> frozenset[Path]:
+        """The model directories running engine processes have loaded."""
+        return frozenset(self._live_dirs.values())
+
     def serves(self, model_dir: Path) -> bool:
         """Whether a running engine process has this model directory loaded."""
         return Path(model_dir).resolve() in self._live_dirs.values()

@@ -119,7 +119,19 @@ class ModelsScreen(Screen):
     def on_mount(self) -> None:
         self.tasks = ModelTaskRunner(self.query_one(ModelTaskPanel), self.activity,
                                      self._to_ui, self._task_finished)
+        self._serving = self.engine.serving_dirs()
         self.action_refresh()
+        self.set_interval(1.0, self._follow_engine)
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()  # a model may have been pulled, quantised or loaded meanwhile
+
+    def _follow_engine(self) -> None:
+        """Mark the model the engine loaded once it has (a switch takes seconds)."""
+        serving = self.engine.serving_dirs()
+        if serving != self._serving:
+            self._serving = serving
+            self.action_refresh()
 
     def on_key(self, event: events.Key) -> None:
         """A printable key that no focused table claims is typed into the input: typing a
