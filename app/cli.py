@@ -18,11 +18,13 @@ from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
     "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
-    "models": ("kvdeck.app.store.commands", "list local models, free disk space and recommended models"),
+    "models": ("kvdeck.app.store.commands",
+               "list local models, free disk space and recommended models; `models add DIR`"),
     "rm": ("kvdeck.app.store.commands", "delete a local model"),
     "import": ("kvdeck.app.store.gguf_commands",
                "import a GGUF model (a file, or ollama:NAME[:TAG]) into kvdeck's store"),
-    "quantize": ("kvdeck.quant.cli", "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)"),
+    "quantize": ("kvdeck.app.jobs.quantize_command",
+                 "quantise a model to INT4 (AWQ, or RTN; AutoAWQ GEMM layout) into the store"),
     "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.bench.commands",
               "benchmark throughput, serving latency or decode against the roofline"),

@@ -39,6 +39,7 @@ class DashboardState:
         default_factory=lambda: deque(maxlen=LATENCY_LEN)
     )  # (seconds since origin, ITL ms)
     tokens_per_s: float = 0.0
+    max_model_len: int | None = None  # the loaded model's context (how many requests fit)
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
 
     def add_stats(self, stats: EngineStats) -> None:
@@ -78,6 +79,12 @@ class DashboardState:
         if self.origin is None:
             self.origin = at
         return at - self.origin
+
+    def latest_time(self) -> float:
+        """Seconds since start of the newest sample of any series (the graphs' "now")."""
+        last = [series[-1][0] for series in (self.kv_history, self.ttft_points, self.itl_points)
+                if series]
+        return max(last, default=0.0)
 
     @property
     def prefix_hit_rate(self) -> float | None:

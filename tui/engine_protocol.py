@@ -8,6 +8,7 @@ does not import torch: the real client is imported lazily in `tui.app.run_tui`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class EngineHealthLike(Protocol):
 class EngineClientProtocol(Protocol):
     model_name: str
     max_model_len: int
+    num_blocks: int  # KV blocks in the pool (known once started)
+    model_dir: Path | None  # the model's directory (known once started)
     tokenizer: Any  # needs .vocab_size for the load generator
 
     async def start(
@@ -42,6 +45,9 @@ class EngineClientProtocol(Protocol):
         request_id: str | None = None,
         messages: list[dict] | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
+
+    def encode(self, prompt: str | list[int] | None = None,
+               messages: list[dict] | None = None) -> tuple[str | None, list[int]]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

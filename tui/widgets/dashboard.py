@@ -11,6 +11,7 @@ from textual.containers import Grid, Vertical
 from textual.widgets import Static, TabbedContent, TabPane
 
 from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.request_colours import RequestColours
 from kvdeck.tui.widgets.block_map import BlockMap, legend_text
 from kvdeck.tui.widgets.engine_summary import EngineSummary
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
@@ -21,20 +22,23 @@ PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
 class Dashboard(Vertical):
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, state: DashboardState, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.state = state
+        self.colours = RequestColours()  # one colour per request, in the map and the table
         self._seen_version = -1
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
         self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
+        self._legend_block_size: int | None = None
 
     def compose(self) -> ComposeResult:
         yield EngineSummary(id="summary")
         with TabbedContent(id="dashboard-tabs"):
             with TabPane("Blocks", id="tab-blocks"):
-                yield BlockMap(id="block-map")
+                yield BlockMap(self.colours, id="block-map")
                 yield Static(legend_text(), id="legend")
-                yield RequestInspector(id="inspector")
+                yield RequestInspector(self.colours, id="inspector")
             with TabPane("Latency", id="tab-latency"):
                 with Grid(id="plots"):
                     yield TimeSeriesPlot("TTFT", "ms", id="plot-ttft")
@@ -48,10 +52,6 @@ class Dashboard(Vertical):
         self.set_interval(1 / REFRESH_HZ, self.redraw)
         self.redraw()
 
-    @property
-    def state(self) -> DashboardState:
-        return self.app.dashboard_state  # type: ignore[attr-defined]
-
     def redraw(self) -> None:
         state = self.state
         if state.version != self._seen_version:
@@ -61,6 +61,9 @@ class Dashboard(Vertical):
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
+                if state.stats.block_size != self._legend_block_size:
+                    self._legend_block_size = state.stats.block_size
+                    self.query_one("#legend", Static).update(legend_text(state.stats.block_size))
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
         if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:
@@ -73,11 +76,13 @@ class Dashboard(Vertical):
             return
         self._plotted = key
         self._plot_age = 0.0
-        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points)
-        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points)
-        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history)
+        now = state.latest_time()  # one window for all four: events line up
+        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points, now)
+        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points, now)
+        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history,
+                                                                      now)
         self.query_one("#plot-kv", TimeSeriesPlot).set_points(
-            (t, v * 100) for t, v in state.kv_history
+            ((t, v * 100) for t, v in state.kv_history), now
         )
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
@@ -89,6 +94,10 @@ class Dashboard(Vertical):
 
     def on_block_map_block_clicked(self, event: BlockMap.BlockClicked) -> None:
         self.query_one(RequestInspector).select(event.owner)
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one(TabbedContent).active
 
     def show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = tab_id

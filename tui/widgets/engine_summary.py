@@ -59,8 +59,10 @@ def kv_line(state: DashboardState) -> Text:
         return kv_gauge(0.0)
     text = kv_gauge(stats.kv_cache_usage)
     used = stats.num_blocks - stats.num_free_blocks
-    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached"
-                f" · {stats.block_size} tok/blk")
+    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached")
+    if state.max_model_len:  # the pool's size in the unit a user thinks in
+        fits = stats.num_blocks * stats.block_size // state.max_model_len
+        text.append(f" · fits {fits}×{state.max_model_len} tok")
     return text
 
 
@@ -71,7 +73,10 @@ def throughput_line(state: DashboardState) -> Text:
     text.append(" tok/s · prefix hit ")
     rate = state.prefix_hit_rate
     text.append("n/a" if rate is None else f"{rate * 100:.1f}%", style="bold")
-    if stats is not None:
+    if stats is not None and stats.num_running == 0 and stats.num_waiting == 0:
+        text.append(" · ")
+        text.append("idle", style="bold")  # not the last step's figures, long gone
+    elif stats is not None:
         text.append(" · step ")
         text.append(f"{stats.last_step_prefill_tokens}", style="bold #4363d8")
         text.append(" prefill + ")
