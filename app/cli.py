@@ -1,7 +1,7 @@
 """`kvdeck` entry point.
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
-server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench) are provided by
+server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench, attach) come from
 the modules in SUBCOMMANDS, each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
 only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
@@ -28,6 +28,8 @@ SUBCOMMANDS = {  # name: (module, help)
     "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.bench.commands",
               "benchmark throughput, serving latency or decode against the roofline"),
+    "attach": ("kvdeck.tui.attach_command",
+               "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
 }
 # Options that are not engine knobs on the command line.
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}

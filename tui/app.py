@@ -1,7 +1,10 @@
 """The kvdeck Textual app: owns the engine client, the dashboard state and the sections.
 
 `run_tui` is what `kvdeck` calls. The engine runs in a background process behind the client;
-this process only draws, so the UI stays responsive whatever the engine does.
+this process only draws, so the UI stays responsive whatever the engine does. `kvdeck
+attach URL...` opens the same app on servers instead (tui/attach_command.py): its client
+talks HTTP, reconnects by itself, and a lost connection greys the dashboard instead of
+showing the engine-error screen.
 """
 
 from __future__ import annotations
@@ -9,10 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from textual import work
 from textual.app import App, SystemCommand
@@ -22,7 +27,12 @@ from textual.screen import Screen
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
-from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
+from kvdeck.tui.engine_protocol import (
+    ClientFactory,
+    EngineClientProtocol,
+    MetricsSource,
+    StartupProgressLike,
+)
 from kvdeck.tui.engine_session import DEMO_MODEL_NAME, EngineSession, display_model_name
 from kvdeck.tui.load_generator import LoadGenerator, LoadSpec, new_seed
 from kvdeck.tui.messages import (
@@ -40,6 +50,9 @@ from kvdeck.tui.screens.startup import StartupScreen
 from kvdeck.tui.settings_store import SettingsStore
 from kvdeck.tui.transcripts import TranscriptStore, default_transcript_dir
 
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
+
 SHUTDOWN_TIMEOUT_S = 15.0
 HEALTH_CHECK_S = 1.0
 PALETTE_BINDING = Binding("ctrl+p", "command_palette", "Commands", id="command_palette",
@@ -56,6 +69,8 @@ class KvdeckApp(App[int]):
         Binding("f1", "help", "Help", id="help", tooltip="Show the keys and the map legend"),
         Binding("ctrl+l", "load_generator", "Load test", id="load_generator",
                 tooltip="Fire N concurrent synthetic requests (again: stop them)"),
+        Binding("f6", "next_server", "Next server", id="next_server",
+                tooltip="Attached to several servers: chat with and map the next one"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
                 tooltip="Switch between the light and dark theme"),
         # ctrl chords, not "q": a printable key with no input focused is typed into the
@@ -77,12 +92,14 @@ class KvdeckApp(App[int]):
         chat_settings: ChatSettings | None = None,
         settings_store: SettingsStore | None = None,
         factory_for_model: Callable[[str | None], ClientFactory] | None = None,
+        servers: AttachedServers | None = None,
     ) -> None:
         super().__init__()
         for section in SECTIONS:
             self.add_mode(section.id, partial(section.screen, self))
         self.client_factory = client_factory
         self.factory_for_model = factory_for_model  # how switch_model makes a client
+        self.servers = servers  # `kvdeck attach`: the servers watched (the chat's is selected)
         # The services handed to screens and widgets (they never reach into the App).
         self.engine = EngineSession(model=model, name=model_name)
         self.dashboard_state = DashboardState()
@@ -121,6 +138,8 @@ class KvdeckApp(App[int]):
         self.sub_title = self.engine.name
         if self.settings.problem:
             self.notify(self.settings.problem, severity="warning", timeout=8)
+        if self.servers is not None:
+            self.run_worker(self.servers.watch(), group="servers")
         self.start_engine()
         self.set_interval(HEALTH_CHECK_S, self.check_engine_health)
 
@@ -149,16 +168,31 @@ class KvdeckApp(App[int]):
             await client.start(on_progress=on_progress)
         except Exception as exc:
             self._close_startup(startup)
-            self.show_engine_error("The engine failed to start", f"{type(exc).__name__}: {exc}")
+            title = ("Could not attach" if self.servers is not None
+                     else "The engine failed to start")
+            self.show_engine_error(title, f"{type(exc).__name__}: {exc}")
             return
         engine.mark_running(client)
-        self.dashboard_state.reset()
-        self.dashboard_state.max_model_len = client.max_model_len
+        state = self.dashboard_state
+        state.reset()
+        state.max_model_len = client.max_model_len
+        # An attached server: "kvdeck" (stats stream) or "openai" (metrics only).
+        state.source = getattr(client, "kind", "engine")
+        state.latency_feed = state.source == "kvdeck"
+        state.connected = True
+        if self.servers is not None:
+            label = getattr(client, "engine_label", "server")
+            state.source_label = f"{label} at {getattr(client, 'url', '')}"
+            engine.name = client.model_name or engine.name
+            self.title = f"kvdeck · attached to {state.source_label}"
         self.sub_title = engine.name
-        self.load = LoadGenerator(client, self.dashboard_state)
+        self.load = LoadGenerator(client, state)
         engine.ready = True
         self._close_startup(startup)
-        self.consume_stats(client)
+        if state.source == "openai":
+            self.consume_metrics(cast("MetricsSource", client))
+        else:
+            self.consume_stats(client)
 
     def _close_startup(self, startup: StartupScreen) -> None:
         """Remove the start-up screen, and anything opened over it meanwhile (help...)."""
@@ -175,17 +209,53 @@ class KvdeckApp(App[int]):
                 if client is not self.engine.client:
                     return
                 self.dashboard_state.add_stats(stats)
+                drain = getattr(client, "drain_latencies", None)  # a kvdeck server's feed
+                for kind, at, seconds in drain() if drain is not None else ():
+                    self.dashboard_state.add_feed_latency(kind, at, seconds)
         except Exception as exc:
             if client is self.engine.client and not self._quitting:
                 self.show_engine_error("The engine stopped", f"{type(exc).__name__}: {exc}")
 
+    @work(group="stats", exclusive=True)
+    async def consume_metrics(self, client: MetricsSource) -> None:
+        """A server seen through /metrics only (vLLM): its summaries feed the dashboard."""
+        try:
+            async for view in client.metrics_stream():
+                if client is not self.engine.client:
+                    return
+                self.dashboard_state.add_metrics(view, time.time())
+        except Exception as exc:
+            if client is self.engine.client and not self._quitting:
+                self.show_engine_error("The server refused", f"{type(exc).__name__}: {exc}")
+
     def check_engine_health(self) -> None:
         client = self.engine.client
-        if not self.engine.ready or client is None or self._quitting:
+        if client is None or self._quitting:
+            return
+        if self.servers is not None:
+            self._check_attached(client)
+            return
+        if not self.engine.ready:
             return
         health = client.health()
         if health.status in ("dead", "stopped"):
             self.show_engine_error(f"The engine is {health.status}", health.detail or "")
+
+    def _check_attached(self, client: EngineClientProtocol) -> None:
+        """An attached server that went away is not an error to acknowledge: its client
+        reconnects by itself; meanwhile the chat waits and the dashboard greys."""
+        if isinstance(self.screen, EngineErrorScreen) or self.load is None:
+            return  # never attached (wrong URL or key), or a refused key: the screen says why
+        health = client.health()
+        connected = health.status == "ready"
+        if connected != self.dashboard_state.connected:
+            self.dashboard_state.connected = connected
+            self.dashboard_state.version += 1
+            if connected:
+                self.notify(f"Reconnected: {health.detail}", timeout=3)
+            else:
+                self.notify(health.detail, severity="warning", timeout=5)
+        self.engine.ready = connected and health.status != "stopped"
 
     def show_engine_error(self, title: str, detail: str) -> None:
         self.engine.ready = False
@@ -195,6 +265,8 @@ class KvdeckApp(App[int]):
 
     def switch_model(self, model: str | None, name: str | None = None) -> None:
         """Stop the engine and start it again on another model (None: the bundled demo)."""
+        if self.servers is not None:
+            raise ValueError("attached to a server: its model is chosen where it runs")
         if self.factory_for_model is None:
             raise ValueError("this app cannot switch models (no factory_for_model given)")
         self.client_factory = self.factory_for_model(model)
@@ -207,6 +279,20 @@ class KvdeckApp(App[int]):
         if isinstance(self.screen, EngineErrorScreen):
             self.pop_screen()
         self.start_engine()
+
+    def action_next_server(self) -> None:
+        """Chat with and map the next attached server (the table keeps watching them all)."""
+        if self.servers is None or len(self.servers) < 2:
+            return
+        url = self.servers.select_next()
+        self.client_factory = self.servers.client_factory()
+        self.engine.name = url
+        self.restart_engine()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_server":
+            return self.servers is not None and len(self.servers) > 1
+        return True
 
     def on_restart_engine_requested(self, message: RestartEngineRequested) -> None:
         self.restart_engine()
@@ -258,6 +344,8 @@ class KvdeckApp(App[int]):
 
     async def on_unmount(self) -> None:
         await self.stop_engine()
+        if self.servers is not None:
+            await self.servers.close()
 
     # ----- actions ----------------------------------------------------------------------
     def action_switch_section(self, section_id: str) -> None:
@@ -322,9 +410,8 @@ class KvdeckApp(App[int]):
 
     # ----- help and command palette -----------------------------------------------------
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        groups: list[tuple[str, list[Binding]]] = [
-            ("Everywhere", [PALETTE_BINDING, *_bindings(self.BINDINGS)]),
-        ]
+        usable = [b for b in _bindings(self.BINDINGS) if self.check_action(b.action, ())]
+        groups: list[tuple[str, list[Binding]]] = [("Everywhere", [PALETTE_BINDING, *usable])]
         base = self.screen_stack[0] if self.screen_stack else None
         if base is not None and _bindings(base.BINDINGS):
             section = next((s.title for s in SECTIONS if s.id == self.current_mode), "Screen")
@@ -343,6 +430,8 @@ class KvdeckApp(App[int]):
                             self.action_stop_load)
         for binding in _bindings(self.BINDINGS):
             if binding.action in ("quit", "command_palette") or binding.id.startswith("section_"):
+                continue
+            if not self.check_action(binding.action, ()):
                 continue
             yield SystemCommand(binding.description, _command_help(binding),
                                 lambda a=binding.action: self.run_action(a))

@@ -60,6 +60,15 @@ class EngineClientProtocol(Protocol):
     async def shutdown(self) -> None: ...
 
 
+class MetricsSource(Protocol):
+    """An attached server that only has /metrics (vLLM): what the dashboard reads instead
+    of engine snapshots (kvdeck.app.attach.remote_client.RemoteClient)."""
+
+    kind: str  # "openai"
+
+    def metrics_stream(self) -> AsyncIterator[Any]: ...  # MetricsView summaries
+
+
 # Stages of start-up in the order the client reports them (drives the progress bar).
 STARTUP_STAGES: tuple[str, ...] = ("starting", "loading", "profiling", "capturing", "ready")
 

@@ -37,7 +37,8 @@ class Section:
 def _deck_screen(app: KvdeckApp) -> Screen:
     from kvdeck.tui.screens.deck import DeckScreen
 
-    return DeckScreen(app.engine, app.dashboard_state, app.settings, app.transcripts, app.activity)
+    return DeckScreen(app.engine, app.dashboard_state, app.settings, app.transcripts, app.activity,
+                      app.servers)
 
 
 def _models_screen(app: KvdeckApp) -> Screen:

@@ -32,7 +32,7 @@ from kvdeck.app.attach.connection import (
     transport_reason,
 )
 from kvdeck.app.attach.metrics_view import MetricsView, summarise
-from kvdeck.app.attach.openai_reply import ReplyAccumulator, request_body
+from kvdeck.app.attach.openai_reply import UNKNOWN_TOKEN_ID, ReplyAccumulator, request_body
 from kvdeck.app.attach.prometheus import Scrape, parse
 from kvdeck.app.attach.sse import server_sent_events
 from kvdeck.engine.api.async_client import EngineDeadError, EngineStartError, RequestFailedError
@@ -47,6 +47,7 @@ REPLY_STALL_S = 300.0  # between two chunks of a reply (a long prompt's prefill 
 METRICS_INTERVAL_S = 1.0
 METRICS_HISTORY = 300  # scrapes kept (5 minutes at one a second; the view's window is 30 s)
 LATENCY_BACKLOG = 4096
+TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators, when the server cannot count
 ENCODE_CACHE = 256  # prompts kept tokenised: fitting a chat to the context re-asks often
 _ABORTED, _DONE = object(), object()
 
@@ -79,6 +80,7 @@ class RemoteClient:
         self._health = RemoteHealth("starting", f"connecting to {self.url}")
         self._replies: dict[str, asyncio.Task] = {}
         self._encoded: OrderedDict[str, list[int]] = OrderedDict()
+        self._stats_streaming = False  # while it runs, the stats stream decides the health
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S)
         self._http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout)
@@ -193,7 +195,7 @@ class RemoteClient:
             except httpx.TransportError as exc:
                 raise EngineDeadError(f"cannot tokenize on {self.url}: "
                                       f"{transport_reason(exc)}") from None
-            self._remember(key, self._tokens(response))
+            self._remember(key, self._tokens(response, body))
         return (prompt if isinstance(prompt, str) else None), list(self._encoded[key])
 
     async def encode_async(self, prompt: str | list[int] | None = None,
@@ -207,7 +209,7 @@ class RemoteClient:
             except httpx.TransportError as exc:
                 raise EngineDeadError(f"cannot tokenize on {self.url}: "
                                       f"{transport_reason(exc)}") from None
-            self._remember(key, self._tokens(response))
+            self._remember(key, self._tokens(response, body))
         return (prompt if isinstance(prompt, str) else None), list(self._encoded[key])
 
     def _tokenize_body(self, prompt: str | None, messages: list[dict] | None) -> tuple[dict, str]:
@@ -217,7 +219,9 @@ class RemoteClient:
                 {"model": self.model_name, "messages": messages, "add_generation_prompt": True})
         return body, json.dumps(body, sort_keys=True)
 
-    def _tokens(self, response: httpx.Response) -> list[int]:
+    def _tokens(self, response: httpx.Response, body: dict) -> list[int]:
+        if response.status_code in (404, 405):  # no /tokenize (Ollama, some proxies)
+            return [UNKNOWN_TOKEN_ID] * estimated_tokens(body)
         if response.status_code != 200:
             raise refused(response, self.url)
         return [int(t) for t in response.json()["tokens"]]
@@ -233,6 +237,14 @@ class RemoteClient:
         TTFT/ITL samples land in `latencies`. Other servers have none: see metrics_stream."""
         if self.kind != "kvdeck":
             return
+        self._stats_streaming = True
+        try:
+            async for stats in self._stats_events():
+                yield stats
+        finally:
+            self._stats_streaming = False
+
+    async def _stats_events(self) -> AsyncIterator[EngineStats]:
         backoff = Backoff()
         timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=CONNECT_TIMEOUT_S, read=STATS_STALL_S)
         while self._health.status != "stopped":
@@ -280,7 +292,7 @@ class RemoteClient:
                     raise refused(response, self.url)
                 history.append(parse(response.text, time.time()))
                 backoff.reset()
-                if self.kind != "kvdeck":  # kvdeck's health follows its stats stream
+                if not self._stats_streaming:
                     self._health = RemoteHealth("ready", f"attached to {self.engine_label} "
                                                          f"at {self.url}")
                 self.last_metrics = summarise(history)
@@ -327,6 +339,15 @@ class RemoteClient:
                 raise error
             raise EngineStartError(f"{self.url}{path} answered {response.status_code}: {error}")
         return response.json()
+
+
+def estimated_tokens(body: dict) -> int:
+    """An upper bound for a server that cannot count: a byte-level BPE token covers at least
+    one UTF-8 byte, and a chat template adds a few tokens around each message."""
+    if body.get("messages") is None:
+        return len(str(body.get("prompt", "")).encode())
+    return sum(len(str(m.get("content") or "").encode()) + TEMPLATE_TOKENS_PER_MESSAGE
+               for m in body["messages"]) + TEMPLATE_TOKENS_PER_MESSAGE
 
 
 def _stream_error(error: dict) -> Exception:

@@ -2,6 +2,7 @@
 a /metrics exposition in vLLM's format (its metric names, types, `model_name` and `engine`
 labels, its histogram buckets), whose values the test moves by observing known samples."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -57,8 +58,26 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
-def create_app(metrics: VllmMetrics) -> FastAPI:
+@dataclass
+class Behaviour:
+    """What the test makes the fake do: want a key, or stall every answer."""
+
+    api_key: str | None = None
+    stall_s: float = 0.0
+
+
+def create_app(metrics: VllmMetrics, behaviour: Behaviour | None = None) -> FastAPI:
     app = FastAPI()
+    behaviour = behaviour or Behaviour()
+
+    @app.middleware("http")
+    async def key_and_stall(request, call_next):
+        if behaviour.stall_s:
+            await asyncio.sleep(behaviour.stall_s)
+        if behaviour.api_key and request.headers.get("authorization") != f"Bearer {behaviour.api_key}":
+            return JSONResponse({"error": {"message": "Unauthorized", "type": "invalid_request_error",
+                                           "code": 401}}, status_code=401)
+        return await call_next(request)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

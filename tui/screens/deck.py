@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from textual import events
 from textual.app import ComposeResult
@@ -26,6 +27,9 @@ from kvdeck.tui.widgets.chat_pane import ChatPane
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.mini_stats import MiniStats
 
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
+
 NARROW_BELOW = 120  # columns; below this chat and dashboard take turns (f2)
 
 
@@ -38,7 +42,7 @@ class DeckScreen(Screen[None]):
         Binding("f2", "toggle_pane", "Chat⇄Dash", id="toggle_pane",
                 tooltip="Switch between chat and dashboard (wide: dashboard full width)"),
         Binding("f3", "toggle_tab", "Blocks⇄Latency", id="toggle_dashboard_tab", show=False,
-                tooltip="Switch the dashboard between the block map and the latency graphs"),
+                tooltip="Next dashboard tab: block map, latency graphs (attached: servers)"),
         Binding("ctrl+s", "chat_settings", "Settings", id="chat_settings",
                 tooltip="System prompt and sampling settings (temperature, top_p, ...)"),
         Binding("ctrl+n", "new_chat", "New", id="new_chat",
@@ -52,8 +56,10 @@ class DeckScreen(Screen[None]):
     HELP_GROUPS = [("A focused chat message", ChatMessage.BINDINGS)]
 
     def __init__(self, engine: EngineSession, state: DashboardState, settings: SettingsStore,
-                 transcripts: TranscriptStore, activity: ActivityTracker) -> None:
+                 transcripts: TranscriptStore, activity: ActivityTracker,
+                 servers: AttachedServers | None = None) -> None:
         super().__init__()
+        self.servers = servers  # attached (`kvdeck attach`): the servers' table
         self.engine = engine
         self.state = state
         self.settings = settings
@@ -67,7 +73,7 @@ class DeckScreen(Screen[None]):
         with Horizontal(id="deck-body"):
             yield ChatPane(self.engine, self.state, self.settings, self.transcripts,
                            self.activity, id="chat")
-            yield Dashboard(self.state, id="dashboard")
+            yield Dashboard(self.state, self.servers, id="dashboard")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -132,7 +138,9 @@ class DeckScreen(Screen[None]):
 
     def action_toggle_tab(self) -> None:
         dashboard = self.dashboard
-        dashboard.show_tab("tab-latency" if dashboard.active_tab == "tab-blocks" else "tab-blocks")
+        tabs = ["tab-blocks", "tab-latency", *(["tab-servers"] if self.servers else [])]
+        current = tabs.index(dashboard.active_tab) if dashboard.active_tab in tabs else -1
+        dashboard.show_tab(tabs[(current + 1) % len(tabs)])
         if self.has_class("-narrow") and not self.has_class("-show-dashboard"):
             self.show_pane("dashboard")
 

@@ -7,6 +7,7 @@ stores, and the activity tracker (a streaming reply is something quitting would 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
@@ -62,6 +63,7 @@ class ChatPane(Vertical):
         self.reply_worker: Worker | None = None
         self._told_about_trimming: str | None = None  # the transcript last told
         self._note = ""  # what the status line says before the settings ("generating"...)
+        self._fitting = False  # a message is being measured against the context
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="messages"):
@@ -136,8 +138,13 @@ class ChatPane(Vertical):
         if client is None:
             self.notify("The engine is not ready yet.", severity="warning")
             return
+        if self._fitting:
+            return  # Enter pressed again while the last one is being measured
+        self._fitting = True
         try:
-            fitted = self._fit(client, text)
+            # In a thread: counting tokens may ask an attached server (HTTP), and a slow
+            # one must not freeze the UI.
+            fitted = await asyncio.to_thread(self._fit, client, text)
         except MessageTooLong as exc:  # the text stays in the input, to shorten
             self.notify(str(exc), severity="error", timeout=10)
             self.update_status(f"not sent: {exc.prompt_tokens} tokens")
@@ -145,6 +152,11 @@ class ChatPane(Vertical):
         except ValueError as exc:  # the chat template refused the messages
             self.notify(f"Not sent: {exc}", severity="error", timeout=10)
             return
+        except Exception as exc:  # the engine or server could not count the tokens
+            self.notify(f"Not sent: {type(exc).__name__}: {exc}", severity="error", timeout=10)
+            return
+        finally:
+            self._fitting = False
         event.input.value = ""
         await self.send(text, client, fitted)
 

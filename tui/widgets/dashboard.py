@@ -2,9 +2,14 @@
 
 It redraws from the app's DashboardState on its own timer (REFRESH_HZ), independent of how
 fast snapshots arrive; the engine runs in another process, so drawing never slows it.
+Attached to servers (`kvdeck attach`) it adds a Servers tab; on a server that exports no
+block table (vLLM) the Blocks tab says so instead of drawing an empty map, and while the
+server is unreachable the last figures stay, greyed.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
@@ -16,20 +21,42 @@ from kvdeck.tui.widgets.block_map import BlockMap, legend_text
 from kvdeck.tui.widgets.engine_summary import EngineSummary
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
 from kvdeck.tui.widgets.request_inspector import RequestInspector
+from kvdeck.tui.widgets.server_table import ServerTable
+
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
 
 REFRESH_HZ = 12
 PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
+NO_BLOCK_MAP = ("{label} exports no block table: the block map and the request inspector "
+                "need a kvdeck engine (kvdeck --serve, or kvdeck itself). What its /metrics "
+                "say is above, in the Latency tab and in the Servers tab.")
+
+
 class Dashboard(Vertical):
-    def __init__(self, state: DashboardState, *, id: str | None = None) -> None:
+    DEFAULT_CSS = """
+    Dashboard #no-block-map { display: none; padding: 1 2; }
+    Dashboard.-no-block-map #no-block-map { display: block; }
+    Dashboard.-no-block-map #block-map, Dashboard.-no-block-map #legend,
+    Dashboard.-no-block-map #inspector { display: none; }
+    Dashboard.-disconnected EngineSummary, Dashboard.-disconnected #block-map,
+    Dashboard.-disconnected #inspector, Dashboard.-disconnected #plots { text-opacity: 45%; }
+    """
+
+    def __init__(self, state: DashboardState, servers: AttachedServers | None = None, *,
+                 id: str | None = None) -> None:
         super().__init__(id=id)
         self.state = state
+        self.servers = servers
+        self._servers_version = -1
         self.colours = RequestColours()  # one colour per request, in the map and the table
         self._seen_version = -1
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
         self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
+        self.ticks = 0  # refresh timer ticks: they keep coming while a server stalls
         self._legend_block_size: int | None = None
 
     def compose(self) -> ComposeResult:
@@ -39,6 +66,7 @@ class Dashboard(Vertical):
                 yield BlockMap(self.colours, id="block-map")
                 yield Static(legend_text(), id="legend")
                 yield RequestInspector(self.colours, id="inspector")
+                yield Static(id="no-block-map")
             with TabPane("Latency", id="tab-latency"):
                 with Grid(id="plots"):
                     yield TimeSeriesPlot("TTFT", "ms", id="plot-ttft")
@@ -47,6 +75,9 @@ class Dashboard(Vertical):
                                          id="plot-throughput")
                     yield TimeSeriesPlot("KV cache usage", "%", lines=True, y_max=100.0,
                                          id="plot-kv")
+            if self.servers is not None:
+                with TabPane("Servers", id="tab-servers"):
+                    yield ServerTable(self.servers, id="server-table")
 
     def on_mount(self) -> None:
         self.set_interval(1 / REFRESH_HZ, self.redraw)
@@ -54,6 +85,16 @@ class Dashboard(Vertical):
 
     def redraw(self) -> None:
         state = self.state
+        self.ticks += 1
+        self.set_class(not state.connected, "-disconnected")
+        no_map = state.source == "openai"
+        if no_map != self.has_class("-no-block-map"):
+            self.set_class(no_map, "-no-block-map")
+            self.query_one("#no-block-map", Static).update(
+                NO_BLOCK_MAP.format(label=state.source_label or "This server"))
+        if self.servers is not None and self.servers.version != self._servers_version:
+            self._servers_version = self.servers.version
+            self.query_one(ServerTable).show()
         if state.version != self._seen_version:
             self._seen_version = state.version
             self.redraws += 1

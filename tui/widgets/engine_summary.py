@@ -34,9 +34,32 @@ def history_text(history: Iterable[float], width: int) -> Text:
     return Text(bars.rjust(max(width, 0), " "), style="#4363d8")
 
 
+def metrics_queue_line(state: DashboardState) -> Text:
+    """A server seen only through /metrics: its queues (vLLM's gauges)."""
+    view = state.metrics
+    text = Text()
+    if view is None:
+        text.append(f"waiting for {state.source_label or 'the server'}'s /metrics…",
+                    style="italic")
+        return text
+    for label, value, style in (("running", view.num_running, "bold #3cb44b"),
+                                ("waiting", view.num_waiting, "bold #f58231")):
+        text.append(f"{label} ")
+        text.append("–" if value is None else f"{value:.0f}", style=style)
+        text.append("  ")
+    if view.preemptions_per_s is not None:
+        text.append(f"preemptions {view.preemptions_per_s:.2f}/s")
+    return text
+
+
 def queue_line(state: DashboardState) -> Text:
     stats = state.stats
     text = Text()
+    if not state.connected:
+        text.append("disconnected: ", style="bold #e6194b")
+        text.append("the last figures, greyed; reconnecting…  ", style="italic")
+    if stats is None and state.source == "openai":
+        return text.append_text(metrics_queue_line(state))
     if stats is None:
         text.append("waiting for engine statistics…", style="italic")
         return text
@@ -55,6 +78,11 @@ def queue_line(state: DashboardState) -> Text:
 
 def kv_line(state: DashboardState) -> Text:
     stats = state.stats
+    if stats is None and state.metrics is not None:
+        usage = state.metrics.kv_cache_usage
+        text = kv_gauge(usage or 0.0)
+        text.append(" (vllm:kv_cache_usage_perc; blocks are not exported)")
+        return text
     if stats is None:
         return kv_gauge(0.0)
     text = kv_gauge(stats.kv_cache_usage)
