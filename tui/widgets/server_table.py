@@ -99,7 +99,7 @@ class ServerTable(Vertical):
                 table.add_row(*cells, key=key)
             elif drawn != self._drawn[key]:
                 for column, cell in zip(COLUMNS, cells):
-                    table.update_cell(key, column, cell)
+                    table.update_cell(key, column, cell, update_width=True)
             self._drawn[key] = drawn
         problems = [f"{row.url}: {row.detail}" for row in rows if not row.connected]
         detail = Text("\n".join(problems), style=GREY) if problems else Text(
