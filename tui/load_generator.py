@@ -58,16 +58,27 @@ class LoadSpec:
             )
 
 
-def synthetic_prompts(spec: LoadSpec, vocab_size: int, seed: int) -> list[list[int]]:
-    """Random token-id prompts; the first `shared_prefix_tokens` are the same in all."""
-    if vocab_size < 2:
-        raise ValueError(f"vocab_size must be >= 2, got {vocab_size}")
+def synthetic_prompts(spec: LoadSpec, vocab: int | list[int], seed: int) -> list[list[int]]:
+    """Random token-id prompts; the first `shared_prefix_tokens` are the same in all. `vocab`
+    is the vocabulary size, or a list of ids known to be valid (an attached server that
+    does not say its size)."""
     rng = random.Random(seed)
-    low = min(3, vocab_size - 1)  # skip the usual special ids (pad, bos, eos) at the bottom
-    prefix = [rng.randrange(low, vocab_size) for _ in range(spec.shared_prefix_tokens)]
+    if isinstance(vocab, list):
+        if not vocab:
+            raise ValueError("no valid token ids to draw prompts from")
+
+        def draw() -> int:
+            return rng.choice(vocab)
+    else:
+        if vocab < 2:
+            raise ValueError(f"vocab_size must be >= 2, got {vocab}")
+        low = min(3, vocab - 1)  # skip the usual special ids (pad, bos, eos) at the bottom
+
+        def draw() -> int:
+            return rng.randrange(low, vocab)
+    prefix = [draw() for _ in range(spec.shared_prefix_tokens)]
     tail = spec.prompt_tokens - spec.shared_prefix_tokens
-    return [prefix + [rng.randrange(low, vocab_size) for _ in range(tail)]
-            for _ in range(spec.num_requests)]
+    return [prefix + [draw() for _ in range(tail)] for _ in range(spec.num_requests)]
 
 
 @dataclass(slots=True)
@@ -102,7 +113,7 @@ class LoadGenerator:
 
         spec.validate(getattr(self.client, "max_model_len", None))
         seed = seed if seed is not None else spec.seed if spec.seed is not None else new_seed()
-        prompts = synthetic_prompts(spec, _vocab_size(self.client), seed)
+        prompts = synthetic_prompts(spec, _token_choices(self.client), seed)
         params = SamplingParams(max_tokens=spec.output_tokens, ignore_eos=True, temperature=1.0,
                                 seed=seed)
         self.burst += 1
@@ -157,10 +168,15 @@ class LoadGenerator:
             await self.client.abort(request_id)
 
 
-def _vocab_size(client: EngineClientProtocol) -> int:
-    """Token ids valid for both the tokenizer and the model (their sizes can differ)."""
+def _token_choices(client: EngineClientProtocol) -> int | list[int]:
+    """Token ids valid for both the tokenizer and the model (their sizes can differ): the
+    smaller vocabulary size, or ids an attached server's tokenizer produced."""
     sizes = [int(n) for n in (getattr(client, "vocab_size", 0),
                               getattr(client.tokenizer, "vocab_size", 0)) if n]
-    if not sizes:
-        raise ValueError("the engine client reports no vocabulary size")
-    return min(sizes)
+    if sizes:
+        return min(sizes)
+    pool = list(getattr(client, "token_pool", None) or [])
+    if pool:
+        return pool
+    raise ValueError("the engine reports no vocabulary size and cannot tokenize (no /tokenize): "
+                     "the load generator cannot make valid prompts for it")

@@ -49,6 +49,9 @@ METRICS_HISTORY = 300  # scrapes kept (5 minutes at one a second; the view's win
 LATENCY_BACKLOG = 4096
 TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators, when the server cannot count
 ENCODE_CACHE = 256  # prompts kept tokenised: fitting a chat to the context re-asks often
+SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog while seven wizards quietly brew "
+               "hot coffee; meanwhile, an old engine counts blocks, pages, tokens and numbers "
+               "like 2048 or 31, then writes short reports about memory, caches and time.")
 _ABORTED, _DONE = object(), object()
 
 
@@ -74,6 +77,7 @@ class RemoteClient:
         self.tokenizer = RemoteTokenizer()
         self.info: dict = {}
         self.has_metrics = False
+        self.token_pool: list[int] = []  # valid ids for synthetic load when the vocabulary is unknown
         self.last_stats: EngineStats | None = None
         self.last_metrics: MetricsView | None = None
         self.latencies: deque[tuple[str, float, float]] = deque(maxlen=LATENCY_BACKLOG)
@@ -114,8 +118,21 @@ class RemoteClient:
         else:
             self.kind = "openai"
             self.engine_label = "vLLM" if self.has_metrics and "vllm:" in metrics.text else "server"
+            self.token_pool = await self._sample_token_ids()
         self._health = RemoteHealth("ready", f"attached to {self.engine_label} at {self.url}")
         report(RemoteProgress("ready", self._health.detail))
+
+    async def _sample_token_ids(self) -> list[int]:
+        """Ids the server's tokenizer really produces (from /tokenize of a sample text): a
+        server that does not say its vocabulary size still gets valid synthetic prompts."""
+        try:
+            response = await self._http.post("/tokenize", json={"model": self.model_name,
+                                                                 "prompt": SAMPLE_TEXT})
+            if response.status_code == 200:
+                return sorted({int(t) for t in response.json()["tokens"]})
+        except (httpx.TransportError, ValueError, KeyError, TypeError):
+            pass
+        return []
 
     async def restart(self) -> None:
         """Nothing to restart on a remote server: reconnect and re-read what it runs."""

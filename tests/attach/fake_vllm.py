@@ -64,6 +64,7 @@ class Behaviour:
 
     api_key: str | None = None
     stall_s: float = 0.0
+    completions: int = 0  # /v1/completions requests answered (the load generator's)
 
 
 def create_app(metrics: VllmMetrics, behaviour: Behaviour | None = None) -> FastAPI:
@@ -91,6 +92,26 @@ def create_app(metrics: VllmMetrics, behaviour: Behaviour | None = None) -> Fast
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.post("/tokenize")
+    async def tokenize(body: dict) -> JSONResponse:  # vLLM's shape; ids from a fixed map
+        words = str(body.get("prompt", "")).split()
+        tokens = [3 + sum(map(ord, word)) % 997 for word in words]
+        return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        behaviour.completions += 1
+
+        def events():
+            base = {"id": "cmpl-x", "object": "text_completion", "model": MODEL}
+            for piece in REPLY[:int(body.get("max_tokens") or len(REPLY))]:
+                chunk = {**base, "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            last = {**base, "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
+            yield f"data: {json.dumps(last)}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(body: dict):

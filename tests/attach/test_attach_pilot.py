@@ -14,6 +14,7 @@ from kvdeck.app.attach.prometheus import parse
 from kvdeck.tui.app import KvdeckApp
 from kvdeck.tui.attached_servers import AttachedServers
 from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.load_generator import LoadSpec
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.widgets.block_map import BlockMap
@@ -68,7 +69,9 @@ async def test_vllm_replicas_percentiles_sum_disconnect_and_chat(tmp_path, monke
     monkeypatch.setattr(remote_client, "METRICS_INTERVAL_S", 0.2)
     metrics = [fake_vllm.VllmMetrics(), fake_vllm.VllmMetrics()]
     ports = [free_port(), free_port()]
-    running = [fake_vllm.serve(fake_vllm.create_app(m), port) for m, port in zip(metrics, ports)]
+    behaviour = fake_vllm.Behaviour()
+    running = [fake_vllm.serve(fake_vllm.create_app(m, behaviour if i == 0 else None), port)
+               for i, (m, port) in enumerate(zip(metrics, ports))]
     app = attached_app([r.url for r in running], tmp_path)
     try:
         async with app.run_test(size=(200, 50)) as pilot:
@@ -118,6 +121,14 @@ async def test_vllm_replicas_percentiles_sum_disconnect_and_chat(tmp_path, monke
                                   and not app.screen.chat.generating, timeout=20), [
                 n.message for n in app._notifications]
             assert app.screen.chat.transcript.turns[-1].content == "".join(fake_vllm.REPLY)
+
+            # The load generator, on a server that does not say its vocabulary size: prompts
+            # drawn from ids its /tokenize produced.
+            assert app.client.token_pool
+            app._fire_load(LoadSpec(num_requests=4, prompt_tokens=16, output_tokens=4,
+                                    shared_prefix_tokens=8, seed=3))
+            assert await wait_for(pilot, lambda: behaviour.completions == 4, timeout=20)
+            assert await wait_for(pilot, lambda: not app.load.running, timeout=20)
 
             # Replica 2 goes away: greyed with its last figures, the sum says so, UI ticks on.
             await asyncio.to_thread(running[1].stop)

@@ -119,7 +119,7 @@ def test_chat_settings_parse_names_the_bad_field():
 def test_load_spec_validation_and_shared_prefix():
     spec = LoadSpec(num_requests=4, prompt_tokens=20, output_tokens=5, shared_prefix_tokens=8)
     spec.validate(max_model_len=64)
-    prompts = synthetic_prompts(spec, vocab_size=100, seed=5)
+    prompts = synthetic_prompts(spec, 100, seed=5)
     assert len(prompts) == 4 and all(len(p) == 20 for p in prompts)
     assert all(p[:8] == prompts[0][:8] for p in prompts)
     assert len({tuple(p[8:]) for p in prompts}) == 4
