@@ -228,7 +228,7 @@ async def test_attached_to_kvdeck_chat_burst_owners_and_freed_blocks(kvdeck_serv
         await send_chat(pilot, app, "hello")
         chat = app.screen.chat
         assert await wait_for(pilot, lambda: chat.last_reply is not None and not chat.generating,
-                              timeout=60)
+                              timeout=120)
         assert chat.transcript.turns[-1].role == "assistant"
         assert chat.transcript.turns[-1].content  # the server's tokens, streamed
         # The server's own latency feed reached the graphs (TTFT of the chat's request).
@@ -237,7 +237,7 @@ async def test_attached_to_kvdeck_chat_burst_owners_and_freed_blocks(kvdeck_serv
         # A burst from the attached TUI: owners on the map, then every block freed.
         await pilot.press("ctrl+l")
         assert await wait_for(pilot, lambda: isinstance(app.screen, LoadGeneratorScreen))
-        for name, value in dict(num_requests=4, prompt_tokens=48, output_tokens=64,
+        for name, value in dict(num_requests=6, prompt_tokens=48, output_tokens=200,
                                 shared_prefix_tokens=16).items():
             app.screen.query_one(f"#{name}", Input).value = str(value)
         app.screen.action_fire()
@@ -251,7 +251,11 @@ async def test_attached_to_kvdeck_chat_burst_owners_and_freed_blocks(kvdeck_serv
         scraped = await asyncio.to_thread(server_kv_usage, kvdeck_server)
         await pilot.pause(0.5)
         drawn = [usage for _, usage in state.kv_history]
-        assert scraped > 0 and min(abs(scraped - u) for u in drawn) <= 2 / busy.num_blocks, (
+        # A reader that falls behind is sent the newest snapshot only: allow the largest
+        # step between two drawn snapshots.
+        step = max((abs(a - b) for a, b in zip(drawn, drawn[1:])), default=0.0)
+        tolerance = max(2 / busy.num_blocks, step)
+        assert scraped > 0 and min(abs(scraped - u) for u in drawn) <= tolerance, (
             scraped, drawn[-10:])
         assert await wait_for(pilot, lambda: not app.load.running, timeout=180)
         assert await wait_for(pilot, lambda: state.stats.num_running == 0
@@ -259,4 +263,4 @@ async def test_attached_to_kvdeck_chat_burst_owners_and_freed_blocks(kvdeck_serv
         # The block map and the server's /metrics agree once the server is idle.
         assert math.isclose(server_kv_usage(kvdeck_server), state.stats.kv_cache_usage)
         assert state.stats.num_cached_blocks > 0  # freed full blocks stay prefix-cached
-        assert state.stats.num_requests_finished >= 4
+        assert state.stats.num_requests_finished >= 6

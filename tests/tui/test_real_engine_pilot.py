@@ -151,12 +151,12 @@ async def test_schema_held_reply_parses_and_the_inspector_says_constrained(tiny_
         await pilot.press(*"verdict?")
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: len(chat.transcript.turns) == 2
-                              and not chat.generating, timeout=60)
+                              and not chat.generating, timeout=150)
         reply = json.loads(chat.transcript.turns[1].content)
         assert reply["answer"] in ("yes", "no") and 0 <= reply["score"] <= 9
         assert set(reply) == {"answer", "score"}
         inspector = app.screen.query_one(RequestInspector)
-        assert await wait_for(pilot, lambda: inspector._requests or inspector._finished, timeout=10)
+        assert await wait_for(pilot, lambda: inspector._requests or inspector._finished, timeout=30)
         request = next(iter({**inspector._finished, **inspector._requests}.values()))
         assert request.constrained and request.grammar_compile_s is not None
         inspector.select(request.request_id)
