@@ -11,7 +11,9 @@ only torch, triton and transformers (the lent GPU image).
 
 import argparse
 import importlib
+import json
 import sys
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 
 from kvdeck.engine.types.config import EngineConfig
@@ -46,13 +48,26 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, type=kind, default=None, help=f"(default: {default})")
 
 
-def _flag_type(annotation: object) -> type:
+def _flag_type(annotation: object) -> Callable[[str], object]:
     text = str(annotation)
+    if "dict" in text:
+        return _json_object
     if "float" in text:
         return float
     if "int" in text:
         return int
     return str
+
+
+def _json_object(text: str) -> dict:
+    """A JSON-typed flag (--speculative-config '{...}'); argparse reports the error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
