@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
+
 
 @dataclass(slots=True)
 class RequestStats:
@@ -12,6 +14,7 @@ class RequestStats:
     num_output_tokens: int
     block_table: list[int]  # logical block i -> physical block id
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    spec: RequestSpecStats | None = None  # speculative decoding, when it is on
 
 
 @dataclass(slots=True)
@@ -45,6 +48,7 @@ class EngineStats:
     last_step_num_seqs: int
     last_step_duration_s: float
     finished_reasons: dict[str, int] = field(default_factory=dict)
+    spec: SpecDecodeStats | None = None  # speculative decoding, when it is on
 
 
 @dataclass(slots=True)
