@@ -25,6 +25,8 @@ def goodness_of_fit(counts: list[int], probs: list[float], min_expected: float =
     if pooled_e > 0:
         observed.append(pooled_o)
         expected.append(max(pooled_e, 1e-12))
+    if len(observed) < 2:
+        raise ValueError("fewer than two categories left after pooling: no test possible")
     statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected))
     return chi2_sf(statistic, len(observed) - 1)
 
@@ -44,6 +46,8 @@ def homogeneity(a: dict, b: dict, min_count: int = 10) -> float:
             rare[1] += y
     if sum(rare):
         rows.append((rare[0], rare[1]))
+    if len(rows) < 2:
+        raise ValueError("fewer than two categories left after pooling: no test possible")
     n_a, n_b = sum(r[0] for r in rows), sum(r[1] for r in rows)
     total = n_a + n_b
     statistic = 0.0
