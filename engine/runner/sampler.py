@@ -116,11 +116,14 @@ class Sampler:
 
     # ---- what speculative decoding verifies drafts against (engine/runner/spec/) ----------
     def distribution(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     with_probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """What `sample` draws each row from: the penalised logits (a greedy row takes their
-        argmax) and the probabilities after temperature, top-k, top-p and min-p (temperature 1
-        for greedy rows). The caller's logits are left as they are."""
+        argmax) and, unless `with_probs` is False (all rows greedy), the probabilities after
+        temperature, top-k, top-p and min-p (temperature 1 for greedy rows). The caller's
+        logits are left as they are."""
         logits = self._apply_penalties(logits.float().clone(), requests)
+        if not with_probs:
+            return logits, None
         temperature = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in requests],
                                    device=logits.device)
         scaled = _apply_top_k_top_p_min_p(logits / temperature[:, None], requests)

@@ -22,10 +22,10 @@ class DraftSampler:
     def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
                ) -> tuple[list[int], torch.Tensor]:
         """One draft token per row, and the distribution q each was drawn from [rows, vocab]."""
-        penalised, probs = self.sampler.distribution(logits, requests)
         greedy = [r.params.greedy for r in requests]
-        if all(greedy):
-            return penalised.argmax(dim=-1).tolist(), probs
+        penalised, probs = self.sampler.distribution(logits, requests, with_probs=not all(greedy))
+        if probs is None:  # greedy verification ignores q
+            return penalised.argmax(dim=-1).tolist(), penalised
         noise = torch.empty_like(probs)
         shared = []
         for row, request in enumerate(requests):

@@ -54,10 +54,10 @@ class RejectionSampler:
         [k_i, vocab] probabilities its drafts were drawn from (absent: point masses).
         """
         rows = _Rows.of(requests)
-        penalised, probs = self.sampler.distribution(logits, rows.views)
         greedy = [r.params.greedy for r in requests]
+        penalised, probs = self.sampler.distribution(logits, rows.views, with_probs=not all(greedy))
         targets = penalised.argmax(dim=-1)
-        if all(greedy):
+        if probs is None:
             picked = recovered_list = targets.tolist()
             accepted = [False] * len(picked)
         else:
