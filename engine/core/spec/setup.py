@@ -19,6 +19,8 @@ class SpeculativeSetup:
     def __init__(self, config: EngineConfig, model_dir: Path, model_config: ModelConfig,
                  progress: ProgressCallback) -> None:
         self.spec = config.speculative
+        self.enforce_eager = config.enforce_eager
+        self.progress = progress
         self.draft: DraftModel | None = None
         if self.spec is not None and self.spec.method == "draft_model":
             self.draft = DraftModel.load(self.spec, config, model_dir, model_config, progress)
@@ -50,5 +52,9 @@ class SpeculativeSetup:
             proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
         else:
             self.draft.allocate(plan.num_blocks)
+            runner = self.draft.runner
+            if runner.cuda_graphs_supported and not self.enforce_eager:
+                # Drafts 2..k are one-token forwards of every speculating request: decode graphs.
+                runner.capture_decode_graphs(max_model_len, self.progress)
             proposer = DraftModelProposer(self.draft, plan.num_blocks, plan.block_size)
         return SpeculativeDecoder(self.spec, proposer, max_model_len, plan.block_size)
