@@ -1,7 +1,7 @@
 """`kvdeck` entry point.
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
-server; subcommands (pull, models, rm, quantize, eval-ppl, bench) are provided by
+server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench, attach) come from
 the modules in SUBCOMMANDS, each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
 only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
@@ -20,12 +20,18 @@ from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
     "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
-    "models": ("kvdeck.app.store.commands", "list local models, free disk space and recommended models"),
+    "models": ("kvdeck.app.store.commands",
+               "list local models, free disk space and recommended models; `models add DIR`"),
     "rm": ("kvdeck.app.store.commands", "delete a local model"),
-    "quantize": ("kvdeck.quant.cli", "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)"),
+    "import": ("kvdeck.app.store.gguf_commands",
+               "import a GGUF model (a file, or ollama:NAME[:TAG]) into kvdeck's store"),
+    "quantize": ("kvdeck.app.jobs.quantize_command",
+                 "quantise a model to INT4 (AWQ, or RTN; AutoAWQ GEMM layout) into the store"),
     "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.bench.commands",
               "benchmark throughput, serving latency or decode against the roofline"),
+    "attach": ("kvdeck.tui.attach_command",
+               "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
 }
 # Options that are not engine knobs on the command line.
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
@@ -34,7 +40,9 @@ _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """One flag per EngineConfig field, in kebab case (vLLM's names)."""
     group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None, help="model directory or hub id (default: demo)")
+    group.add_argument("--model", default=None,
+                       help="model directory or hub id; 'demo' for the tiny bundled model (default: "
+                            "SmolLM2-135M-Instruct, fetched on first use)")
     for f in fields(EngineConfig):
         if f.name in _HIDDEN_ENGINE_FIELDS:
             continue
@@ -108,6 +116,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-grace-period", type=float, default=10.0, metavar="S",
                        help="on SIGTERM, seconds streams may still run before they are ended "
                             "with an error event (default: 10)")
+    serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json", "mistral"), default=None,
+                       help="the format the model writes tool calls in (default: read from its chat "
+                            "template)")
     serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                        help="browser origins allowed by CORS, e.g. http://localhost:3000 or '*' "
                             "(default: none)")
@@ -133,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command:
             return int(args._handlers[args.command](args) or 0)
         engine_kwargs = engine_kwargs_from_args(args)
-        EngineConfig.from_kwargs(args.model, **engine_kwargs)  # fail fast on bad flags
+        EngineConfig.from_kwargs(None, **engine_kwargs)  # fail fast on bad flags
+        from kvdeck.app.store.default_model import default_model
+
+        args.model = default_model(args.model)
         if args.serve:
             from kvdeck.app.serve.server import run_server
 

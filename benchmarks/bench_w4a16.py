@@ -2,9 +2,9 @@
 
 For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
   fp16      torch.matmul(x, W) with a dense fp16 weight (cuBLAS)
-  triton    kernels.w4a16_gemm.w4a16_gemm_triton with its default tiles and split-K
-  best      the fastest of a small sweep of tiles/split-K for the Triton kernel
-  dequant   dequantise-then-matmul (the torch path the dispatch uses for large M)
+  triton    the fused GEMM (w4a16_matmul_triton) with its M bucket's config and split-K
+  best      the fastest of a small sweep of tiles/split-K for the fused GEMM
+  dequant   the device-side dequantise + cuBLAS (what runs above FUSED_MAX_TOKENS)
   auto      kernels.w4a16_gemm.w4a16_gemm(backend="auto"), what the engine runs
 and checks each result against the reference. The memory-bound limit of the speed-up
 is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros).
@@ -13,10 +13,12 @@ is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros).
     python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
     python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.1-8B shapes,
                                                      #   dummy AWQ INT4 vs dummy bf16 weights
+    python benchmarks/bench_w4a16.py --check-graphs  # capture + replay at every decode bucket
     TRITON_INTERPRET=1 python benchmarks/bench_w4a16.py --smoke   # CPU: tiny shapes, no timing
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
 import os
@@ -28,30 +30,26 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from kvdeck.kernels.w4a16_gemm import (  # noqa: E402
-    PACK_FACTOR,
-    TRITON_MAX_TOKENS,
-    dequantize_awq,
-    w4a16_gemm,
-    w4a16_gemm_triton,
-)
+from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, dequantize_awq, w4a16_gemm  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
-TOKENS = (1, 4, 16, 64, 256)
+TOKENS = (1, 4, 16, 64, 256, 512)
 GROUP = 128
+# (block_m, block_n, block_k, split_k, num_warps, num_stages); each must fit 99 KiB of shared
+# memory to run on sm_86/sm_89 (tests/kernels/compile_for_gpu.py reports it).
 SWEEP = (
-    {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 8},
-    {"block_m": 16, "block_n": 128, "block_k": 128, "split_k": 4},
-    {"block_m": 16, "block_n": 128, "block_k": 128, "split_k": 8, "num_warps": 8},
-    {"block_m": 16, "block_n": 64, "block_k": 128, "split_k": 16, "num_stages": 4},
-    {"block_m": 16, "block_n": 128, "block_k": 64, "split_k": 8},
-    {"block_m": 16, "block_n": 256, "block_k": 64, "split_k": 4},
-    {"block_m": 32, "block_n": 128, "block_k": 64, "split_k": 2},
-    {"block_m": 64, "block_n": 128, "block_k": 64, "split_k": 1},
-    {"block_m": 64, "block_n": 128, "block_k": 32, "split_k": 2},
-    {"block_m": 128, "block_n": 128, "block_k": 32, "split_k": 1},
+    (16, 64, 128, 8, 4, 4),
+    (16, 128, 64, 4, 8, 4),
+    (16, 128, 64, 8, 8, 4),
+    (16, 128, 64, 16, 8, 4),
+    (16, 128, 128, 8, 8, 3),
+    (16, 256, 64, 4, 8, 3),
+    (32, 128, 64, 4, 8, 3),
+    (64, 128, 64, 2, 8, 3),
+    (64, 128, 64, 1, 4, 3),
+    (128, 128, 32, 1, 8, 4),
+    (128, 128, 64, 1, 8, 3),
 )
 
 
@@ -134,14 +132,16 @@ def git_commit() -> str:
 
 def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing: bool,
                 cuda_graph: bool) -> dict:
+    from kvdeck.kernels.w4a16_gemm_triton import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
+
     qweight, qzeros, scales = random_awq(k, n, device, dtype)
     x = torch.randn(m, k, device=device, dtype=dtype)
     dense = dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype)
     reference = (x.float() @ dense.float()).to(dtype)
     tolerance = 2e-2 * float(reference.abs().max()) + 1e-3
     candidates = {
-        "triton": lambda: w4a16_gemm_triton(x, qweight, qzeros, scales, GROUP),
-        "dequant": lambda: x @ dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype),
+        "triton": lambda: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP),
+        "dequant": lambda: x @ awq_dequantize_triton(qweight, qzeros, scales, GROUP, x.dtype),
         "auto": lambda: w4a16_gemm(x, qweight, qzeros, scales, GROUP),
     }
     row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP}
@@ -156,15 +156,16 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
     for name, fn in candidates.items():
         row[f"{name}_ms"] = time_ms(fn, cuda_graph)
     best_ms, best_cfg = float("inf"), None
-    for cfg in SWEEP:
-        if cfg["block_m"] > max(16, 2 * m):
+    for values in SWEEP:
+        cfg = W4A16Config(*values)
+        if cfg.block_m > max(16, 2 * m):
             continue
-        fn = lambda cfg=cfg: w4a16_gemm_triton(x, qweight, qzeros, scales, GROUP, **cfg)  # noqa: E731
+        fn = lambda cfg=cfg: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP, config=cfg)  # noqa: E731
         if float((fn() - reference).abs().max()) > tolerance:
             raise AssertionError(f"sweep config {cfg} wrong at m={m} k={k} n={n}")
         ms = time_ms(fn, cuda_graph)
         if ms < best_ms:
-            best_ms, best_cfg = ms, cfg
+            best_ms, best_cfg = ms, dataclasses.asdict(cfg)
     row["best_ms"], row["best_config"] = best_ms, best_cfg
     int4_bytes = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
     io_bytes = (m * k + m * n) * 2
@@ -175,6 +176,28 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
     return row
 
 
+def check_graphs() -> None:
+    """Capture w4a16_gemm (what AWQ layers run) in a CUDA graph at every batch size the
+    engine captures for decode, replay it on new inputs and compare with eager calls."""
+    from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH, decode_bucket_sizes
+
+    k, n = SHAPES[0]
+    qweight, qzeros, scales = random_awq(k, n, "cuda", torch.float16)
+    for m in decode_bucket_sizes(MAX_CAPTURED_BATCH):
+        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        w4a16_gemm(x, qweight, qzeros, scales, GROUP)  # compiles outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+        x.normal_()
+        graph.replay()
+        eager = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+        diff = float((captured.float() - eager.float()).abs().max())
+        print(f"graph M={m:4d}: max |replay - eager| {diff:.3g}", flush=True)
+        if diff > 1e-2 * float(eager.abs().max()):
+            raise AssertionError(f"CUDA graph replay differs from eager at M={m}: {diff}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
@@ -183,10 +206,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--e2e", action="store_true",
                         help="also measure engine decode tokens/s, AWQ vs bf16 (dummy weights)")
     parser.add_argument("--e2e-one", choices=("awq", "bf16"), help=argparse.SUPPRESS)
+    parser.add_argument("--check-graphs", action="store_true",
+                        help="only check CUDA graph capture at every decode batch size")
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/)")
     args = parser.parse_args(argv)
     if args.e2e_one:
         print("E2E_RESULT " + json.dumps(e2e_decode(args.e2e_one, args.smoke)))
+        return 0
+    if args.check_graphs:
+        if not torch.cuda.is_available():
+            parser.error("--check-graphs needs a CUDA GPU")
+        check_graphs()
         return 0
     if args.smoke:
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -231,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import triton
 
+    from kvdeck.kernels.w4a16_gemm_triton import FUSED_MAX_TOKENS
+
     result = {
         "benchmark": "w4a16_gemm",
         "device": (torch.cuda.get_device_name() if device == "cuda"
@@ -242,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "timing": ("cuda_graph" if args.cuda_graph else "eager (triton.testing.do_bench)"),
         "dtype": str(dtype).replace("torch.", ""),
-        "triton_max_tokens_dispatch": TRITON_MAX_TOKENS,
+        "fused_max_tokens": FUSED_MAX_TOKENS,
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "results": rows,
         "e2e_decode": e2e,

@@ -4,6 +4,7 @@
 # server packages are not needed here). Run from anywhere:
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
+#                                      # (engine decode, and W4A16 at every decode batch size)
 #   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16, graphs and eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
@@ -22,6 +23,9 @@ export PYTHONUNBUFFERED=1
 site=$(mktemp -d)
 $python scripts/stage_package.py "$site" >/dev/null
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+# Triton 3.9 warns when this is unset and 3.10 changes its default to off; 1 keeps the fused
+# multiply-adds every figure so far was measured with (triton 3.6's default).
+export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
 gpu=$($python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', '').split()[0])")
 kvdeck() { $python -m kvdeck "$@"; }
 qwen=benchmarks/configs/qwen3-0.6b/config.json
@@ -34,6 +38,7 @@ case $stage in
   check)
     $python benchmarks/check_kernels_gpu.py
     $python benchmarks/check_cuda_graphs.py --out "$out/cuda_graphs_$gpu.json"
+    $python benchmarks/bench_w4a16.py --check-graphs
     ;;
   throughput)
     kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --repeats 3 \

@@ -7,6 +7,13 @@ online softmax in fp32. When few sequences decode long contexts, the KV range is
 into NUM_SEGMENTS (flash-decoding); partial results are merged by log-sum-exp in a
 second small kernel. Semantics match `kernels.attention.paged_attention_torch`.
 
+Decode rows (one query token) and chunk rows (prefill/extend) get launches of their own
+with their own tiles: a decode launch has one program per sequence and serves only
+sequences with one query token; a chunk launch walks q blocks and serves the rest. A
+decode-only batch is one decode launch; any other batch is both, so the decode rows of
+a mixed batch do not fill a 64-row prefill tile with one token. Which rows a sequence
+has is read on the device (no host sync).
+
 Kept importable only through `kernels.triton_ops`: `triton.jit` decides compiled vs
 interpreted at import time, so TRITON_INTERPRET must be set before this module loads.
 """
@@ -104,16 +111,25 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, COMPUTE_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DECODE_ROWS: tl.constexpr,
 ):
-    q_block_global = tl.program_id(0)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
-    seq = _find_seq(query_start_loc_ptr, num_seqs, q_block_global, BLOCK_Q)
-    q_start = tl.load(query_start_loc_ptr + seq)
-    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
-    if q_block_local * BLOCK_Q >= q_len:
+    if DECODE_ROWS:  # program i is sequence i, served if it has exactly one query token
+        seq = tl.program_id(0)
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+        q_block_local = 0
+        skip = q_len != 1
+    else:  # q blocks of sequences with more than one query token
+        q_block_global = tl.program_id(0)
+        seq = _find_seq(query_start_loc_ptr, num_seqs, q_block_global, BLOCK_Q)
+        q_start = tl.load(query_start_loc_ptr + seq)
+        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+        q_block_local = q_block_global - (q_start // BLOCK_Q + seq)
+        skip = (q_len == 1) | (q_block_local * BLOCK_Q >= q_len)
+    if skip:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
     context_len = seq_len - q_len
@@ -233,30 +249,24 @@ def paged_attention_triton_impl(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_query_len: int,
     max_seq_len: int, num_segments: int | None = None, config: AttentionConfig | None = None,
+    decode_config: AttentionConfig | None = None,
 ) -> torch.Tensor:
-    """`paged_attention_triton` with the split count and tile config open (tests, benchmarks)."""
+    """`paged_attention_triton` with the split count and tiles open (tests, benchmarks):
+    `config` sets the tiles of every launch (default: attention_tuning's, per launch) and
+    `decode_config` those of the decode rows alone."""
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     num_tokens, num_heads, head_dim = q.shape
-    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
     if num_tokens == 0 or num_seqs == 0:
         return out
     if num_segments is None:
         num_segments = choose_num_segments(
-            num_seqs, num_kv_heads, max_query_len, max_seq_len,
+            num_seqs, k_cache.shape[2], max_query_len, max_seq_len,
             streaming_multiprocessors(q.device))
     if num_segments < 1 or num_segments & (num_segments - 1):
         raise ValueError(f"num_segments must be a power of two >= 1, got {num_segments}")
-    if config is None:
-        config = default_config(max_query_len, head_dim, q.device)
-    group = num_heads // num_kv_heads
-    block_m = max(config.block_m, triton.next_power_of_2(group))
-    block_q = block_m // group
     head_dim_pad = max(16, triton.next_power_of_2(head_dim))
-    interpreted = q.device.type != "cuda"
-    compute_f32 = interpreted or q.dtype == torch.float32
-
     if num_segments > 1:
         part_rows = num_tokens * num_heads * num_segments
         part_out = torch.empty(part_rows, head_dim_pad, dtype=torch.float32, device=q.device)
@@ -264,28 +274,50 @@ def paged_attention_triton_impl(
         part_sum = torch.empty(part_rows, dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused placeholders
+    tensors = (out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+               part_out, part_max, part_sum)
 
-    grid = (num_tokens // block_q + num_seqs, num_kv_heads, num_segments)
-    _paged_attention_kernel[grid](
-        out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-        part_out, part_max, part_sum,
-        scale * LOG2_E, num_seqs,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        block_tables.stride(0), num_heads,
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_SIZE=block_size,
-        GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q, TILE_N=config.tile_n,
-        NUM_SEGMENTS=num_segments, COMPUTE_F32=compute_f32,
-        DOT_PRECISION="ieee" if compute_f32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
-    )
+    element_size = k_cache.element_size()
+    decode_config = decode_config or config or default_config(1, head_dim, q.device, element_size)
+    _launch(tensors, scale, decode_config, num_segments, decode_rows=True)
+    if max_query_len > 1:
+        chunk_config = config or default_config(max_query_len, head_dim, q.device, element_size)
+        _launch(tensors, scale, chunk_config, num_segments, decode_rows=False)
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](
             out, part_out, part_max, part_sum, out.stride(0), out.stride(1), num_heads,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, NUM_SEGMENTS=num_segments,
         )
     return out
+
+
+def _launch(tensors: tuple[torch.Tensor, ...], scale: float, config: AttentionConfig,
+            num_segments: int, decode_rows: bool) -> None:
+    """One launch of the attention kernel over the decode rows or over the chunk rows."""
+    out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens = tensors[:7]
+    num_tokens, num_heads, head_dim = q.shape
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    num_seqs = seq_lens.shape[0]
+    group = num_heads // num_kv_heads
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    block_q = block_m // group
+    compute_f32 = q.device.type != "cuda" or q.dtype == torch.float32  # the interpreter: fp32
+    # Decode: one program per sequence. Chunks: sequence s owns q blocks from
+    # query_start_loc[s] // block_q + s on (see _find_seq).
+    programs = num_seqs if decode_rows else num_tokens // block_q + num_seqs
+    _paged_attention_kernel[(programs, num_kv_heads, num_segments)](
+        *tensors,
+        scale * LOG2_E, num_seqs,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0), num_heads,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q,
+        TILE_N=config.tile_n, NUM_SEGMENTS=num_segments, COMPUTE_F32=compute_f32,
+        DOT_PRECISION="ieee" if compute_f32 else "tf32", DECODE_ROWS=decode_rows,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
 
 
 def paged_attention_triton(

@@ -21,24 +21,37 @@ class AttentionConfig:
     num_stages: int
 
 
-# Chosen without a GPU: no register spills and shared memory within sm_86's 99 KiB at head
-# dims 64..128 (tests/kernels/compile_for_gpu.py --ptxas-info). GPU timings are still to be
-# taken (benchmarks/bench_kernels.py --sweep compares alternatives).
+# Chosen without a GPU: shared memory within sm_86/sm_89's 99 KiB and no register spills in
+# the decode configs on sm_80..sm_90 (tests/kernels/compile_for_gpu.py, table in
+# kernels/README.md). GPU timings are still to be taken (benchmarks/bench_kernels.py --sweep
+# compares alternatives).
 DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=3)
 PREFILL_CONFIG = AttentionConfig(block_m=64, tile_n=64, num_warps=8, num_stages=2)
 PREFILL_CONFIG_SMALL_HEAD = AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=2)
+# K/V rows wider than WIDE_ROW_BYTES (head dim 256 in 16 bits, 128 in fp32) take half-length
+# KV tiles: 64-token tiles and their pipeline copies overflow 99 KiB in prefill (104 KiB at
+# head dim 256) and spill registers in decode.
+WIDE_ROW_BYTES = 256
+DECODE_CONFIG_WIDE_ROWS = AttentionConfig(block_m=16, tile_n=32, num_warps=4, num_stages=3)
+PREFILL_CONFIG_WIDE_ROWS = AttentionConfig(block_m=64, tile_n=32, num_warps=8, num_stages=2)
 
 
 # The CPU interpreter pays per program and per op, not per element: big tiles, few loops.
 INTERPRETER_CONFIG = AttentionConfig(block_m=128, tile_n=128, num_warps=4, num_stages=1)
 
 
-def default_config(max_query_len: int, head_dim: int, device: torch.device) -> AttentionConfig:
-    """Tiles for this batch: decode-only batches stream K/V, prefill chunks need big dots."""
+def default_config(max_query_len: int, head_dim: int, device: torch.device,
+                   element_size: int = 2) -> AttentionConfig:
+    """Tiles for one launch: decode rows (max_query_len 1) stream K/V, prefill chunks need
+    big dots. `element_size` is the bytes per cache element."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
+    padded_head_dim = 1 << (head_dim - 1).bit_length()  # the kernel's HEAD_DIM_PAD
+    wide_rows = padded_head_dim * element_size > WIDE_ROW_BYTES
     if max_query_len == 1:
-        return DECODE_CONFIG
+        return DECODE_CONFIG_WIDE_ROWS if wide_rows else DECODE_CONFIG
+    if wide_rows:
+        return PREFILL_CONFIG_WIDE_ROWS
     return PREFILL_CONFIG_SMALL_HEAD if head_dim <= 64 else PREFILL_CONFIG
 
 

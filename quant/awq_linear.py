@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from kvdeck.engine.runner.models.linear import Linear, copy_shard
-from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, W4A16_BACKENDS, w4a16_gemm
+from kvdeck.kernels.backends import KERNEL_BACKENDS
+from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, w4a16_gemm
 
 AWQ_PARAMS = ("qweight", "qzeros", "scales")
 
@@ -52,8 +53,8 @@ class AWQLinearMethod:
     """INT4 weights, dequantised inside the Triton GEMM on CUDA, before a matmul on CPU."""
 
     def __init__(self, config: AWQConfig, backend: str = "auto") -> None:
-        if backend not in W4A16_BACKENDS:
-            raise ValueError(f"w4a16_backend must be one of {W4A16_BACKENDS}, got {backend!r}")
+        if backend not in KERNEL_BACKENDS:
+            raise ValueError(f"w4a16_backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
         self.config = config
         self.backend = backend
 

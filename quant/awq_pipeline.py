@@ -1,6 +1,7 @@
 """`kvdeck quantize` end to end: load a local fp model, calibrate, run AWQ, write the checkpoint."""
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,9 +11,13 @@ from kvdeck.quant.awq_quantizer import (
     LINEAR_NAMES,
     AWQSettings,
     ProgressCallback,
+    QuantizeStep,
+    StepCallback,
     check_group_divisibility,
     check_supported,
+    default_group_size,
     quantize_awq,
+    quantize_rtn,
 )
 from kvdeck.quant.calibration import load_calibration_ids
 from kvdeck.quant.checkpoint import check_output_dir, write_awq_checkpoint
@@ -25,8 +30,9 @@ class QuantizeJob:
     calib_file: str | None = None  # default: assets/calibration/calibration.txt
     num_samples: int = 128
     seq_len: int = 512
-    group_size: int = 128
+    group_size: int | None = None  # None: the largest of 128/64/32 that divides the model
     device: str = "auto"  # auto | cuda | cpu
+    method: str = "awq"  # awq | rtn (round to nearest: the baseline, no calibration)
 
 
 def resolve_model_dir(source: str) -> Path:
@@ -46,10 +52,10 @@ def resolve_model_dir(source: str) -> Path:
         ) from exc
 
 
-def default_out_dir(model_dir: Path, source: str) -> Path:
+def default_out_dir(model_dir: Path, source: str, method: str = "awq") -> Path:
     if Path(source).expanduser().is_dir():
-        return model_dir.parent / f"{model_dir.name}-awq"
-    return Path.cwd() / f"{source.rstrip('/').split('/')[-1]}-awq"
+        return model_dir.parent / f"{model_dir.name}-{method}"
+    return Path.cwd() / f"{source.rstrip('/').split('/')[-1]}-{method}"
 
 
 def pick_device(device: str) -> torch.device:
@@ -62,31 +68,55 @@ def pick_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def run_quantize_job(job: QuantizeJob, progress: ProgressCallback | None = None) -> Path:
-    """Quantise `job.source` with AWQ and return the directory written."""
+METHODS = ("awq", "rtn")
+
+
+def run_quantize_job(job: QuantizeJob, progress: ProgressCallback | None = None,
+                     on_step: StepCallback | None = None) -> Path:
+    """Quantise `job.source` (AWQ, or round-to-nearest) and return the directory written.
+    `progress` hears of each finished layer, `on_step` also of the steps before and inside
+    the layers."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    start = time.monotonic()
+
+    def stage(what: str, fraction: float = 0.0) -> None:
+        if on_step is not None:
+            on_step(QuantizeStep(fraction, what, time.monotonic() - start))
+
+    stage("reading the model's config")
     model_dir = resolve_model_dir(job.source)
     out_dir = Path(job.out_dir).expanduser() if job.out_dir else default_out_dir(model_dir,
-                                                                                  job.source)
+                                                                                  job.source, job.method)
     out_dir = out_dir.resolve()
     # Everything that can be checked cheaply is checked before the weights are read.
+    if job.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {job.method!r}")
     config = AutoConfig.from_pretrained(model_dir)
     check_supported(config)
-    check_group_divisibility(config, job.group_size)
+    group_size = job.group_size if job.group_size is not None else default_group_size(config)
+    check_group_divisibility(config, group_size)
     check_output_dir(out_dir, estimated_checkpoint_bytes(config))
     device = pick_device(job.device)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    calibration = load_calibration_ids(tokenizer, job.calib_file, job.num_samples, job.seq_len)
     # fp16 on GPU as AutoAWQ does; fp32 on CPU, where fp16 matmuls are slow and lossy.
     dtype = torch.float16 if device.type == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    model.eval()
-    settings = AWQSettings(group_size=job.group_size)
-    packed = quantize_awq(model, calibration, settings, device, progress)
+    if job.method == "rtn":
+        stage("loading the model")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        stage("rounding the weights to nearest")
+        packed = quantize_rtn(model, group_size)
+    else:
+        stage("tokenising the calibration text")
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        calibration = load_calibration_ids(tokenizer, job.calib_file, job.num_samples, job.seq_len)
+        stage("loading the model")
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        packed = quantize_awq(model, calibration, AWQSettings(group_size=group_size), device,
+                              progress, on_step)
+    stage("writing the checkpoint", 1.0)
     tensors = checkpoint_tensors(model, packed)
     config_dict = json.loads((model_dir / "config.json").read_text())
-    return write_awq_checkpoint(out_dir, tensors, config_dict, model_dir, job.group_size)
+    return write_awq_checkpoint(out_dir, tensors, config_dict, model_dir, group_size)
 
 
 def estimated_checkpoint_bytes(config) -> int:

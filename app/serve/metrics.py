@@ -40,6 +40,8 @@ TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4
 N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 FINISH_REASONS = ("stop", "length", "abort", "error")
+GRAMMAR_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                   10.0)
 
 StatsSource = Callable[[], EngineStats | None]
 
@@ -100,11 +102,17 @@ class EngineMetrics:
                                           buckets=ITERATION_TOKEN_BUCKETS, registry=reg)
         self.errors = Counter("kvdeck:request_errors", "Requests that ended in an error (a failure "
                               "in the engine, or an engine crash).", name, registry=reg)
+        self.constrained = Counter("kvdeck:structured_output_requests",
+                                   "Requests whose output a grammar constrains (JSON, regex, choice, "
+                                   "grammar, forced tool calls).", name, registry=reg)
+        self.grammar_compile = Histogram("kvdeck:grammar_compile_seconds",
+                                         "Time from a request's arrival in the engine to its grammar "
+                                         "being ready.", name, buckets=GRAMMAR_BUCKETS, registry=reg)
         # Series exist (at 0) from the start, so rate() works from the first scrape.
         for metric in (self.prompt_tokens, self.generation_tokens, self.ttft, self.itl, self.e2e,
                        self.queue_time, self.prefill_time, self.decode_time, self.prompt_len,
                        self.generation_len, self.tpot, self.params_n, self.params_max_tokens,
-                       self.iteration_tokens, self.errors):
+                       self.iteration_tokens, self.errors, self.constrained, self.grammar_compile):
             metric.labels(model_name)
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
@@ -119,6 +127,10 @@ class EngineMetrics:
         self.params_n.labels(self.model_name).observe(n)
         if max_tokens is not None:
             self.params_max_tokens.labels(self.model_name).observe(max_tokens)
+
+    def observe_constrained(self) -> None:
+        """Once per API request whose output is constrained."""
+        self.constrained.labels(self.model_name).inc()
 
     def observe_steps(self, tokens_per_step: list[int]) -> None:
         histogram = self.iteration_tokens.labels(self.model_name)
@@ -153,6 +165,8 @@ class EngineMetrics:
         self.request_success.labels(label, reason).inc()
         if reason == "error":
             self.errors.labels(label).inc()
+        if metrics.grammar_compile_s is not None:
+            self.grammar_compile.labels(label).observe(metrics.grammar_compile_s)
         first, last = metrics.first_token_time, metrics.last_token_time
         if seen > 1 and first is not None and last is not None:
             self.tpot.labels(label).observe(max(0.0, last - first) / (seen - 1))

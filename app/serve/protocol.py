@@ -76,6 +76,9 @@ class SamplingRequest(BaseModel):
     min_tokens: bounded("int", "min_tokens") = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    # vLLM's: the prompt's and each choice's token ids in the response (kvdeck attach counts
+    # tokens with them)
+    return_token_ids: StrictBool = False
     n: bounded("int", "n") = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -85,7 +88,70 @@ class SamplingRequest(BaseModel):
     logit_bias: Annotated[dict[str, Number], unsupported(maxProperties=0)] | None = None
 
 
-class CompletionRequest(SamplingRequest):
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr = "response"
+    description: StrictStr | None = None
+    schema_: Annotated[dict, Field(alias="schema")] = Field(default_factory=dict)
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's: text, any JSON object, or JSON matching a schema."""
+
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsRequest(BaseModel):
+    """vLLM's `structured_outputs`: exactly one of these."""
+
+    model_config = ConfigDict(extra="ignore")
+    json_: Annotated[dict | StrictStr | None, Field(alias="json")] = None
+    regex: StrictStr | None = None
+    choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: StrictStr | None = None
+    parameters: dict | None = None
+    strict: StrictBool | None = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: StrictStr
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class GuidedFields(BaseModel):
+    """vLLM's older names for structured outputs (guided_*), on both endpoints."""
+
+    guided_json: dict | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: Annotated[list[StrictStr], Field(min_length=1)] | None = None
+    guided_grammar: StrictStr | None = None
+    structured_outputs: StructuredOutputsRequest | None = None
+    response_format: ResponseFormat | None = None
+
+
+class CompletionRequest(SamplingRequest, GuidedFields):
     prompt: (Annotated[StrictStr, Field(min_length=1)] | TokenIds
              | Annotated[list[Annotated[StrictStr, Field(min_length=1)]],
                          Field(min_length=1, max_length=MAX_PROMPTS)]
@@ -143,19 +209,14 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    type: Annotated[StrictStr, unsupported(enum=["text"])]
-
-
-class ChatCompletionRequest(SamplingRequest):
+class ChatCompletionRequest(SamplingRequest, GuidedFields):
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)]
     max_completion_tokens: bounded("int", "max_tokens") | None = None
     logprobs: StrictBool = False
     top_logprobs: bounded("int", "logprobs") | None = None
-    tools: Annotated[list[dict], unsupported(maxItems=0)] | None = None
-    tool_choice: Annotated[StrictStr, unsupported(enum=["none"])] | dict | None = None
-    response_format: ResponseFormat | None = None
+    tools: Annotated[list[Tool], Field(max_length=128)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
 
 
 class TokenizeRequest(BaseModel):

@@ -20,22 +20,17 @@ from collections.abc import Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, check_model
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
-from kvdeck.app.serve.openai_routes import (
-    ServeState,
-    bad_prompt,
-    check_engine,
-    check_model,
-    create_chat_completion,
-    create_completion,
-)
+from kvdeck.app.serve.openai_routes import create_chat_completion, create_completion
 from kvdeck.app.serve.openapi import (
     GENERATE_RESPONSES,
     METRICS_RESPONSES,
+    STATS_RESPONSES,
     TOKENS_RESPONSES,
     HealthResponse,
     errors,
@@ -48,10 +43,11 @@ from kvdeck.app.serve.protocol import (
     TokenizeRequest,
 )
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
+from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_client import EngineClient, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/")
 
 
 MAX_RESTART_DELAY = 60.0
@@ -63,7 +59,7 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
                engine_restart_delay: float | None = 1.0,
                allowed_origins: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               drain: Drain | None = None) -> FastAPI:
+               drain: Drain | None = None, tool_call_parser: str | None = None) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
@@ -73,8 +69,10 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     model_name = served_model_name or client.model_name
     metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
     client.add_output_listener(metrics.observe_output)
+    latencies = LatencyFeed()
+    client.add_output_listener(latencies.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
-                       engine_restart_delay)
+                       engine_restart_delay, tool_call_parser)
     created = int(time.time())
 
     @asynccontextmanager
@@ -111,6 +109,16 @@ def create_app(client: EngineClient, *, served_model_name: str | None = None,
     @app.get("/metrics", response_class=Response, responses=METRICS_RESPONSES)
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/kvdeck/v1/info", responses=errors(401))
+    async def kvdeck_info() -> JSONResponse:
+        return JSONResponse(engine_info(client, model_name))
+
+    @app.get("/kvdeck/v1/stats", response_class=StreamingResponse, responses=STATS_RESPONSES)
+    async def kvdeck_stats(raw: Request) -> StreamingResponse:
+        return StreamingResponse(stats_events(client, latencies, model_name, raw),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
     @app.get("/v1/models", responses=errors(401))
     async def list_models() -> JSONResponse:
@@ -267,7 +275,8 @@ def run_server(args, engine_kwargs: dict) -> int:
                      max_queue_len=args.max_queue_len, on_start_failed=start_failed,
                      engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
                      allowed_origins=args.allowed_origins,
-                     max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain)
+                     max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain,
+                     tool_call_parser=args.tool_call_parser)
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)

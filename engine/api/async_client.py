@@ -27,7 +27,7 @@ from kvdeck.engine.client.supervisor import (
     ProcessSupervisor,
     ProgressListener,
 )
-from kvdeck.engine.frontend.frontend import Frontend, Prompt
+from kvdeck.engine.frontend.frontend import Frontend, Prompt, checked_grammar
 from kvdeck.engine.frontend.tokenizer import load_tokenizer
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_path import resolve_model_path
@@ -142,13 +142,15 @@ class EngineClient:
             raise EngineNotReadyError("the engine has not been started")
         self._frontend.limits.check(prompt_token_ids, params)
 
-    async def encode_async(self, prompt: Prompt | None = None,
-                           messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
-        """`encode` off the event loop (in the tokenizer's thread)."""
+    async def encode_async(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
+                           tools: list[dict] | None = None) -> tuple[str | None, list[int]]:
+        """`encode` off the event loop (in the tokenizer's thread); `tools` go to the chat
+        template."""
         if self._frontend is None:
             raise EngineNotReadyError("the engine has not been started")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenize_pool, self._frontend.encode, prompt, messages)
+        return await loop.run_in_executor(self._tokenize_pool, self._frontend.encode, prompt,
+                                          messages, tools)
 
     async def encode_async_plain(self, text: str) -> list[int]:
         """Token ids of `text` without the special tokens the tokenizer would add."""
@@ -159,6 +161,13 @@ class EngineClient:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
             self._tokenize_pool, lambda: frontend.tokenizer.encode(text, add_special_tokens=False))
+
+    async def check_grammar_async(self, params: SamplingParams) -> None:
+        """Check a structured-outputs spec off the event loop (ValueError quoting the grammar
+        library); `add_request` then finds it checked."""
+        if params.structured_outputs is not None:
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(self._tokenize_pool, checked_grammar, params.structured_outputs)
 
     async def decode_async(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:

@@ -5,6 +5,7 @@ The async `EngineClient` runs the same front-end over a core in its own process.
 """
 
 import itertools
+import time
 
 from kvdeck.engine.client.inproc import InprocCoreClient
 from kvdeck.engine.frontend.frontend import Frontend, Prompt
@@ -16,6 +17,8 @@ from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats, KVOccupancy, StepTimings
 from kvdeck.engine.types.wire import EngineInfo
+
+NOTHING_TO_RUN_WAIT_S = 0.001
 
 
 class LLMEngine:
@@ -70,7 +73,11 @@ class LLMEngine:
         return self.client.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
-        return self.frontend.process_outputs(self.client.step())
+        steps_before = self.core.num_steps
+        outputs = self.frontend.process_outputs(self.client.step())
+        if not outputs and self.core.num_steps == steps_before:
+            time.sleep(NOTHING_TO_RUN_WAIT_S)  # every waiting request is compiling its grammar
+        return outputs
 
     def stats(self) -> EngineStats:
         return self.client.stats()

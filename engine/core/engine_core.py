@@ -11,12 +11,14 @@ import logging
 import time
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
+from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
@@ -24,6 +26,9 @@ from kvdeck.engine.types.model_path import resolve_model_path
 from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.stats import EngineStats, KVOccupancy, RequestStats, StepSummary, StepTimings
 from kvdeck.engine.types.wire import EngineCoreOutput, EngineCoreRequest, EngineInfo
+
+if TYPE_CHECKING:
+    from kvdeck.engine.grammar.matchers import GrammarManager
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class EngineCore:
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
         self.spec = speculation.build_decoder(plan, self.max_model_len)
+        self._grammars: GrammarManager | None = None  # built with the first structured request
         self.requests: dict[str, Request] = {}
         self.finish_counts: Counter[str] = Counter()
         self.prompt_tokens_total = 0
@@ -98,8 +104,20 @@ class EngineCore:
             eos_token_ids=self.default_eos_token_ids | set(request.eos_token_ids),
             arrival_time=request.arrival_time,
         )
+        if request.params.structured_outputs is not None:
+            core_request.grammar = self._grammar_manager().start(request.params.structured_outputs)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)
+
+    def _grammar_manager(self) -> "GrammarManager":
+        if self._grammars is None:
+            # Imported here: the grammar library is needed only once a request asks for it.
+            from kvdeck.engine.grammar.matchers import GrammarManager
+
+            source = self.config.tokenizer or str(self.model_dir)
+            self._grammars = GrammarManager(source, self.model_config.vocab_size,
+                                            sorted(self.default_eos_token_ids))
+        return self._grammars
 
     def abort_requests(self, request_ids: list[str],
                        status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
@@ -111,31 +129,38 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
+        failed_grammars = self._fail_uncompiled_grammars()
         if self.spec is not None:
             self.spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if batch.empty:
-            return []
+            return failed_grammars
         if self.spec is not None:
             self.spec.discard(batch.preempted)
         scheduled = time.perf_counter()
-        result = self.runner.execute(batch, self.spec.draft_probs() if self.spec is not None else None)
+        result = self.runner.execute(batch, self._token_masks(batch),
+                                     self.spec.draft_probs() if self.spec is not None else None)
         executed = time.perf_counter()
         # Per request: what it emitted (a verified speculative run, or one sample), or None.
         emitted = [result.spec_samples.get(i, [s] if s is not None else None)
                    for i, s in enumerate(result.samples)]
         if self.spec is not None:
             self.spec.account(batch.requests, emitted)
+        sampled = [None if e is None else [s.token_id for s in e] for e in emitted]
+        grammar_done = self._advance_grammars(batch, sampled)
         self.blocks_written_last_step = _blocks_written(batch, self.kv_plan.block_size)
         outputs_before = [r.num_output_tokens for r in batch.requests]
-        finished = self.scheduler.update_from_output(
-            batch, [None if e is None else [s.token_id for s in e] for e in emitted])
+        finished = self.scheduler.update_from_output(batch, sampled)
         if self.spec is not None:
             self.spec.after_update(self.scheduler.rolled_back_blocks)
+        for request in grammar_done:  # its grammar is complete: nothing else may follow
+            if not request.status.finished:
+                finished += self.scheduler.finish_requests({request.request_id},
+                                                           RequestStatus.FINISHED_STOPPED)
         self.num_steps += 1
         self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
                                      len(batch.requests), result.total_s)
-        outputs = self._fail(batch, result.failures)
+        outputs = failed_grammars + self._fail(batch, result.failures)
         for request, samples, before in zip(batch.requests, emitted, outputs_before):
             if samples is None:
                 continue
@@ -155,6 +180,40 @@ class EngineCore:
         self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
                          model=executed - scheduled - result.prepare_s,
                          update=time.perf_counter() - executed)
+        return outputs
+
+    def _token_masks(self, batch: ScheduledBatch) -> TokenMasks | None:
+        """Bitmask rows for the constrained requests that sample this step."""
+        rows = [i for i, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens))
+                if request.grammar is not None
+                and request.num_computed_tokens + num_new == request.num_tokens]
+        if not rows:
+            return None
+        states = [batch.requests[i].grammar for i in rows]
+        return TokenMasks(rows, self._grammar_manager().fill_bitmask(states))
+
+    def _advance_grammars(self, batch: ScheduledBatch, sampled: list[list[int] | None]) -> list[Request]:
+        """Feed sampled tokens to their matchers; the requests whose grammar is complete.
+        (A constrained request never speculates: one token a step.)"""
+        done = []
+        for request, tokens in zip(batch.requests, sampled):
+            if request.grammar is not None and tokens is not None:
+                request.metrics.grammar_compile_s = request.grammar.compile_s
+                if any(self._grammar_manager().accept(request.grammar, t) for t in tokens):
+                    done.append(request)
+        return done
+
+    def _fail_uncompiled_grammars(self) -> list[EngineCoreOutput]:
+        """Waiting requests whose grammar failed to compile end with an error."""
+        if self._grammars is None:
+            return []
+        broken = {r.request_id: r.grammar.error for r in self.scheduler.waiting
+                  if r.grammar is not None and r.grammar.error is not None}
+        outputs = []
+        for request in self.scheduler.finish_requests(set(broken), RequestStatus.FINISHED_ERROR):
+            self._forget(request)
+            outputs.append(EngineCoreOutput(request.request_id, [], RequestStatus.FINISHED_ERROR.value,
+                                            metrics=request.metrics, error=broken[request.request_id]))
         return outputs
 
     def _fail(self, batch: ScheduledBatch, failures: dict[int, str]) -> list[EngineCoreOutput]:
@@ -192,6 +251,8 @@ class EngineCore:
         self.runner.shutdown()
         if self.spec is not None:
             self.spec.shutdown()
+        if self._grammars is not None:
+            self._grammars.shutdown()
 
     # ---- observability -----------------------------------------------------------
     def occupancy(self) -> KVOccupancy:
@@ -284,6 +345,8 @@ def _request_stats(request: Request) -> RequestStats:
         num_output_tokens=request.num_output_tokens,
         block_table=list(request.block_table),
         num_cached_tokens=request.num_cached_tokens,
+        constrained=request.grammar is not None,
+        grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
     )
 
 

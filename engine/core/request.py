@@ -5,10 +5,14 @@ It is what the runner reads of a scheduled sequence (`kvdeck.engine.runner.batch
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdeck.engine.types.outputs import RequestMetrics
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.wire import RequestStatus
+
+if TYPE_CHECKING:
+    from kvdeck.engine.grammar.matchers import GrammarState
 
 
 @dataclass(slots=True, eq=False)  # identity: two requests are never the same
@@ -32,6 +36,7 @@ class Request:
     # the proposer before scheduling, trimmed by the scheduler to what fits, cleared after).
     spec_token_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
+    grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -56,6 +61,10 @@ class Request:
     def token_id_at(self, position: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+
+    @property
+    def waiting_for_grammar(self) -> bool:
+        return self.grammar is not None and not self.grammar.ready
 
     @property
     def is_prefilling(self) -> bool:

@@ -103,8 +103,12 @@ class Scheduler:
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         now = time.time()
+        compiling: list[Request] = []  # their grammars are not ready: they keep their places
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if request.waiting_for_grammar:
+                compiling.append(self.waiting.popleft())
+                continue
             cached_ids, cached_hashes = self.block_manager.find_cached_prefix(request)
             num_cached = len(cached_ids) * self.block_manager.block_size
             num_tokens = min(request.num_tokens - num_cached, budget)
@@ -120,6 +124,7 @@ class Scheduler:
             self.running.append(request)
             batch.add(request, num_tokens)
             budget -= num_tokens
+        self.waiting.extendleft(reversed(compiling))
 
     def _preempt(self, request: Request, batch: ScheduledBatch) -> None:
         self.running.remove(request)

@@ -9,10 +9,12 @@ core client respectively.
 """
 
 import time
+from functools import lru_cache
 
 from kvdeck.engine.frontend.chat import check_unicode, render_chat
 from kvdeck.engine.frontend.output_processor import OutputProcessor
 from kvdeck.engine.frontend.tokenizer import encode_prompt, max_chars_per_token, tokenizer_eos_ids
+from kvdeck.engine.grammar.compile import check_grammar
 from kvdeck.engine.types.core_client import CoreClient
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.request_limits import RequestLimits
@@ -39,8 +41,8 @@ class Frontend:
     def num_unfinished(self) -> int:
         return len(self.output_processor.states)
 
-    def encode(self, prompt: Prompt | None = None,
-               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+    def encode(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
+               tools: list[dict] | None = None) -> tuple[str | None, list[int]]:
         """(prompt text, token ids) as add_request would send them; ValueError on bad input.
         Text far beyond what max_model_len tokens can hold is refused before tokenising."""
         if messages is not None:
@@ -50,7 +52,7 @@ class Frontend:
                 self._check_length(sum(len(m.get("content") or "") for m in messages
                                        if isinstance(m, dict) and isinstance(m.get("content"), str)),
                                    "messages")
-            return None, render_chat(self.tokenizer, messages)
+            return None, render_chat(self.tokenizer, messages, tools)
         if prompt is None:
             raise ValueError("prompt or messages is required")
         if isinstance(prompt, str):
@@ -79,6 +81,8 @@ class Frontend:
         if self.output_processor.has_request(request_id):
             raise ValueError(f"request_id {request_id!r} is already in use")
         self.limits.check(prompt_ids, params)
+        if params.structured_outputs is not None:
+            checked_grammar(params.structured_outputs)
         arrival_time = arrival_time or time.time()
         self.output_processor.add_request(request_id, prompt_text, prompt_ids, params, arrival_time)
         try:
@@ -105,3 +109,10 @@ class Frontend:
         if failed:  # their text could not be made: end them in the core too
             self.client.abort_requests(failed, RequestStatus.FINISHED_ERROR)
         return outputs
+
+
+@lru_cache(maxsize=256)
+def checked_grammar(spec) -> None:
+    """check_grammar, remembered per spec (a spec checked off the event loop, by the async
+    client, is not checked again on it)."""
+    check_grammar(spec)

@@ -93,6 +93,7 @@ class OutputProcessor:
             state.metrics.first_token_time = m.first_token_time
             state.metrics.last_token_time = m.last_token_time
             state.metrics.finished_time = m.finished_time
+            state.metrics.grammar_compile_s = m.grammar_compile_s
         new_ids = core_output.new_token_ids
         detok = state.detokenizer
         delta = ""

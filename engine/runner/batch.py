@@ -2,7 +2,10 @@
 have these shapes; the runner depends only on the shapes, so it never imports the core."""
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
+
+import numpy as np
 
 from kvdeck.engine.types.sampling_params import SamplingParams
 
@@ -38,3 +41,12 @@ class BatchPlan(Protocol):
 
     @property
     def num_new_tokens(self) -> Sequence[int]: ...
+
+
+@dataclass(slots=True)
+class TokenMasks:
+    """Grammar bitmasks for some of the batch's sampling requests: row i of `bitmask`
+    (int32 [rows, ceil(vocab / 32)]) constrains batch.requests[batch_index[i]]."""
+
+    batch_index: list[int]
+    bitmask: np.ndarray

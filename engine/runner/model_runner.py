@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence
+from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence, TokenMasks
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
 from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
@@ -349,10 +349,13 @@ class ModelRunner:
         return self.model(inputs.input_ids, inputs.positions, inputs.meta)
 
     @torch.inference_mode()
-    def execute(self, batch: BatchPlan, draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
+    def execute(self, batch: BatchPlan, token_masks: TokenMasks | None = None,
+                draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
         """Run the batch; a sample for each request that reached the end of its tokens, and the
-        verified run of each speculating request (`draft_probs`: the q its drafts were drawn
-        from, by request id; absent: point masses, as an n-gram proposer's)."""
+        verified run of each speculating request. `token_masks` constrains what some of the
+        sampled ones may sample (grammars; a constrained request never speculates);
+        `draft_probs`: the q each request's drafts were drawn from, by request id (absent:
+        point masses, as an n-gram proposer's)."""
         started = time.perf_counter()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
@@ -365,7 +368,8 @@ class ModelRunner:
             rows = torch.tensor(inputs.sample_rows + inputs.spec_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows])
             if num_plain:
-                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests)
+                masks = self._mask_rows(token_masks, inputs.sample_batch_index)
+                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks)
                 for i, result in zip(inputs.sample_batch_index, sampled):
                     results[i] = result
                 failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
@@ -411,19 +415,31 @@ class ModelRunner:
                          "; ".join(failed.values()))
             return verified, failed
 
+    def _mask_rows(self, token_masks: TokenMasks | None,
+                   sample_batch_index: list[int]) -> tuple[list[int], torch.Tensor] | None:
+        """The bitmask rows as rows of the sampled logits (batch index -> sample row)."""
+        if token_masks is None or not token_masks.batch_index:
+            return None
+        row_of = {index: row for row, index in enumerate(sample_batch_index)}
+        rows = [row_of[index] for index in token_masks.batch_index]
+        return rows, torch.from_numpy(token_masks.bitmask).to(self.device, non_blocking=True)
+
     def _sample(self, logits: torch.Tensor, requests: list[ScheduledSequence],
+                masks: tuple[list[int], torch.Tensor] | None = None,
                 ) -> tuple[list[SampleResult | None], dict[int, str]]:
         """Sample the batch; if that fails, sample each row alone, so that a request the
         sampler cannot serve fails by itself and the others still get their tokens. A failure
         no single row explains (every row fails) is the engine's, and is raised."""
         try:
-            return list(self.sampler.sample(logits, requests)), {}
+            return list(self.sampler.sample(logits, requests, masks)), {}
         except Exception as batch_error:
             samples: list[SampleResult | None] = []
             failed: dict[int, str] = {}
+            mask_of = dict(zip(masks[0], masks[1])) if masks is not None else {}
             for row, request in enumerate(requests):
+                mask = ([0], mask_of[row][None]) if row in mask_of else None
                 try:
-                    samples.append(self.sampler.sample(logits[row : row + 1], [request])[0])
+                    samples.append(self.sampler.sample(logits[row : row + 1], [request], mask)[0])
                 except Exception as exc:
                     samples.append(None)
                     failed[row] = f"{type(exc).__name__}: {exc}"

@@ -12,6 +12,7 @@ import torch
 
 from kvdeck.engine.runner.batch import ScheduledSequence
 from kvdeck.engine.types.outputs import Logprob
+from kvdeck.kernels.token_bitmask import apply_token_bitmask_
 
 
 @dataclass(slots=True)
@@ -36,11 +37,27 @@ class Sampler:
             self.request_generators[request.request_id] = gen
         return gen
 
-    def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> list[SampleResult]:
-        logits = logits.float()
+    def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
+               masks: tuple[list[int], torch.Tensor] | None = None) -> list[SampleResult]:
+        """`masks`: (rows, int32 bitmask) of the rows a grammar constrains; a constrained
+        row samples only what its grammar allows (logprobs stay the model's own)."""
+        # A copy where this method changes logits in place (masks, penalties), so the
+        # caller's tensor stays as it was (the runner may sample rows again, one by one).
+        logits = logits.to(torch.float32, copy=masks is not None or _changes_logits(requests))
         want_logprobs = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
         raw_logprobs = torch.log_softmax(logits, dim=-1) if want_logprobs else None
+        allowed = None
+        if masks is not None:
+            rows = torch.tensor(masks[0], device=logits.device)
+            allowed = apply_token_bitmask_(logits[rows], masks[1])
+            logits[rows] = allowed
         logits = self._apply_penalties(logits, requests)
+        if allowed is not None:
+            # A min_tokens ban may remove the only tokens a grammar allows (its end): the
+            # grammar wins, so such a row falls back to its grammar's choice alone.
+            dead = torch.isinf(logits[rows]).all(dim=-1)
+            if dead.any():
+                logits[rows[dead]] = allowed[dead]
         greedy = [r.params.greedy for r in requests]
         if all(greedy):
             tokens = logits.argmax(dim=-1)
@@ -113,7 +130,6 @@ class Sampler:
         greedy_mask = torch.tensor(greedy, device=logits.device)
         return torch.where(greedy_mask, logits.argmax(dim=-1), sampled)
 
-
     # ---- what speculative decoding verifies drafts against (engine/runner/spec/) ----------
     def distribution(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
                      with_probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -146,6 +162,13 @@ class Sampler:
     def generator(self, request: ScheduledSequence) -> torch.Generator | None:
         """The request's own generator (None: it has no seed and draws from the default one)."""
         return None if request.params.seed is None else self._generator(request, self.device)
+
+
+def _changes_logits(requests: Sequence[ScheduledSequence]) -> bool:
+    """Whether _apply_penalties will write into the logits."""
+    return any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty
+               or r.params.frequency_penalty or r.num_output_tokens < r.params.min_tokens
+               for r in requests)
 
 
 def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:

@@ -6,10 +6,13 @@ from pathlib import Path
 
 from kvdeck.assets import demo_model_dir
 
+DEMO_MODEL_NAME = "demo"  # as a model name: the bundled demo model
+
 
 def resolve_model_path(model: str | None) -> Path:
-    """A local directory, or a hub id found in the Hugging Face cache."""
-    if model is None:
+    """A local directory, or a hub id found in the Hugging Face cache; None or "demo": the
+    bundled demo model."""
+    if model is None or model == DEMO_MODEL_NAME:
         demo = demo_model_dir()
         if not (demo / "config.json").is_file():
             raise ValueError(f"no model given and the bundled demo model is missing at {demo}")

@@ -12,6 +12,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
+    grammar_compile_s: float | None = None  # structured outputs: compiling its grammar took
 
     @property
     def time_to_first_token(self) -> float | None:

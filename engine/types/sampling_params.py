@@ -8,6 +8,8 @@ validation cannot fail inside the engine for its values. Non-finite numbers are 
 import math
 from dataclasses import dataclass, field
 
+from kvdeck.engine.types.structured import StructuredOutputsParams
+
 INT32_MAX = 2**31 - 1
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 MAX_CHOICES = 128  # n per request (OpenAI's limit); each choice is an engine request
@@ -74,6 +76,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (benchmarks), no text, no stop strings
+    structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must match
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -113,6 +116,10 @@ class SamplingParams:
                              f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             _check("stop_token_ids[]", t, Bound(0, INT64_MAX), integer=True)
+        if self.structured_outputs is not None:
+            if not isinstance(self.structured_outputs, StructuredOutputsParams):
+                raise ValueError("structured_outputs must be a StructuredOutputsParams")
+            self.structured_outputs.validate()
 
 
 def _number(value: float) -> str:

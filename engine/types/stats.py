@@ -1,5 +1,6 @@
 """A snapshot of the engine's state for the dashboard and /metrics."""
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
@@ -15,6 +16,8 @@ class RequestStats:
     block_table: list[int]  # logical block i -> physical block id
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     spec: RequestSpecStats | None = None  # speculative decoding, when it is on
+    constrained: bool = False  # its output must match a grammar (structured outputs)
+    grammar_compile_s: float | None = None  # how long its grammar took (None: not yet ready)
 
 
 @dataclass(slots=True)
@@ -93,3 +96,29 @@ class StepTimings:
         host = self.schedule_s + self.prepare_s + self.update_s
         total = host + self.model_s
         return host / total if total else 0.0
+
+
+def stats_to_dict(stats: EngineStats) -> dict:
+    """A snapshot as JSON-ready data (the stats stream of `kvdeck --serve`)."""
+    return dataclasses.asdict(stats)
+
+
+def stats_from_dict(data: dict) -> EngineStats:
+    """The inverse of stats_to_dict; unknown keys (a newer server) are ignored."""
+    values = _known(EngineStats, data)
+    values["requests"] = [_request_stats(r) for r in values.get("requests", [])]
+    if values.get("spec") is not None:
+        values["spec"] = SpecDecodeStats(**_known(SpecDecodeStats, values["spec"]))
+    return EngineStats(**values)
+
+
+def _request_stats(data: dict) -> RequestStats:
+    values = _known(RequestStats, data)
+    if values.get("spec") is not None:
+        values["spec"] = RequestSpecStats(**_known(RequestSpecStats, values["spec"]))
+    return RequestStats(**values)
+
+
+def _known(cls: type, data: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in names}

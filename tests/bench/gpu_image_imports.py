@@ -12,7 +12,7 @@ import sys
 # kvdeck's dependencies that the GPU image does not have (pyproject.toml minus the five).
 ABSENT_ON_GPU_IMAGE = ("textual", "textual_plotext", "plotext", "fastapi", "starlette", "uvicorn",
                        "prometheus_client", "platformdirs", "bitsandbytes", "matplotlib", "httpx",
-                       "openai", "pydantic")
+                       "openai", "pydantic", "llguidance", "xgrammar")
 
 
 class BlockAbsent(importlib.abc.MetaPathFinder):

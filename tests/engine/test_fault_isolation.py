@@ -99,7 +99,7 @@ def test_a_request_that_fails_in_sampling_fails_alone(llm, alone, monkeypatch):
 def test_a_failure_of_every_row_is_the_engines(llm, monkeypatch):
     """When no single request explains a failure, it is raised (the engine's, not theirs)."""
 
-    def broken(self, logits, requests):
+    def broken(self, logits, requests, masks=None):
         raise RuntimeError("the device fell over")
 
     monkeypatch.setattr(Sampler, "sample", broken)

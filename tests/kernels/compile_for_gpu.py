@@ -1,27 +1,39 @@
-"""Compile every Triton kernel for a CUDA target ahead of time, without a GPU.
+"""Compile every Triton kernel for CUDA targets ahead of time, without a GPU.
 
-`python tests/kernels/compile_for_gpu.py [--arch 90] [--ptxas-info]` builds the kernels the
-way the wrappers specialise them (dtypes, padded head dims, GQA groups, split counts) down
-to a cubin with Triton's bundled ptxas, so code that only the interpreter ran is proven to
-lower for real GPUs (e.g. loop-carried types, dot shapes). Prints one JSON line per variant.
+    python tests/kernels/compile_for_gpu.py [--arch 80 86 89 90] [--only NAME ...] [--jobs N]
+                                            [--markdown]
+
+Builds each kernel the way its wrapper specialises it (dtypes, padded head dims, GQA
+groups, split counts, W4A16 M buckets and groups) down to a cubin with Triton's own
+toolchain, so code that only the interpreter ran is proven to lower for real GPUs, and
+reports per variant and arch what would refuse a launch or slow it: shared memory against
+the arch's per-block limit, registers and spills (the ptxas log of the compile itself, so
+the figures are the cubin's), and loads pipelined through shared memory. Prints one JSON
+line per (variant, arch), or with --markdown the table of kernels/README.md. Compiles run
+in a process pool with an empty Triton cache (a cached kernel has no ptxas log).
 Must run without TRITON_INTERPRET (the interpreter replaces `triton.jit`).
 """
 
 import argparse
+import contextlib
+import io
 import json
+import math
 import os
-import subprocess
+import re
 import sys
 import tempfile
 import time
-from pathlib import Path
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # triton 3.9 warns when it is unset
 
 import torch  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+from triton.compiler.compiler import make_backend  # noqa: E402
 
 from kvdeck.kernels import (  # noqa: E402
     activation_triton,
@@ -30,19 +42,41 @@ from kvdeck.kernels import (  # noqa: E402
     kv_cache_triton,
     rmsnorm_triton,
     rope_triton,
+    w4a16_gemm_triton,
 )
 from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
+
+# Opt-in shared memory per block (CUDA reserves 1 KB of the SM's carveout per block):
+# A100 163 KB, RTX 30xx/A10 (sm_86) and RTX 40xx/L4 (sm_89) 99 KB, H100/H200 227 KB.
+# NVIDIA's Ampere, Ada and Hopper tuning guides, "Occupancy" / "Unified Shared Memory".
+SHARED_MEMORY_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 89: 99 * 1024, 90: 227 * 1024}
+ARCHS = tuple(SHARED_MEMORY_LIMIT)
+ATTENTION_DTYPES = ("fp16", "bf16")
+ATTENTION_HEAD_DIMS = (64, 128, 256)
+ATTENTION_GROUPS = (1, 4, 8)
+W4A16_DTYPES = ("fp16", "bf16")
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    fn: object  # a triton JITFunction
+    pointer_types: dict[str, str]
+    constexprs: dict[str, object]
+    options: dict[str, int]
+    decode: bool  # launched by every decode step: must not spill registers
 
 
 def gpu_rows(row_elements: int) -> int:
     return rows_per_program(1 << 20, row_elements, torch.device("cuda"))
 
 
-def attention_variant(dtype: str, head_dim: int, group: int, prefill: bool, segments: int):
-    config = attention_tuning.default_config(16 if prefill else 1, head_dim, torch.device("cuda"))
-    block_m = max(config.block_m, triton.next_power_of_2(group))
+def attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
+                      ) -> Variant:
     f32 = dtype == "fp32"
-    return (
+    config = attention_tuning.default_config(1 if decode else 16, head_dim, torch.device("cuda"),
+                                             element_size=4 if f32 else 2)
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    return Variant(
         attention_triton._paged_attention_kernel,
         dict(out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=f"*{dtype}",
              v_cache_ptr=f"*{dtype}", block_tables_ptr="*i32", query_start_loc_ptr="*i32",
@@ -51,136 +85,251 @@ def attention_variant(dtype: str, head_dim: int, group: int, prefill: bool, segm
         dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
              BLOCK_SIZE=16, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_m // group,
              TILE_N=config.tile_n, NUM_SEGMENTS=segments, COMPUTE_F32=f32,
-             DOT_PRECISION="ieee" if f32 else "tf32"),
+             DOT_PRECISION="ieee" if f32 else "tf32", DECODE_ROWS=decode),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        decode=decode,
     )
 
 
-VARIANTS = {
-    "attention_prefill_bf16_d128_g4": attention_variant("bf16", 128, 4, True, 1),
-    "attention_prefill_fp16_d80_g1": attention_variant("fp16", 80, 1, True, 1),
-    "attention_prefill_bf16_d64_g8": attention_variant("bf16", 64, 8, True, 1),
-    "attention_decode_bf16_d64_g4": attention_variant("bf16", 64, 4, False, 1),
-    "attention_decode_split_fp16_d96_g8": attention_variant("fp16", 96, 8, False, 8),
-    "attention_decode_fp32_d128_g7": attention_variant("fp32", 128, 7, False, 1),
-    "merge_segments_bf16_d80": (
-        attention_triton._merge_segments_kernel,
-        dict(out_ptr="*bf16", part_out_ptr="*fp32", part_max_ptr="*fp32",
-             part_sum_ptr="*fp32"),
-        dict(HEAD_DIM=80, HEAD_DIM_PAD=128, NUM_SEGMENTS=8), dict(num_warps=4),
-    ),
-    "write_kv_cache_bf16": (
+def w4a16_variant(dtype: str, max_tokens: int, group_size: int, split: bool) -> Variant:
+    # The bucket's tiles as `choose_config` fits them to the group (split count is runtime).
+    config = w4a16_gemm_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132)
+    return Variant(
+        w4a16_gemm_triton._w4a16_gemm_kernel,
+        dict(x_ptr=f"*{dtype}", qw_ptr="*i32", qz_ptr="*i32", s_ptr=f"*{dtype}",
+             bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
+        # stride_xk is 1 for contiguous activations, which the launcher specialises on.
+        dict(GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+             BLOCK_K=config.block_k, HAS_BIAS=True, SPLIT_K=split, stride_xk=1),
+        dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        decode=True,
+    )
+
+
+def build_variants() -> dict[str, Variant]:
+    variants = {}
+    for dtype in ATTENTION_DTYPES:
+        for head_dim in ATTENTION_HEAD_DIMS:
+            for group in ATTENTION_GROUPS:
+                tag = f"{dtype}_d{head_dim}_g{group}"
+                variants[f"attention_decode_{tag}"] = attention_variant(dtype, head_dim, group, True, 1)
+                variants[f"attention_prefill_{tag}"] = attention_variant(dtype, head_dim, group, False, 1)
+            # The flash-decoding split only changes the epilogue: one group per head dim.
+            variants[f"attention_decode_split8_{dtype}_d{head_dim}_g4"] = attention_variant(
+                dtype, head_dim, 4, True, 8)
+    # Padded head dims and an fp32 model with a group that is not a power of two.
+    variants["attention_prefill_fp16_d80_g1"] = attention_variant("fp16", 80, 1, False, 1)
+    variants["attention_decode_split8_fp16_d96_g8"] = attention_variant("fp16", 96, 8, True, 8)
+    variants["attention_decode_fp32_d128_g7"] = attention_variant("fp32", 128, 7, True, 1)
+    for head_dim in (80, 128, 256):
+        variants[f"merge_segments_bf16_d{head_dim}"] = Variant(
+            attention_triton._merge_segments_kernel,
+            dict(out_ptr="*bf16", part_out_ptr="*fp32", part_max_ptr="*fp32", part_sum_ptr="*fp32"),
+            dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), NUM_SEGMENTS=8),
+            dict(num_warps=4), decode=True,
+        )
+    for dtype in W4A16_DTYPES:
+        for max_tokens, _ in w4a16_gemm_triton.M_BUCKETS:
+            for split in (False, True):
+                name = f"w4a16_m{max_tokens}_{dtype}_g128" + ("_splitk" if split else "")
+                variants[name] = w4a16_variant(dtype, max_tokens, 128, split)
+        # Groups of 32 narrow BLOCK_K to 32 (64 gives the tiles of 128).
+        variants[f"w4a16_m16_{dtype}_g32_splitk"] = w4a16_variant(dtype, 16, 32, True)
+        variants[f"awq_dequantize_{dtype}"] = Variant(
+            w4a16_gemm_triton._awq_dequantize_kernel,
+            dict(qw_ptr="*i32", qz_ptr="*i32", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
+            dict(GROUP_SIZE=128, BLOCK_K=w4a16_gemm_triton.DEQUANT_BLOCK_K,
+                 BLOCK_N=w4a16_gemm_triton.DEQUANT_BLOCK_N),
+            dict(num_warps=4), decode=True,  # decode batches above FUSED_MAX_TOKENS
+        )
+    variants["write_kv_cache_bf16"] = Variant(
         kv_cache_triton._write_kv_cache_kernel,
         dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
              slot_mapping_ptr="*i64"),
-        dict(HEAD_DIM=128, HEADS_PAD=8, HEAD_DIM_PAD=128, BLOCK_SIZE=16,
-             ROWS=gpu_rows(8 * 128)), dict(num_warps=num_warps_for(gpu_rows(8 * 128) * 8 * 128)),
-    ),
-    "rms_norm_residual_bf16_4096": (
+        dict(HEAD_DIM=128, HEADS_PAD=8, HEAD_DIM_PAD=128, BLOCK_SIZE=16, ROWS=gpu_rows(8 * 128)),
+        dict(num_warps=num_warps_for(gpu_rows(8 * 128) * 8 * 128)), decode=True,
+    )
+    variants["rms_norm_residual_bf16_4096"] = Variant(
         rmsnorm_triton._rms_norm_kernel,
         dict(x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16",
              residual_out_ptr="*bf16", eps="fp32"),
         dict(HAS_RESIDUAL=True, ROWS=gpu_rows(4096), BLOCK=4096),
-        dict(num_warps=num_warps_for(gpu_rows(4096) * 4096)),
-    ),
-    "rms_norm_per_head_fp16_fp32weight_128": (
+        dict(num_warps=num_warps_for(gpu_rows(4096) * 4096)), decode=True,
+    )
+    variants["rms_norm_per_head_fp16_fp32weight_128"] = Variant(
         rmsnorm_triton._rms_norm_kernel,
         dict(x_ptr="*fp16", residual_ptr="*fp16", weight_ptr="*fp32", out_ptr="*fp32",
              residual_out_ptr="*fp16", eps="fp32"),
         dict(HAS_RESIDUAL=False, ROWS=gpu_rows(128), BLOCK=128),
-        dict(num_warps=num_warps_for(gpu_rows(128) * 128)),
-    ),
-    "rope_neox_bf16": (
+        dict(num_warps=num_warps_for(gpu_rows(128) * 128)), decode=True,
+    )
+    variants["rope_neox_bf16"] = Variant(
         rope_triton._rope_kernel,
         dict(positions_ptr="*i64", q_ptr="*bf16", k_ptr="*bf16", cos_sin_ptr="*fp32"),
         dict(HALF=64, HALF_PAD=64, ROWS=gpu_rows(64), IS_NEOX=True),
-        dict(num_warps=num_warps_for(gpu_rows(64) * 64)),
-    ),
-    "rope_interleaved_partial_fp16": (
+        dict(num_warps=num_warps_for(gpu_rows(64) * 64)), decode=True,
+    )
+    variants["rope_interleaved_partial_fp16"] = Variant(
         rope_triton._rope_kernel,
         dict(positions_ptr="*i32", q_ptr="*fp16", k_ptr="*fp16", cos_sin_ptr="*fp32"),
         dict(HALF=12, HALF_PAD=16, ROWS=gpu_rows(16), IS_NEOX=False),
-        dict(num_warps=num_warps_for(gpu_rows(16) * 16)),
-    ),
-    "silu_and_mul_bf16": (
+        dict(num_warps=num_warps_for(gpu_rows(16) * 16)), decode=True,
+    )
+    variants["silu_and_mul_bf16"] = Variant(
         activation_triton._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
         dict(ROWS=gpu_rows(1024), BLOCK=1024),
-        dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)),
-    ),
-}
+        dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
+    )
+    return variants
 
 
+VARIANTS = build_variants()
+
+# Integer arguments the launcher would mark as multiples of 16 (strides of real caches,
+# activations and weights, model dims); without the mark no load is vectorised or pipelined.
 ALIGNED_INTS = {
     "stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_blk",
     "stride_k_slot", "stride_k_head", "stride_v_blk", "stride_v_slot", "stride_v_head",
     "stride_key_tok", "stride_key_head", "stride_value_tok", "stride_value_head",
     "stride_x", "stride_residual", "stride_out", "stride_residual_out", "stride_tok",
     "stride_cache_pos", "hidden", "d",
+    "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",
+    "k_per_split",
 }
 
 
-def compile_variant(name: str, arch: int, ptxas_info: bool) -> dict:
-    fn, pointer_types, constexprs, options = VARIANTS[name]
-    signature = {
-        arg: "constexpr" if arg in constexprs else pointer_types.get(arg, "i32")
-        for arg in fn.arg_names
-    }
-    # The launcher marks pointers and integers that are multiples of 16 as such; strides of
-    # real caches and activations are, and without it no load is vectorised or pipelined.
+# Triton emits the same PTX for sm_86 and sm_89 but for the .target line (Ada adds fp8,
+# which no kernel here uses), so sm_89 reuses sm_86's PTX and only its ptxas runs (a
+# quarter of the matrix for the cost of ptxas alone). DERIVATION_CHECKED compiles sm_89 in
+# full as well and reports whether the two PTX texts agree (the test requires it).
+DERIVED_FROM = {89: 86}
+DERIVATION_CHECKED = ("attention_decode_bf16_d128_g4", "attention_prefill_fp16_d256_g8",
+                      "w4a16_m16_bf16_g128_splitk")
+
+
+def compile_variant(name: str, archs: list[int]) -> list[dict]:
+    """Results for one variant on each arch (one job: sm_89 reuses sm_86's PTX)."""
+    results, ptx_by_arch = [], {}
+    for arch in archs:
+        source = DERIVED_FROM.get(arch)
+        start = time.perf_counter()
+        try:
+            if source in ptx_by_arch:
+                usage = _assemble(ptx_by_arch[source], source, arch, VARIANTS[name].options)
+                result = {**results[archs.index(source)], "arch": arch, "ptx_from": source,
+                          **usage}
+                if name in DERIVATION_CHECKED:
+                    full = _compile(name, arch)[1]
+                    result["ptx_matches_own"] = full == _retarget(ptx_by_arch[source], source, arch)
+            else:
+                result, ptx_by_arch[arch] = _compile(name, arch)
+        except Exception as exc:  # report every variant, not just the first failure
+            result = {"variant": name, "arch": arch, "ok": False,
+                      "error": f"{type(exc).__name__}: {exc}"[:2000]}
+        results.append({**result, "compile_s": round(time.perf_counter() - start, 2)})
+    return results
+
+
+def _compile(name: str, arch: int) -> tuple[dict, str]:
+    variant = VARIANTS[name]
+    fn, constexprs = variant.fn, variant.constexprs
+    signature = {arg: "constexpr" if arg in constexprs else variant.pointer_types.get(arg, "i32")
+                 for arg in fn.arg_names}
     aligned = {
         (i,): [["tt.divisibility", 16]] for i, arg in enumerate(fn.arg_names)
         if arg not in constexprs and (signature[arg].startswith("*") or arg in ALIGNED_INTS)
     }
-    start = time.perf_counter()
-    compiled = triton.compile(ASTSource(fn, signature, constexprs, aligned),
-                              target=GPUTarget("cuda", arch, 32), options=options)
-    result = {"variant": name, "arch": arch, "ok": True,
-              "compile_s": round(time.perf_counter() - start, 2),
-              "shared_bytes": compiled.metadata.shared,
-              # cp.async copies in the loop: K/V tiles stream while the previous tile computes.
-              "pipelined_loads": compiled.asm["ttgir"].count("async_copy_global_to_local")}
-    if ptxas_info:
-        result["ptxas"] = _ptxas_info(compiled.asm["ptx"], arch)
-    return result
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):  # where Triton prints the ptxas -v log
+        compiled = triton.compile(ASTSource(fn, signature, constexprs, aligned),
+                                  target=GPUTarget("cuda", arch, 32), options=variant.options)
+    result = {
+        "variant": name, "arch": arch, "ok": True, "decode": variant.decode,
+        "shared_bytes": compiled.metadata.shared, "shared_limit": SHARED_MEMORY_LIMIT[arch],
+        **_ptxas_usage(log.getvalue()),
+        # cp.async copies in the loop: tiles stream in while the previous tile computes.
+        "pipelined_loads": compiled.asm["ttgir"].count("async_copy_global_to_local"),
+    }
+    return result, compiled.asm["ptx"]
 
 
-def _ptxas_info(ptx: str, arch: int) -> str:
-    # Registers and spills as ptxas reports them (no device needed).
-    from triton.backends.nvidia import compiler as nvidia_compiler
+def _retarget(ptx: str, source: int, arch: int) -> str:
+    return ptx.replace(f".target sm_{source}", f".target sm_{arch}", 1)
 
-    if hasattr(nvidia_compiler, "get_ptxas"):  # triton >= 3.7 picks a ptxas per arch
-        ptxas = nvidia_compiler.get_ptxas(arch).path
-    else:
-        ptxas = triton.knobs.nvidia.ptxas.path
-    suffix = "a" if arch == 90 else ""
-    with tempfile.TemporaryDirectory() as tmp:
-        src = Path(tmp) / "k.ptx"
-        src.write_text(ptx)
-        done = subprocess.run([str(ptxas), f"-arch=sm_{arch}{suffix}", "-v", str(src),
-                               "-o", str(Path(tmp) / "k.cubin")], capture_output=True, text=True)
-    lines = [ln.split("info    : ")[-1] for ln in done.stderr.splitlines() if "Used" in ln
-             or "spill" in ln]
-    return "; ".join(lines)
+
+def _assemble(ptx: str, source: int, arch: int, options: dict) -> dict:
+    """ptxas for `arch` on PTX made for `source`, as Triton itself runs it (same flags)."""
+    backend = make_backend(GPUTarget("cuda", arch, 32))
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        backend.make_cubin(_retarget(ptx, source, arch), {}, backend.parse_options(options), arch)
+    return {"shared_limit": SHARED_MEMORY_LIMIT[arch], **_ptxas_usage(log.getvalue())}
+
+
+def _ptxas_usage(log: str) -> dict:
+    registers = re.search(r"Used (\d+) registers", log)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
+    if registers is None or spills is None:
+        raise RuntimeError(f"no ptxas usage in the compile log:\n{log[-2000:]}")
+    return {"registers": int(registers.group(1)),
+            "spill_bytes": int(spills.group(1)) + int(spills.group(2))}
+
+
+def _init_worker(cache_dir: str) -> None:
+    os.environ["TRITON_CACHE_DIR"] = cache_dir  # empty: every compile runs ptxas and logs
+    triton.knobs.nvidia.dump_ptxas_log = True
+
+
+def compile_all(names: list[str], archs: list[int], jobs: int):
+    """Yield each (variant, arch) result, variant by variant as the pool finishes them."""
+    # Slowest first (attention, then W4A16) so the pool does not end on one long job.
+    order = sorted(names, key=lambda name: (not name.startswith("attention"),
+                                            not name.startswith("w4a16"), name))
+    with tempfile.TemporaryDirectory(prefix="kvdeck-aot-") as cache_dir, \
+            ProcessPoolExecutor(jobs, initializer=_init_worker, initargs=(cache_dir,)) as pool:
+        futures = [pool.submit(compile_variant, name, archs) for name in order]
+        for future in futures:
+            yield from future.result()
+
+
+def markdown_table(results: list[dict], archs: list[int]) -> str:
+    """One row per variant: shared KiB / registers / spill bytes for each arch."""
+    by_key = {(r["variant"], r["arch"]): r for r in results}
+    lines = ["| variant | " + " | ".join(f"sm_{a}" for a in archs) + " |",
+             "| --- |" + " --- |" * len(archs)]
+    for name in dict.fromkeys(r["variant"] for r in results):
+        cells = []
+        for arch in archs:
+            r = by_key.get((name, arch))
+            if r is None or not r["ok"]:
+                cells.append("failed" if r else "")
+                continue
+            kib = math.ceil(r["shared_bytes"] / 1024)
+            spill = f" **{r['spill_bytes']} B spill**" if r["spill_bytes"] else ""
+            cells.append(f"{kib} KiB / {r['registers']} r{spill}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--arch", type=int, default=90, help="SM version, e.g. 80 or 90")
+    parser.add_argument("--arch", type=int, nargs="+", default=list(ARCHS),
+                        choices=sorted(SHARED_MEMORY_LIMIT), help="SM versions")
     parser.add_argument("--only", nargs="*", choices=sorted(VARIANTS), help="variants to build")
-    parser.add_argument("--ptxas-info", action="store_true", help="report registers/spills")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="compile processes")
+    parser.add_argument("--markdown", action="store_true", help="print the README table")
     args = parser.parse_args()
     if os.environ.get("TRITON_INTERPRET") == "1":
         parser.error("unset TRITON_INTERPRET: the interpreter cannot compile kernels")
-    failed = 0
-    for name in args.only or VARIANTS:
-        try:
-            result = compile_variant(name, args.arch, args.ptxas_info)
-        except Exception as exc:  # report every variant, not just the first failure
-            result = {"variant": name, "arch": args.arch, "ok": False,
-                      "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            failed += 1
-        print(json.dumps(result), flush=True)
-    return 1 if failed else 0
+    results = []
+    for result in compile_all(args.only or list(VARIANTS), args.arch, args.jobs):
+        results.append(result)
+        if not args.markdown:
+            print(json.dumps(result), flush=True)
+    if args.markdown:
+        print(markdown_table(sorted(results, key=lambda r: list(VARIANTS).index(r["variant"])),
+                             args.arch))
+    return 0 if all(r["ok"] for r in results) else 1
 
 
 if __name__ == "__main__":

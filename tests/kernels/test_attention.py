@@ -126,3 +126,44 @@ def test_rejects_mismatched_shapes(paged_batch):
     args[4] = args[4][:1]
     with pytest.raises(ValueError, match="query_start_loc"):
         paged_attention_triton(*args)
+
+
+@pytest.mark.parametrize("decode_rows", [True, False])
+def test_decode_and_chunk_launches_split_the_rows(paged_batch, decode_rows):
+    # A mixed batch is two launches: decode rows (one query token) in one, with the decode
+    # tiles, and prefill/extend chunks in the other; each leaves the other's rows alone.
+    from kvdeck.kernels.attention_triton import _launch
+
+    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+                        dtype=torch.float32, seed=11)
+    out = torch.full_like(batch.q, float("nan"))
+    tensors = (out, batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
+               batch.query_start_loc, batch.seq_lens, out, out, out)
+    _launch(tensors, batch.scale, attention_tuning.DECODE_CONFIG if decode_rows
+            else attention_tuning.PREFILL_CONFIG, num_segments=1, decode_rows=decode_rows)
+    query_lens = torch.diff(batch.query_start_loc)
+    is_decode_token = torch.repeat_interleave(query_lens == 1, query_lens)
+    served = is_decode_token if decode_rows else ~is_decode_token
+    expected = paged_attention_torch(*batch.as_fp32())
+    torch.testing.assert_close(out[served], expected[served], atol=2e-5, rtol=2e-5)
+    assert out[~served].isnan().all()
+
+
+def test_mixed_batch_with_separate_decode_tiles(paged_batch):
+    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=96, block_size=16,
+                        dtype=torch.float16, seed=12)
+    out = paged_attention_triton_impl(*batch.args(), config=attention_tuning.PREFILL_CONFIG,
+                                      decode_config=attention_tuning.DECODE_CONFIG)
+    assert_matches_reference(batch, out)
+
+
+def test_default_config_per_launch_and_row_width():
+    cuda = torch.device("cuda")
+    assert attention_tuning.default_config(1, 128, cuda) == attention_tuning.DECODE_CONFIG
+    assert attention_tuning.default_config(7, 128, cuda) == attention_tuning.PREFILL_CONFIG
+    assert attention_tuning.default_config(7, 64, cuda) == attention_tuning.PREFILL_CONFIG_SMALL_HEAD
+    # 512-byte K/V rows (head dim 256 in bf16, 128 in fp32) take the half-length KV tiles.
+    assert attention_tuning.default_config(1, 256, cuda) == attention_tuning.DECODE_CONFIG_WIDE_ROWS
+    assert attention_tuning.default_config(1, 128, cuda, element_size=4) \
+        == attention_tuning.DECODE_CONFIG_WIDE_ROWS
+    assert attention_tuning.default_config(9, 160, cuda) == attention_tuning.PREFILL_CONFIG_WIDE_ROWS

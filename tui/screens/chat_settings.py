@@ -1,4 +1,4 @@
-"""Modal: the system prompt and sampling settings of the chat."""
+"""Modal: the system prompt, sampling settings and response format of the chat."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
-from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.chat_settings import ChatSettings, auto_max_tokens
+
+FORMAT_CHOICES = [("free text", "text"), ("any JSON object", "json"),
+                  ("JSON schema (file)", "schema")]
 
 
 class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
@@ -23,14 +26,18 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
     ChatSettingsScreen TextArea { height: 5; }
     ChatSettingsScreen Grid { grid-size: 4; grid-columns: 1fr; height: auto; grid-gutter: 0 1; }
     ChatSettingsScreen Grid Label { margin-top: 1; }
+    ChatSettingsScreen #format-row { height: auto; margin-top: 1; align-horizontal: left; }
+    ChatSettingsScreen #response-format { width: 26; }
+    ChatSettingsScreen #schema-file { width: 1fr; }
     ChatSettingsScreen #settings-error { color: $error; height: auto; }
     ChatSettingsScreen Horizontal { height: auto; align-horizontal: right; }
     ChatSettingsScreen Button { margin-left: 1; }
     """
 
-    def __init__(self, settings: ChatSettings) -> None:
+    def __init__(self, settings: ChatSettings, max_model_len: int | None = None) -> None:
         super().__init__()
         self.settings = settings
+        self.max_model_len = max_model_len  # the loaded model's context, for the auto hint
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -40,16 +47,28 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
             with Grid():
                 yield Label("temperature")
                 yield Label("top_p")
-                yield Label("max_tokens")
+                yield Label(self._max_tokens_label())
                 yield Label("seed (blank: random)")
                 yield Input(f"{s.temperature:g}", id="temperature")
                 yield Input(f"{s.top_p:g}", id="top-p")
-                yield Input(str(s.max_tokens), id="max-tokens")
+                yield Input("" if s.max_tokens is None else str(s.max_tokens), id="max-tokens",
+                            placeholder="auto")
                 yield Input("" if s.seed is None else str(s.seed), id="seed")
+            yield Label("Response format (the reply is held to it by a grammar)")
+            with Horizontal(id="format-row"):
+                yield Select(FORMAT_CHOICES, value=s.response_format, allow_blank=False,
+                             id="response-format")
+                yield Input(s.schema_file or "", id="schema-file",
+                            placeholder="path/to/schema.json (with JSON schema)")
             yield Static("", id="settings-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
                 yield Button("Save", variant="primary", id="save")
+
+    def _max_tokens_label(self) -> str:
+        if self.max_model_len is None:
+            return "max_tokens (blank: auto)"
+        return f"max_tokens (blank: {auto_max_tokens(self.max_model_len)})"
 
     def _value(self, widget_id: str) -> str:
         return self.query_one(f"#{widget_id}", Input).value
@@ -60,7 +79,14 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
                 self.query_one("#system-prompt", TextArea).text,
                 self._value("temperature"), self._value("top-p"),
                 self._value("max-tokens"), self._value("seed"),
+                str(self.query_one("#response-format", Select).value),
+                self._value("schema-file"),
             )
+            constraint = settings.structured_outputs()
+            if constraint is not None:  # a schema llguidance cannot compile: said here
+                from kvdeck.engine.grammar.compile import check_grammar
+
+                check_grammar(constraint)
         except ValueError as exc:
             self.query_one("#settings-error", Static).update(str(exc))
             return

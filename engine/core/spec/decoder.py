@@ -59,7 +59,10 @@ class SpeculativeDecoder:
             return
         chosen, ks = [], []
         for request in running:
-            if not request.is_prefilling and (k := self.policy.num_drafts(request)) > 0:
+            # A grammar constrains each token as it is sampled; drafts skip the constraint.
+            if request.grammar is not None or request.is_prefilling:
+                continue
+            if (k := self.policy.num_drafts(request)) > 0:
                 chosen.append(request)
                 ks.append(k)
         for request, drafts in zip(chosen, self.proposer.propose(chosen, ks)):

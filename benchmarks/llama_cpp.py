@@ -1,0 +1,135 @@
+"""llama.cpp as the baseline a workstation user would run instead (Ollama is llama.cpp):
+build it from the source vendored in the llama-cpp-python sdist, and convert kvdeck model
+folders to GGUF with its own converter. Not run by CI.
+
+    python benchmarks/llama_cpp.py build              # CMake, Release, CPU; cached
+    python benchmarks/llama_cpp.py convert DIR OUT.gguf [--outtype f32]
+    python benchmarks/llama_cpp.py where               # the bin folder kvdeck bench uses
+
+The build lives in ~/.cache/kvdeck/llama.cpp/<version> (KVDECK_LLAMA_CPP_DIR overrides),
+outside the repository. The demo model's byte-level BPE pre-tokenizer is GPT-2's; the
+converter identifies pre-tokenizers by a hash of their output and does not know this one,
+so `convert` teaches it: a hash it cannot place, for a tokenizer whose pre-tokenizer is
+ByteLevel, is GPT-2's.
+"""
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+VERSION = "0.3.36"  # llama-cpp-python; its vendor/llama.cpp is the source built
+TARGETS = ("llama-server", "llama-bench", "llama-batched-bench")
+PYPI_JSON = "https://pypi.org/pypi/llama-cpp-python/json"
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("KVDECK_LLAMA_CPP_DIR")
+    return Path(base) if base else Path.home() / ".cache" / "kvdeck" / "llama.cpp" / VERSION
+
+
+def source_dir() -> Path:
+    return cache_dir() / "src"
+
+
+def bin_dir() -> Path:
+    return cache_dir() / "build" / "bin"
+
+
+def fetch_source() -> Path:
+    """vendor/llama.cpp of the sdist, unpacked once (sha256 checked against the index)."""
+    if (source_dir() / "CMakeLists.txt").is_file():
+        return source_dir()
+    with urllib.request.urlopen(PYPI_JSON, timeout=60) as response:
+        project = json.load(response)
+    (sdist,) = [u for u in project["releases"][VERSION] if u["packagetype"] == "sdist"]
+    url = urllib.parse.urljoin(PYPI_JSON, sdist["url"])  # a mirror may give it relative
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
+        archive = Path(tmp) / sdist["filename"]
+        print(f"llama.cpp: downloading {sdist['filename']} ({sdist['size'] / 2**20:.0f} MiB)")
+        with urllib.request.urlopen(url, timeout=600) as response, open(archive, "wb") as out:
+            shutil.copyfileobj(response, out)
+        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+        if digest != sdist["digests"]["sha256"]:
+            raise SystemExit(f"llama.cpp: {archive.name} does not match its sha256 on the index")
+        prefix = f"{sdist['filename'].removesuffix('.tar.gz')}/vendor/llama.cpp/"
+        unpacked = Path(tmp) / "llama.cpp"
+        with tarfile.open(archive) as tar:
+            members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
+            for member in members:
+                member.name = member.name[len(prefix):]
+            tar.extractall(unpacked, members=[m for m in members if m.name], filter="data")
+        os.replace(unpacked, source_dir())
+    return source_dir()
+
+
+def build() -> Path:
+    source = fetch_source()
+    build_dir = cache_dir() / "build"
+    if all((bin_dir() / target).is_file() for target in TARGETS):
+        return bin_dir()
+    subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+                    "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
+                    "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON"], check=True)
+    subprocess.run(["cmake", "--build", str(build_dir), "--config", "Release", "-j",
+                    str(os.cpu_count() or 2), "--target", *TARGETS], check=True)
+    return bin_dir()
+
+
+def convert(model_dir: Path, out: Path, outtype: str) -> Path:
+    """The model as a GGUF, by llama.cpp's own converter (run in this process, taught GPT-2's
+    pre-tokenizer for byte-level BPE tokenizers it cannot place)."""
+    source = fetch_source()
+    sys.path.insert(0, str(source / "gguf-py"))
+    spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", source / "convert_hf_to_gguf.py")
+    converter = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(converter)
+    base = converter.TextModel if hasattr(converter, "TextModel") else converter.Model
+    original = base.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return original(self, tokenizer)
+        except NotImplementedError:
+            pre = json.loads((Path(self.dir_model) / "tokenizer.json").read_text()).get("pre_tokenizer")
+            if pre and pre.get("type") == "ByteLevel":
+                return "gpt-2"
+            raise
+
+    base.get_vocab_base_pre = get_vocab_base_pre
+    sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", outtype]
+    converter.main()
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build")
+    commands.add_parser("where")
+    convert_args = commands.add_parser("convert")
+    convert_args.add_argument("model_dir", type=Path)
+    convert_args.add_argument("out", type=Path)
+    convert_args.add_argument("--outtype", default="f32", choices=("f32", "f16", "bf16", "q8_0"))
+    args = parser.parse_args()
+    if args.command == "build":
+        print(build())
+    elif args.command == "where":
+        print(bin_dir())
+    else:
+        print(convert(args.model_dir.resolve(), args.out.resolve(), args.outtype))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
