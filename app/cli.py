@@ -53,7 +53,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                                help=f"(default: {default})")
             continue
         kind = _flag_type(f.type)
-        group.add_argument(flag, type=kind, default=None, help=f"(default: {default})")
+        group.add_argument(flag, type=kind, default=None,
+                           help=_FLAG_HELP.get(f.name, "") + f"(default: {default})")
+
+
+_FLAG_HELP = {  # the flags whose value a name alone does not explain
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
+                          "\"num_speculative_tokens\": 3}' ",
+}
 
 
 def _flag_type(annotation: object) -> Callable[[str], object]:
