@@ -91,10 +91,13 @@ def convert(model_dir: Path, out: Path, outtype: str) -> Path:
     pre-tokenizer for byte-level BPE tokenizers it cannot place)."""
     source = fetch_source()
     sys.path.insert(0, str(source / "gguf-py"))
+    sys.path.insert(0, str(source))  # newer converters keep their model classes in conversion/
     spec = importlib.util.spec_from_file_location("convert_hf_to_gguf", source / "convert_hf_to_gguf.py")
     converter = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(converter)
-    base = converter.TextModel if hasattr(converter, "TextModel") else converter.Model
+    base = getattr(converter, "TextModel", None) or getattr(converter, "Model", None)
+    if base is None:
+        base = importlib.import_module("conversion").TextModel
     original = base.get_vocab_base_pre
 
     def get_vocab_base_pre(self, tokenizer) -> str:
@@ -107,6 +110,16 @@ def convert(model_dir: Path, out: Path, outtype: str) -> Path:
             raise
 
     base.get_vocab_base_pre = get_vocab_base_pre
+    original_sentencepiece = base._set_vocab_sentencepiece
+
+    def set_vocab_sentencepiece(self, *args, **kwargs):
+        # Newer converters import sentencepiece before looking for tokenizer.model; without
+        # the file, say so as older ones did, and the converter goes on to tokenizer.json.
+        if not (Path(self.dir_model) / "tokenizer.model").is_file():
+            raise FileNotFoundError(f"no tokenizer.model in {self.dir_model}")
+        return original_sentencepiece(self, *args, **kwargs)
+
+    base._set_vocab_sentencepiece = set_vocab_sentencepiece
     sys.argv = ["convert_hf_to_gguf.py", str(model_dir), "--outfile", str(out), "--outtype", outtype]
     converter.main()
     return out

@@ -18,9 +18,15 @@ def apply_rope_torch(
     second. `is_neox` rotates the two halves of the head (Llama/Qwen in HF layout);
     otherwise adjacent pairs (GPT-J / interleaved). Returns new (q, k).
     """
-    cos, sin = _step_cos_sin.get((positions, cos_sin_cache), (is_neox,),
-                                 lambda: _cos_sin(positions, cos_sin_cache, is_neox))
-    return _rotate(q, cos, sin, is_neox), _rotate(k, cos, sin, is_neox)
+    if torch.compiler.is_compiling():
+        cos, sin = _cos_sin(positions, cos_sin_cache, is_neox)  # the compiler fuses it in
+    else:
+        cos, sin = _step_cos_sin.get((positions, cos_sin_cache), (is_neox,),
+                                     lambda: _cos_sin(positions, cos_sin_cache, is_neox))
+    # q and k in one rotation: each op of the formula runs once over both, not once each.
+    num_heads = q.shape[1]
+    rotated = _rotate(torch.cat((q, k), dim=1), cos, sin, is_neox)
+    return rotated[:, :num_heads], rotated[:, num_heads:]
 
 
 # Every layer rotates by the same positions: look cos/sin up once per step.

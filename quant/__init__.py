@@ -1,4 +1,5 @@
-"""Weight quantisation for kvdeck: AWQ INT4 (quantise, pack, load, run) and bitsandbytes NF4.
+"""Weight quantisation for kvdeck: AWQ INT4 (quantise, pack, load, run), bitsandbytes NF4,
+and weight-only INT8 (quantised at load time; for CPU decode).
 
 Importing this package registers the methods with the engine's registry
 (`kvdeck.engine.types.quantization`); it stays light, each factory imports its torch
@@ -24,5 +25,13 @@ def _bnb_nf4_method(quant_config: dict):
     return BnbNF4LinearMethod()
 
 
+def _int8_method(quant_config: dict):
+    """Weight-only INT8 per output channel, quantised from a dense checkpoint at load time."""
+    from kvdeck.quant.int8_linear import Int8LinearMethod
+
+    return Int8LinearMethod()
+
+
 register_linear_method("awq", _awq_method)
 register_linear_method("bnb-nf4", _bnb_nf4_method)
+register_linear_method("int8", _int8_method)

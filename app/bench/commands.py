@@ -8,6 +8,9 @@ from kvdeck.app.cli import add_engine_arguments, engine_kwargs_from_args
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from kvdeck.app.bench import llama_cpp as bench_llama_cpp
+    from kvdeck.app.bench import serve as bench_serve
+
     sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
                                 required=True)
     tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload",
@@ -15,14 +18,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(tp)
     _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
     tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
-    tp.add_argument("--baseline", choices=["hf", "none"], default="none",
-                    help="also run Hugging Face transformers generate on the same requests")
+    tp.add_argument("--baseline", choices=["hf", "llama.cpp", "none"], default="none",
+                    help="also run Hugging Face transformers generate, or llama.cpp's server, on "
+                         "the same requests")
     tp.add_argument("--baseline-batch-size", type=int, default=None,
                     help="static batch size of the baseline (default: what fits)")
     tp.add_argument("--repeats", type=int, default=1,
                     help="time each side this many times and report its median run (noisy machines)")
     tp.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
-    from kvdeck.app.bench import serve as bench_serve
+    bench_llama_cpp.add_arguments(tp)
 
     sv = sub.add_parser("serve", help="online latency and throughput against a running server")
     bench_serve.add_arguments(sv)
@@ -35,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
     dc.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
     dc.add_argument("--out", default=None, help="write the JSON result here")
+    dc.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
+                    help="also decode the same prompt with llama.cpp, in turns with kvdeck")
+    bench_llama_cpp.add_arguments(dc)
 
 
 WORKLOADS = ("random", "grounded")
@@ -98,9 +105,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         limit = read_model_config(resolve_model_path(args.model)).max_position_embeddings
         engine_kwargs.setdefault("max_model_len", min(limit, input_len[1] + output_len[1]))
     speculative = engine_kwargs.get("speculative_config") is not None
-    if speculative and args.baseline == "hf":
+    if speculative and args.baseline != "none":
         raise ValueError("--speculative-config compares with the same engine without speculation; "
-                         "leave out --baseline hf")
+                         f"leave out --baseline {args.baseline}")
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     requests = _workload(args, llm, input_len, output_len)
@@ -108,6 +115,7 @@ def run_throughput(args: argparse.Namespace) -> int:
           f"({info.device}, {info.dtype}, {info.num_blocks} KV blocks)", file=sys.stderr)
     warm_up_kvdeck(llm, requests)
 
+    baseline_config: dict | str = args.baseline
     if speculative:
         from kvdeck.app.bench.speculative import compare_throughput, print_comparison, without_speculation
 
@@ -117,6 +125,16 @@ def run_throughput(args: argparse.Namespace) -> int:
         _print_line("spec", figures["kvdeck"])
         _print_line("plain", figures["baseline"])
         print_comparison("throughput", figures)
+    elif args.baseline == "llama.cpp":
+        from kvdeck.app.bench.against_llama_cpp import throughput_pairs
+
+        figures, command = throughput_pairs(args, llm, requests, torch.get_num_threads())
+        baseline_config = _llama_cpp_config(args, command)
+        _print_line("kvdeck", figures["kvdeck"])
+        _print_line("llama.cpp", figures["baseline"])
+        pairs = figures["ratio_pairs"]
+        print(f"ratio (kvdeck / llama.cpp, output tokens/s): median {pairs['median']:.2f}x over "
+              f"{len(pairs['pairs'])} pairs ({pairs['min']:.2f}-{pairs['max']:.2f})")
     else:
         kvdeck = median_run([run_kvdeck(llm, requests) for _ in range(args.repeats)])
         figures = {"kvdeck": kvdeck}
@@ -141,7 +159,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
         "engine": engine_kwargs, "prompts_file": args.prompts_file,
         "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
-        "repeats": args.repeats, "workload": args.workload,
+        "repeats": args.repeats, "threads": torch.get_num_threads(), "baseline": baseline_config,
+        "workload": args.workload,
     }
     result = build_result("throughput", config, figures)
     if args.out:
@@ -158,6 +177,8 @@ def run_throughput(args: argparse.Namespace) -> int:
 def run_decode(args: argparse.Namespace) -> int:
     import random
 
+    import torch
+
     from kvdeck.app.bench.decode import run_decode_benchmark
     from kvdeck.app.bench.result import build_result, write_json_atomic
     from kvdeck.engine.api.llm import LLM
@@ -167,6 +188,9 @@ def run_decode(args: argparse.Namespace) -> int:
     engine_kwargs = engine_kwargs_from_args(args)
     engine_kwargs.setdefault("max_num_seqs", 1)
     engine_kwargs.setdefault("max_model_len", args.input_len + args.output_len)
+    if engine_kwargs.get("speculative_config") is not None and args.baseline != "none":
+        raise ValueError("--speculative-config compares with the same engine without speculation; "
+                         f"leave out --baseline {args.baseline}")
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     seed = args.seed if args.seed is not None else 0
@@ -177,12 +201,24 @@ def run_decode(args: argparse.Namespace) -> int:
     else:
         rng = random.Random(seed)
         prompts = [[rng.randrange(info.vocab_size) for _ in range(args.input_len)]]
-    config = {"model": args.model or "demo", "input_len": args.input_len,
-              "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
-              "graphs": info.cuda_graphs, "workload": args.workload}
     if engine_kwargs.get("speculative_config") is not None:
+        config = {"model": args.model or "demo", "input_len": args.input_len,
+                  "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
+                  "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
+                  "workload": args.workload}
         return _run_decode_comparison(args, llm, prompts, config)
-    figures = run_decode_benchmark(llm, prompts[0], args.output_len, args.repeats)
+    prompt = prompts[0]
+    server = baseline = None
+    try:
+        if args.baseline == "llama.cpp":
+            from kvdeck.app.bench.against_llama_cpp import decode_baseline
+
+            server, baseline = decode_baseline(args, prompt, args.output_len, torch.get_num_threads(),
+                                               info.kv_cache_dtype)
+        figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats, baseline)
+    finally:
+        if server is not None:
+            server.stop()
     print(f"decode, batch 1, {Path(info.model_dir).name} ({info.device}, {info.dtype}): "
           f"{figures['time_per_output_token_s'] * 1e3:.3f} ms/token "
           f"({figures['output_tokens_per_s']:.1f} tok/s, median of {args.repeats})")
@@ -190,7 +226,20 @@ def run_decode(args: argparse.Namespace) -> int:
           f"{figures['weight_bytes_per_token'] / 1e6:.1f} MB + KV at {figures['mean_context_tokens']:.0f} "
           f"tokens) / copy bandwidth {figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f} GB/s = "
           f"{figures['roofline_time_per_output_token_s'] * 1e3:.3f} ms/token")
-    print(f"  {figures['roofline_fraction']:.1%} of the roofline")
+    in_cache = ("; the weights fit in the last-level cache"
+                if figures["weights_fit_in_last_level_cache"] else "")
+    print(f"  {figures['roofline_fraction']:.1%} of the roofline (DRAM{in_cache})")
+    if "baseline" in figures:
+        ratio = figures["ratio"]
+        print(f"llama.cpp: {figures['baseline']['time_per_output_token_s'] * 1e3:.3f} ms/token; kvdeck / "
+              f"llama.cpp tokens/s: median {ratio['median']:.3f}x over {len(ratio['pairs'])} pairs "
+              f"({ratio['min']:.3f}-{ratio['max']:.3f}); greedy tokens in common "
+              f"{figures['greedy_tokens_in_common']}/{args.output_len}")
+    config = {"model": args.model or "demo", "input_len": args.input_len,
+              "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
+              "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
+              "baseline": _llama_cpp_config(args, server.command) if server is not None else "none",
+              "workload": args.workload}
     result = build_result("decode", config, {"decode": figures})
     if args.out:
         write_json_atomic(args.out, result)
@@ -220,6 +269,10 @@ def _run_decode_comparison(args: argparse.Namespace, spec, prompts: list[list[in
     return 0
 
 
+def _llama_cpp_config(args: argparse.Namespace, command: list[str]) -> dict:
+    return {"name": "llama.cpp", "gguf": str(args.llama_cpp_gguf), "command": command}
+
+
 def _workload(args: argparse.Namespace, llm, input_len: tuple[int, int],
               output_len: tuple[int, int]) -> list:
     from kvdeck.app.bench.throughput import BenchRequest, requests_from_file, synthetic_requests
@@ -247,7 +300,7 @@ def _baseline_batch_size(device: str, num_requests: int) -> int:
 
 
 def _print_line(name: str, figures: dict) -> None:
-    print(f"{name:>7}: {figures['output_tokens_per_s']:9.1f} output tok/s  "
+    print(f"{name:>9}: {figures['output_tokens_per_s']:9.1f} output tok/s  "
           f"{figures['total_tokens_per_s']:9.1f} total tok/s  "
           f"{figures['requests_per_s']:7.2f} req/s  ({figures['elapsed_s']:.1f} s)")
     if "kv_waste_at_peak" in figures:

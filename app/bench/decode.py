@@ -5,16 +5,27 @@ so far, and does little arithmetic per byte, so its floor is those bytes divided
 memory bandwidth. The bandwidth is measured in the same run by a large device-to-device
 copy (bytes read plus bytes written over the time, as STREAM and the CUDA samples count
 it), and the result is the fraction of that floor the engine reaches:
-roofline time per token / measured time per token.
+roofline time per token / measured time per token. The copy is far larger than the
+last-level cache, so the roofline assumes weights come from DRAM; a model whose weights fit
+in that cache (the demo's 23 MB in a 32 MB L3) can beat it, and the JSON says so.
+
+With a baseline (llama.cpp), both sides decode the same prompt in turns and each pair's
+ratio is kept.
 """
 
 import statistics
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
+from kvdeck.app.bench.pairs import alternate, common_prefix, ratio_summary
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
+
+# A baseline's decode of the prompt: (seconds per output token, its greedy token ids).
+DecodeRun = tuple[float, list[int]]
 
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}
 COPY_REPEATS = 10
@@ -36,22 +47,49 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * size / best
 
 
-def time_per_output_token(llm: LLM, prompt: list[int], output_len: int) -> float:
-    """Seconds between output tokens of one request (its first token, the prefill's, excluded)."""
+def timed_decode(llm: LLM, prompt: list[int], output_len: int) -> DecodeRun:
+    """Seconds between output tokens of one greedy request (its first token, the prefill's,
+    excluded), and the tokens."""
     llm.engine.reset_prefix_cache()
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     (out,) = llm.generate([prompt], params)
     metrics = out.metrics
-    return (metrics.last_token_time - metrics.first_token_time) / (len(out.outputs[0].token_ids) - 1)
+    tokens = list(out.outputs[0].token_ids)
+    return (metrics.last_token_time - metrics.first_token_time) / (len(tokens) - 1), tokens
 
 
-def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: int) -> dict:
+def time_per_output_token(llm: LLM, prompt: list[int], output_len: int) -> float:
+    return timed_decode(llm, prompt, output_len)[0]
+
+
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache (Linux sysfs), or None where it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=None)
+
+
+def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: int,
+                         baseline: Callable[[], DecodeRun] | None = None) -> dict:
+    """kvdeck's decode speed against the roofline; with `baseline`, also against it, in turns."""
     if output_len < 2:
         raise ValueError(f"--output-len must be at least 2 (a decode interval), got {output_len}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     time_per_output_token(llm, prompt, min(output_len, 8))  # warm-up: lazy kernels, allocator
-    runs = [time_per_output_token(llm, prompt, output_len) for _ in range(repeats)]
+    pairs = None
+    if baseline is None:
+        runs = [time_per_output_token(llm, prompt, output_len) for _ in range(repeats)]
+    else:
+        baseline()  # its warm-up
+        pairs = alternate(lambda: timed_decode(llm, prompt, output_len), baseline, repeats)
+        runs = [kvdeck[0] for kvdeck, _ in pairs]
     tpot = statistics.median(runs)
     info = llm.engine.info
     bandwidth = copy_bandwidth(torch.device(info.device))
@@ -61,7 +99,8 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
     mean_context = len(prompt) + output_len / 2
     bytes_per_token = weights + kv_per_token * mean_context
     roofline_tpot = bytes_per_token / bandwidth
-    return {
+    cache = last_level_cache_bytes() if info.device == "cpu" else None
+    figures = {
         "time_per_output_token_s": tpot,
         "output_tokens_per_s": 1 / tpot,
         "runs_time_per_output_token_s": runs,
@@ -72,7 +111,20 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
         "bytes_per_token": bytes_per_token,
         "roofline_time_per_output_token_s": roofline_tpot,
         "roofline_fraction": roofline_tpot / tpot,
+        "roofline_memory": "DRAM: bandwidth of a copy larger than the last-level cache",
+        "last_level_cache_bytes": cache,
+        "weights_fit_in_last_level_cache": cache is not None and weights <= cache,
     }
+    if pairs is not None:
+        base_runs = [base[0] for _, base in pairs]
+        figures["baseline"] = {"time_per_output_token_s": statistics.median(base_runs),
+                               "output_tokens_per_s": 1 / statistics.median(base_runs),
+                               "runs_time_per_output_token_s": base_runs}
+        # kvdeck's tokens/s over the baseline's, pair by pair (> 1: kvdeck is faster).
+        figures["ratio"] = ratio_summary([base[0] / kvdeck[0] for kvdeck, base in pairs])
+        kvdeck_tokens, base_tokens = pairs[-1][0][1], pairs[-1][1][1]
+        figures["greedy_tokens_in_common"] = common_prefix(kvdeck_tokens, base_tokens)
+    return figures
 
 
 def _synchronize(device: torch.device) -> None:

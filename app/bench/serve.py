@@ -1,7 +1,12 @@
 """`kvdeck bench serve`: Poisson-arrival streaming load against an OpenAI-compatible server
 (kvdeck --serve, vLLM, ...), with vLLM's serving-benchmark metric definitions:
 TTFT (request sent -> first token), ITL (gap between streamed chunks), TPOT
-((latency - TTFT) / (output tokens - 1)), end-to-end latency."""
+((latency - TTFT) / (output tokens - 1)), end-to-end latency.
+
+With `--baseline llama.cpp` the same requests (the same token ids: the pool is what both
+servers' tokenizers give for one text) go to a llama-server too, in turns with the server
+under test, and each pair's ratios are kept.
+"""
 
 import argparse
 import asyncio
@@ -20,6 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="requests per second, Poisson arrivals (default: all at once)")
     parser.add_argument("--max-concurrency", type=int, default=None)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
+                        help="also send the same requests to llama.cpp's server, in turns")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of the workload per side (in turns with a baseline)")
+    parser.add_argument("--llama-cpp-parallel", type=int, default=32,
+                        help="llama-server slots (requests it runs at once; the rest queue)")
+    parser.add_argument("--llama-cpp-slot-context", type=int, default=None,
+                        help="tokens per llama-server slot (default: the longest request)")
+    from kvdeck.app.bench import llama_cpp
+
+    llama_cpp.add_arguments(parser, running_server=True)
 
 
 @dataclass(slots=True)
@@ -72,12 +88,12 @@ async def _send(client, url: str, headers: dict, payload: dict, timeout: float) 
     return result
 
 
-async def _run(args, requests, model: str, headers: dict) -> tuple[list[RequestResult], float]:
+async def _run(args, base_url: str, requests, model: str, headers: dict) -> tuple[list[RequestResult], float]:
     import httpx
 
     rng = random.Random(args.seed)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
-    url = args.base_url.rstrip("/") + "/v1/completions"
+    url = base_url.rstrip("/") + "/v1/completions"
 
     async with httpx.AsyncClient() as client:
         async def one(req) -> RequestResult:
@@ -119,16 +135,28 @@ def _server_info(base_url: str, headers: dict, model: str | None) -> tuple[str, 
     if not models:
         raise ValueError(f"{base_url} serves no model")
     name = model or models[0]["id"]
-    resp = httpx.post(base + "/tokenize", json={"model": name, "prompt": _SAMPLE_TEXT},
-                      headers=headers, timeout=10)
-    if resp.status_code == 200 and resp.json().get("tokens"):
-        return name, sorted(set(resp.json()["tokens"]))
+    tokens = _tokenize(base, headers, name)
+    if tokens:
+        return name, sorted(set(tokens))
     return name, list(range(1000))  # servers without /tokenize: ids every real vocabulary has
+
+
+def _tokenize(base: str, headers: dict, name: str) -> list[int] | None:
+    """The sample text's token ids: vLLM's and kvdeck's `/tokenize` take `prompt`, llama.cpp's
+    takes `content` (and answers an empty list to `prompt`); both answer `tokens`."""
+    import httpx
+
+    for body in ({"model": name, "prompt": _SAMPLE_TEXT}, {"content": _SAMPLE_TEXT}):
+        resp = httpx.post(base + "/tokenize", json=body, headers=headers, timeout=10)
+        tokens = resp.json().get("tokens") if resp.status_code == 200 else None
+        if tokens:
+            return [t if isinstance(t, int) else t["id"] for t in tokens]
+    return None
 
 
 def run_serve_benchmark(args: argparse.Namespace) -> int:
     from kvdeck.app.bench.plot import plot_serving
-    from kvdeck.app.bench.result import build_result, percentiles, write_json_atomic
+    from kvdeck.app.bench.result import build_result, write_json_atomic
     from kvdeck.app.bench.throughput import parse_range, synthetic_requests
 
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
@@ -138,18 +166,64 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
         model, token_pool = _server_info(args.base_url, headers, args.model)
     except (OSError, httpx.HTTPError) as exc:
         raise ValueError(f"cannot reach a server at {args.base_url}: {exc}") from None
+    if args.repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, got {args.repeats}")
     input_len = parse_range(args.input_len, "--input-len")
     output_len = parse_range(args.output_len, "--output-len")
+    baseline = None
+    if args.baseline == "llama.cpp":
+        from kvdeck.app.bench.serve_llama_cpp import LlamaCppServeBaseline
+
+        baseline = LlamaCppServeBaseline.open(args, input_len[1] + output_len[1])
+        token_pool = baseline.shared_pool(token_pool)
     requests = synthetic_requests(args.num_prompts, input_len, output_len, len(token_pool), args.seed)
     for r in requests:
         r.prompt_token_ids = [token_pool[i] for i in r.prompt_token_ids]
     print(f"bench serve: {len(requests)} requests to {args.base_url} ({model}), rate "
           f"{args.request_rate}/s, concurrency {args.max_concurrency or 'unbounded'}", file=sys.stderr)
-    results, duration = asyncio.run(_run(args, requests, model, headers))
+
+    def measure(base_url: str, name: str, auth: dict) -> tuple[dict, list[RequestResult]]:
+        results, duration = asyncio.run(_run(args, base_url, requests, name, auth))
+        return summarise(results, duration), results
+
+    config = {"base_url": args.base_url, "model": model, "num_prompts": args.num_prompts,
+              "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
+              "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
+              "repeats": args.repeats}
+    try:
+        if baseline is None:
+            runs = [measure(args.base_url, model, headers) for _ in range(args.repeats)]
+            figures, results = sorted(runs, key=lambda run: run[0]["tpot_ms"]["p50"])[(len(runs) - 1) // 2]
+            shown = figures
+        else:
+            figures, results = baseline.compare(measure, args.base_url, model, headers)
+            config["baseline"] = baseline.config()
+            shown = figures["kvdeck"]
+    finally:
+        if baseline is not None:
+            baseline.close()
+    result = build_result("serve", config, figures)
+    _print(shown)
+    if baseline is not None:
+        baseline.print_ratios(figures)
+    if args.out:
+        write_json_atomic(args.out, result)
+    done = [r for r in results if r.ok]
+    if args.plot:
+        per_request = [{"ttft_s": r.ttft_s, "itl_s": r.itl_s} for r in done]
+        timeline = sorted(t for r in done for t in r.chunk_times)
+        plot_serving({**result, **shown}, per_request, timeline, args.plot)
+    return 0 if done else 1
+
+
+def summarise(results: list[RequestResult], duration: float) -> dict:
+    """vLLM's serving figures for one run of the workload."""
+    from kvdeck.app.bench.result import percentiles
+
     done = [r for r in results if r.ok]
     output_tokens = sum(r.output_tokens for r in done)
     tpot = [(r.latency_s - r.ttft_s) / (r.output_tokens - 1) for r in done if r.output_tokens > 1]
-    figures = {
+    return {
         "duration_s": duration,
         "completed": len(done),
         "failed": len(results) - len(done),
@@ -162,18 +236,6 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
         "itl_ms": _ms(percentiles([x for r in done for x in r.itl_s])),
         "e2e_latency_ms": _ms(percentiles([r.latency_s for r in done])),
     }
-    config = {"base_url": args.base_url, "model": model, "num_prompts": args.num_prompts,
-              "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
-              "request_rate": args.request_rate, "max_concurrency": args.max_concurrency}
-    result = build_result("serve", config, figures)
-    _print(figures)
-    if args.out:
-        write_json_atomic(args.out, result)
-    if args.plot:
-        per_request = [{"ttft_s": r.ttft_s, "itl_s": r.itl_s} for r in done]
-        timeline = sorted(t for r in done for t in r.chunk_times)
-        plot_serving(result, per_request, timeline, args.plot)
-    return 0 if done else 1
 
 
 def _ms(stats: dict[str, float]) -> dict[str, float]:

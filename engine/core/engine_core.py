@@ -49,6 +49,8 @@ class EngineCore:
         if self.runner.cuda_graphs_supported and not self.config.enforce_eager:
             self.runner.capture_decode_graphs(self.max_model_len, progress,
                                               max_rows=speculation.max_decode_rows(self.config.max_num_seqs))
+        elif self.config.compile_decode and not self.config.enforce_eager:
+            self.runner.compile_decode(self.max_model_len)
         self.kv_plan = plan
         self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
                                           self.config.enable_prefix_caching)
@@ -86,7 +88,7 @@ class EngineCore:
             kv_cache_dtype=str(runner.dtype).removeprefix("torch."),
             enable_prefix_caching=self.config.enable_prefix_caching,
             weight_bytes_per_token=runner.weight_bytes_per_token(),
-            cuda_graphs=runner.decode_graphs is not None,
+            cuda_graphs=runner.decode_graphs is not None and runner.device.type == "cuda",
         )
 
     # ---- the step API ------------------------------------------------------------

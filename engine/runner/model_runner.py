@@ -106,7 +106,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.k_caches: list[torch.Tensor] = []
         self.v_caches: list[torch.Tensor] = []
-        self.decode_graphs: DecodeGraphs | None = None
+        self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
 
     def _build_model(self, model_dir) -> torch.nn.Module:
         cls = model_class_for(self.model_config.architecture)
@@ -125,6 +125,8 @@ class ModelRunner:
             init_dummy_weights(model, self.config.seed)
         else:
             load_weights(model, model_dir, self.config.allow_pickle)
+        if hasattr(linear_method, "output_head"):  # e.g. packed bf16 or int8 on CPU
+            model.lm_head = linear_method.output_head(model.lm_head)
         return model.eval()
 
     # ---- the KV pool -------------------------------------------------------------
@@ -157,7 +159,7 @@ class ModelRunner:
             seen.add(id(tensor))
             total += tensor.numel() * tensor.element_size()
         embedding = self.model.model.embed_tokens.weight
-        if self.model.lm_head.weight is not embedding:
+        if getattr(self.model.lm_head, "weight", None) is not embedding:
             total -= embedding.numel() * embedding.element_size()
         return total
 
@@ -278,6 +280,20 @@ class ModelRunner:
             return
         self.decode_graphs = graphs
         logger.info("decode graphs ready for batch sizes %s", graphs.sizes)
+
+    def compile_decode(self, max_model_len: int) -> None:
+        """Decode steps through torch.compile graphs, compiled per bucket on first use (CPU;
+        see compiled_forward.py)."""
+        from kvdeck.engine.runner.compiled_forward import CompiledDecode
+
+        if self.device.type != "cpu" or self.ops.name != "torch":
+            # The compiled graph calls the torch attention as a CPU custom op; on CUDA the
+            # Triton kernels' CUDA graphs are the fast path.
+            logger.warning("compile_decode runs on CPU with the torch kernels only; decode runs eagerly")
+            return
+        self.decode_graphs = CompiledDecode(self.model, self.config.max_num_seqs, max_model_len,
+                                            self.block_size, self.model_config.hidden_size, self.dtype,
+                                            self.device)
 
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: BatchPlan) -> StepInputs:

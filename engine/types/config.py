@@ -42,10 +42,11 @@ class EngineConfig:
     dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
     seed: int = 0
     load_format: str = "auto"  # auto | dummy
-    quantization: str | None = None  # awq | bnb-nf4 | None (detected from config.json)
+    quantization: str | None = None  # awq | bnb-nf4 | int8 | None (awq detected from config.json)
     device: str = "auto"  # auto | cuda | cpu
     attention_backend: str = "auto"  # auto | triton | torch
-    enforce_eager: bool = False  # no CUDA graphs
+    enforce_eager: bool = False  # no CUDA graphs, no compiled decode
+    compile_decode: bool = False  # CPU: torch.compile (inductor) the decode forward, per batch bucket
     trust_remote_code: bool = False  # refused: kvdeck runs only its own model code
     allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
     # vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from kvdeck.kernels.dispatch import KernelOps
+from kvdeck.kernels.torch_custom_ops import paged_attention_with_kv_write
 
 
 @dataclass(slots=True)
@@ -48,6 +49,10 @@ class PagedAttention(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # one opaque call per layer (compiled_forward.py)
+            return paged_attention_with_kv_write(
+                q, k, v, self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables,
+                meta.query_start_loc, meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
         self.ops.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         return self.ops.paged_attention(
             q,

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from kvdeck.engine.types.quantization import make_linear_method
+from kvdeck.kernels.cpu_linear import bf16_packing_supported, pack_bf16_weight, packed_linear
 
 
 class LinearMethod(Protocol):
@@ -24,6 +25,9 @@ class LinearMethod(Protocol):
     def process_weights_after_loading(self, layer: "Linear") -> None: ...
 
     def apply(self, layer: "Linear", x: torch.Tensor) -> torch.Tensor: ...
+
+    # Optional: `output_head(lm_head) -> nn.Module`, the output projection as this method
+    # runs it (called once the weights are loaded; the input embedding stays as it is).
 
 
 class Linear(nn.Module):
@@ -43,6 +47,7 @@ class Linear(nn.Module):
         self.output_size = sum(output_sizes)
         self.shard_offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.method = method
+        self.packed_number: int | None = None  # a packed bf16 weight's (kernels/cpu_linear.py)
         self.bias = (
             nn.Parameter(torch.zeros(self.output_size, dtype=dtype), requires_grad=False) if bias else None
         )
@@ -86,7 +91,8 @@ def copy_shard(
 
 
 class UnquantizedLinearMethod:
-    """A dense weight of shape [output_size, input_size], applied with one matmul."""
+    """A dense weight of shape [output_size, input_size], applied with one matmul. A bf16
+    weight on a CPU with native bf16 is packed once for oneDNN (kernels/cpu_linear.py)."""
 
     def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         layer.weight = nn.Parameter(
@@ -101,10 +107,33 @@ class UnquantizedLinearMethod:
         copy_shard(layer.weight, tensor, layer, shard_id, dim=0)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        pass
+        if _packs_on_cpu(layer.weight):
+            layer.weight, layer.packed_number = pack_bf16_weight(layer.weight.data)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        # The packed weight by number: a compiled graph must not touch the mkldnn tensor.
+        if layer.packed_number is not None:
+            return packed_linear(x, layer.packed_number, layer.output_size, layer.bias)
         return nn.functional.linear(x, layer.weight, layer.bias)
+
+    def output_head(self, lm_head: nn.Linear) -> nn.Module:
+        return PackedOutputHead(lm_head.weight) if _packs_on_cpu(lm_head.weight) else lm_head
+
+
+class PackedOutputHead(nn.Module):
+    """The output projection on a packed bf16 copy of its weight (which, tied, is also the
+    input embedding: that one stays dense for its row lookups)."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight, self.packed_number = pack_bf16_weight(weight.data)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return packed_linear(hidden, self.packed_number, self.weight.shape[0])
+
+
+def _packs_on_cpu(weight: torch.Tensor) -> bool:
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and bf16_packing_supported()
 
 
 def get_linear_method(quantization: str | None, quant_config: dict | None) -> LinearMethod:
