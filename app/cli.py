@@ -11,7 +11,9 @@ only torch, triton and transformers (the lent GPU image).
 
 import argparse
 import importlib
+import json
 import sys
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 
 from kvdeck.engine.types.config import EngineConfig
@@ -51,16 +53,37 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
                                help=f"(default: {default})")
             continue
         kind = _flag_type(f.type)
-        group.add_argument(flag, type=kind, default=None, help=f"(default: {default})")
+        group.add_argument(flag, type=kind, default=None,
+                           help=_FLAG_HELP.get(f.name, "") + f"(default: {default})")
 
 
-def _flag_type(annotation: object) -> type:
+_FLAG_HELP = {  # the flags whose value a name alone does not explain
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
+                          "\"num_speculative_tokens\": 3}' ",
+}
+
+
+def _flag_type(annotation: object) -> Callable[[str], object]:
     text = str(annotation)
+    if "dict" in text:
+        return _json_object
     if "float" in text:
         return float
     if "int" in text:
         return int
     return str
+
+
+def _json_object(text: str) -> dict:
+    """A JSON-typed flag (--speculative-config '{...}'); argparse reports the error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
 
 
 def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:

@@ -16,6 +16,11 @@ def demo_model_dir() -> Path:
     return asset_path("demo_model")
 
 
+def demo_draft_dir() -> Path:
+    """The demo model's draft for speculative decoding (its card is demo_draft/MODEL_CARD.md)."""
+    return asset_path("demo_draft")
+
+
 def calibration_text() -> Path:
     """The AWQ calibration text (Python docstrings, PSF licence; see calibration/README.md)."""
     return asset_path("calibration", "calibration.txt")

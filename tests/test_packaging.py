@@ -64,6 +64,7 @@ def test_the_wheel_holds_only_the_kvdeck_namespace(wheel):
     listed = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
     assert set(listed) == on_disk
     for data in ("kvdeck/assets/demo_model/model.safetensors", "kvdeck/assets/demo_model/tokenizer.json",
+                 "kvdeck/assets/demo_draft/model.safetensors",
                  "kvdeck/assets/calibration/calibration.txt", "kvdeck/tui/styles/kvdeck.tcss"):
         assert data in names, f"package data {data} is missing from the wheel"
 

@@ -11,12 +11,14 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from kvdeck.engine.types.stats import EngineStats
 
-FREE, CACHED, OWNED, SHARED, WRITING = range(5)
-KIND_NAMES = ("free", "cached (evictable)", "owned", "shared (ref > 1)", "being written")
+FREE, CACHED, OWNED, SHARED, WRITING, SPECULATIVE, ROLLED_BACK = range(7)
+KIND_NAMES = ("free", "cached (evictable)", "owned", "shared (ref > 1)", "being written",
+              "written speculatively (draft tokens verified this step)",
+              "rolled back (held only rejected draft tokens, given back)")
 
 @dataclass(slots=True)
 class BlockCells:
-    kinds: list[int]  # one of FREE..WRITING per physical block
+    kinds: list[int]  # one of FREE..ROLLED_BACK per physical block
     owners: list[str | None]  # first request (in stats order) whose table holds the block
     ref_counts: list[int]
 
@@ -44,4 +46,14 @@ def classify_blocks(stats: EngineStats) -> BlockCells:
     for block in stats.blocks_written_last_step:
         if 0 <= block < num_blocks and refs[block] > 0:
             kinds[block] = WRITING
+    spec = stats.spec
+    if spec is not None:
+        # Speculation marks over "written": which blocks took draft K/V, and (a one-snapshot
+        # flash) which were given back because they held only rejected drafts.
+        for block in {slot // stats.block_size for slot in spec.slots_written_last_step}:
+            if 0 <= block < num_blocks and refs[block] > 0:
+                kinds[block] = SPECULATIVE
+        for block in spec.blocks_rolled_back_last_step:
+            if 0 <= block < num_blocks and refs[block] == 0:
+                kinds[block] = ROLLED_BACK
     return BlockCells(kinds, owners, refs)

@@ -13,7 +13,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
                                 required=True)
-    tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload")
+    tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload",
+                        epilog=SPEC_HELP)
     add_engine_arguments(tp)
     _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
     tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
@@ -24,21 +25,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                     help="static batch size of the baseline (default: what fits)")
     tp.add_argument("--repeats", type=int, default=1,
                     help="time each side this many times and report its median run (noisy machines)")
+    tp.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
     bench_llama_cpp.add_arguments(tp)
 
     sv = sub.add_parser("serve", help="online latency and throughput against a running server")
     bench_serve.add_arguments(sv)
     _add_workload_arguments(sv)
     dc = sub.add_parser("decode", help="one sequence's decode speed against the memory-bandwidth "
-                                       "roofline")
+                                       "roofline", epilog=SPEC_HELP)
     add_engine_arguments(dc)
     dc.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
     dc.add_argument("--output-len", type=int, default=256, help="tokens to generate")
     dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    dc.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
     dc.add_argument("--out", default=None, help="write the JSON result here")
     dc.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
                     help="also decode the same prompt with llama.cpp, in turns with kvdeck")
     bench_llama_cpp.add_arguments(dc)
+
+
+WORKLOADS = ("random", "grounded")
+WORKLOAD_HELP = ("random: random token ids; grounded: continue a passage of the bundled docs text that "
+                 "is in the prompt (app/bench/grounded.py; what speculative decoding predicts)")
+SPEC_HELP = ("with --speculative-config, both sides run in this process: the engine with and without "
+             "speculative decoding, alternating, and the JSON holds the speedup and acceptance")
 
 
 def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = True) -> None:
@@ -94,6 +104,10 @@ def run_throughput(args: argparse.Namespace) -> int:
 
         limit = read_model_config(resolve_model_path(args.model)).max_position_embeddings
         engine_kwargs.setdefault("max_model_len", min(limit, input_len[1] + output_len[1]))
+    speculative = engine_kwargs.get("speculative_config") is not None
+    if speculative and args.baseline != "none":
+        raise ValueError("--speculative-config compares with the same engine without speculation; "
+                         f"leave out --baseline {args.baseline}")
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     requests = _workload(args, llm, input_len, output_len)
@@ -102,7 +116,16 @@ def run_throughput(args: argparse.Namespace) -> int:
     warm_up_kvdeck(llm, requests)
 
     baseline_config: dict | str = args.baseline
-    if args.baseline == "llama.cpp":
+    if speculative:
+        from kvdeck.app.bench.speculative import compare_throughput, print_comparison, without_speculation
+
+        plain = LLM(args.model, **without_speculation(engine_kwargs))
+        warm_up_kvdeck(plain, requests)
+        figures = compare_throughput(plain, llm, requests, args.repeats, run_kvdeck, median_run)
+        _print_line("spec", figures["kvdeck"])
+        _print_line("plain", figures["baseline"])
+        print_comparison("throughput", figures)
+    elif args.baseline == "llama.cpp":
         from kvdeck.app.bench.against_llama_cpp import throughput_pairs
 
         figures, command = throughput_pairs(args, llm, requests, torch.get_num_threads())
@@ -137,12 +160,13 @@ def run_throughput(args: argparse.Namespace) -> int:
         "engine": engine_kwargs, "prompts_file": args.prompts_file,
         "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
         "repeats": args.repeats, "threads": torch.get_num_threads(), "baseline": baseline_config,
+        "workload": args.workload,
     }
     result = build_result("throughput", config, figures)
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
-    if args.plot:
+    if args.plot and not speculative:
         try:
             plot_throughput(result, args.plot)
         except PlotUnavailable as exc:
@@ -164,10 +188,26 @@ def run_decode(args: argparse.Namespace) -> int:
     engine_kwargs = engine_kwargs_from_args(args)
     engine_kwargs.setdefault("max_num_seqs", 1)
     engine_kwargs.setdefault("max_model_len", args.input_len + args.output_len)
+    if engine_kwargs.get("speculative_config") is not None and args.baseline != "none":
+        raise ValueError("--speculative-config compares with the same engine without speculation; "
+                         f"leave out --baseline {args.baseline}")
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
-    rng = random.Random(args.seed if args.seed is not None else 0)
-    prompt = [rng.randrange(info.vocab_size) for _ in range(args.input_len)]
+    seed = args.seed if args.seed is not None else 0
+    if args.workload == "grounded":
+        from kvdeck.app.bench.grounded import grounded_prompts
+
+        prompts = grounded_prompts(llm.get_tokenizer(), max(1, args.repeats), args.input_len, seed)
+    else:
+        rng = random.Random(seed)
+        prompts = [[rng.randrange(info.vocab_size) for _ in range(args.input_len)]]
+    if engine_kwargs.get("speculative_config") is not None:
+        config = {"model": args.model or "demo", "input_len": args.input_len,
+                  "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
+                  "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
+                  "workload": args.workload}
+        return _run_decode_comparison(args, llm, prompts, config)
+    prompt = prompts[0]
     server = baseline = None
     try:
         if args.baseline == "llama.cpp":
@@ -198,8 +238,31 @@ def run_decode(args: argparse.Namespace) -> int:
     config = {"model": args.model or "demo", "input_len": args.input_len,
               "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
               "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
-              "baseline": _llama_cpp_config(args, server.command) if server is not None else "none"}
+              "baseline": _llama_cpp_config(args, server.command) if server is not None else "none",
+              "workload": args.workload}
     result = build_result("decode", config, {"decode": figures})
+    if args.out:
+        write_json_atomic(args.out, result)
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+def _run_decode_comparison(args: argparse.Namespace, spec, prompts: list[list[int]], config: dict) -> int:
+    from kvdeck.app.bench.result import build_result, write_json_atomic
+    from kvdeck.app.bench.speculative import compare_decode, print_comparison, without_speculation
+    from kvdeck.engine.api.llm import LLM
+
+    if args.output_len < 2 or args.repeats < 1:
+        raise ValueError("--output-len must be >= 2 and --repeats >= 1")
+    plain = LLM(args.model, **without_speculation(config["engine"]))
+    figures = compare_decode(plain, spec, prompts, args.output_len, args.repeats)
+    for name, side in (("plain", figures["baseline"]), ("spec", figures["speculative"])):
+        print(f"{name:>5}: {side['time_per_output_token_s'] * 1e3:.3f} ms/token "
+              f"({1 / side['time_per_output_token_s']:.1f} tok/s, median of {args.repeats})")
+    print_comparison("decode, batch 1", figures)
+    if not figures["greedy_outputs_identical"]:
+        print("warning: greedy outputs differ between the two sides", file=sys.stderr)
+    result = build_result("decode", config, figures)
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -212,8 +275,17 @@ def _llama_cpp_config(args: argparse.Namespace, command: list[str]) -> dict:
 
 def _workload(args: argparse.Namespace, llm, input_len: tuple[int, int],
               output_len: tuple[int, int]) -> list:
-    from kvdeck.app.bench.throughput import requests_from_file, synthetic_requests
+    from kvdeck.app.bench.throughput import BenchRequest, requests_from_file, synthetic_requests
 
+    if args.workload == "grounded":
+        import random
+
+        from kvdeck.app.bench.grounded import grounded_prompts
+
+        rng = random.Random(args.seed)
+        lengths = [rng.randint(*input_len) for _ in range(args.num_prompts)]
+        return [BenchRequest(grounded_prompts(llm.get_tokenizer(), 1, n, args.seed + i)[0],
+                             rng.randint(*output_len)) for i, n in enumerate(lengths)]
     if args.prompts_file:
         return requests_from_file(args.prompts_file, llm.get_tokenizer(), output_len, args.seed,
                                   args.num_prompts)

@@ -241,6 +241,27 @@ class _EngineStatsCollector(Collector):
         yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
                       stats.num_preemptions)
         yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)
+        if stats.spec is not None:
+            yield from _spec_decode_families(stats, labels, values)
+
+
+def _spec_decode_families(stats: EngineStats, labels: list[str], values: list[str]) -> Iterator:
+    """vLLM's speculative decoding counters (present only when speculation is configured)."""
+    spec = stats.spec
+    for name, doc, value in (
+        ("vllm:spec_decode_num_drafts", "Verification steps that carried draft tokens.", spec.num_drafts),
+        ("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed and verified.", spec.num_draft_tokens),
+        ("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec.num_accepted_tokens),
+    ):
+        family = CounterMetricFamily(name, doc, labels=labels)
+        family.add_metric(values, value)
+        yield family
+    per_pos = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted, by position in the draft.",
+                                  labels=[*labels, "position"])
+    for position, value in enumerate(spec.num_accepted_tokens_per_pos):
+        per_pos.add_metric([*values, str(position)], value)
+    yield per_pos
 
 
 CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "num_gpu_blocks", "num_cpu_blocks",

@@ -137,17 +137,22 @@ class BlockManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so shared prefixes are evicted last."""
         for block_id in reversed(request.block_table):
-            block = self.blocks[block_id]
-            if block.ref_count <= 0:
-                raise RuntimeError(f"block {block_id} freed twice")
-            block.ref_count -= 1
-            if block.ref_count == 0:
-                if block.hash is not None:
-                    self.evictable[block_id] = None
-                else:
-                    self.free_uncached.append(block_id)
+            self._release(block_id)
         request.block_table = []
         request.block_hashes = []
+
+    def free_beyond(self, request: Request, num_tokens: int) -> list[int]:
+        """Give back the tail blocks that hold none of the first `num_tokens` tokens (the
+        slots of rejected draft tokens); returns their ids."""
+        keep = self.blocks_needed(num_tokens)
+        tail = request.block_table[keep:]
+        if not tail:
+            return []
+        del request.block_table[keep:]
+        del request.block_hashes[keep:]
+        for block_id in reversed(tail):
+            self._release(block_id)
+        return tail
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self.evictable):
@@ -156,6 +161,17 @@ class BlockManager:
         self.evictable.clear()
 
     # ---- internals -----------------------------------------------------------------
+    def _release(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count <= 0:
+            raise RuntimeError(f"block {block_id} freed twice")
+        block.ref_count -= 1
+        if block.ref_count == 0:
+            if block.hash is not None:
+                self.evictable[block_id] = None
+            else:
+                self.free_uncached.append(block_id)
+
     def _touch(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count == 0:

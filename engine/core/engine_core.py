@@ -6,7 +6,6 @@ the config it is given: what it resolves (the quantisation a checkpoint implies)
 its own copy.
 """
 
-import dataclasses
 import json
 import logging
 import time
@@ -15,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
+from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
+from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
 from kvdeck.engine.types.config import EngineConfig
@@ -37,13 +38,17 @@ class EngineCore:
         progress = progress or (lambda stage, message: None)
         self.model_dir = resolve_model_path(config.model)
         self.model_config = read_model_config(self.model_dir)
-        self.config = _with_checkpoint_quantization(config, self.model_config)
+        self.config = with_checkpoint_quantization(config, self.model_config)
         self.runner = ModelRunner(self.config, self.model_config, self.model_dir, progress)
-        plan = self.runner.plan_kv_cache(progress)
-        self.max_model_len = _resolve_max_model_len(self.config, self.model_config, plan)
+        # Speculative decoding: a draft model loads before the pool is sized, and shares it.
+        speculation = SpeculativeSetup(self.config, self.model_dir, self.model_config, progress)
+        plan = speculation.share_kv_plan(self.runner.plan_kv_cache(progress))
+        self.max_model_len = speculation.cap_max_model_len(
+            _resolve_max_model_len(self.config, self.model_config, plan), self.config.max_model_len)
         self.runner.allocate_kv_cache(plan.num_blocks)
         if self.runner.cuda_graphs_supported and not self.config.enforce_eager:
-            self.runner.capture_decode_graphs(self.max_model_len, progress)
+            self.runner.capture_decode_graphs(self.max_model_len, progress,
+                                              max_rows=speculation.max_decode_rows(self.config.max_num_seqs))
         elif self.config.compile_decode and not self.config.enforce_eager:
             self.runner.compile_decode(self.max_model_len)
         self.kv_plan = plan
@@ -54,6 +59,7 @@ class EngineCore:
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
+        self.spec = speculation.build_decoder(plan, self.max_model_len)
         self._grammars: GrammarManager | None = None  # built with the first structured request
         self.requests: dict[str, Request] = {}
         self.finish_counts: Counter[str] = Counter()
@@ -126,16 +132,29 @@ class EngineCore:
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
         failed_grammars = self._fail_uncompiled_grammars()
+        if self.spec is not None:
+            self.spec.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if batch.empty:
             return failed_grammars
+        if self.spec is not None:
+            self.spec.discard(batch.preempted)
         scheduled = time.perf_counter()
-        result = self.runner.execute(batch, self._token_masks(batch))
+        result = self.runner.execute(batch, self._token_masks(batch),
+                                     self.spec.draft_probs() if self.spec is not None else None)
         executed = time.perf_counter()
-        sampled = [s.token_id if s is not None else None for s in result.samples]
+        # Per request: what it emitted (a verified speculative run, or one sample), or None.
+        emitted = [result.spec_samples.get(i, [s] if s is not None else None)
+                   for i, s in enumerate(result.samples)]
+        if self.spec is not None:
+            self.spec.account(batch.requests, emitted)
+        sampled = [None if e is None else [s.token_id for s in e] for e in emitted]
         grammar_done = self._advance_grammars(batch, sampled)
         self.blocks_written_last_step = _blocks_written(batch, self.kv_plan.block_size)
+        outputs_before = [r.num_output_tokens for r in batch.requests]
         finished = self.scheduler.update_from_output(batch, sampled)
+        if self.spec is not None:
+            self.spec.after_update(self.scheduler.rolled_back_blocks)
         for request in grammar_done:  # its grammar is complete: nothing else may follow
             if not request.status.finished:
                 finished += self.scheduler.finish_requests({request.request_id},
@@ -144,16 +163,17 @@ class EngineCore:
         self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
                                      len(batch.requests), result.total_s)
         outputs = failed_grammars + self._fail(batch, result.failures)
-        for request, sample in zip(batch.requests, result.samples):
-            if sample is None:
+        for request, samples, before in zip(batch.requests, emitted, outputs_before):
+            if samples is None:
                 continue
-            self.generation_tokens_total += 1
+            kept = samples[: request.num_output_tokens - before]  # a stop drops the rest of a run
+            self.generation_tokens_total += len(kept)
             outputs.append(EngineCoreOutput(
                 request_id=request.request_id,
-                new_token_ids=[sample.token_id],
+                new_token_ids=[s.token_id for s in kept],
                 finish_reason=request.status.value if request.status.finished else None,
                 stop_reason=request.stop_reason,
-                new_logprobs=[sample.logprobs] if sample.logprobs is not None else None,
+                new_logprobs=[s.logprobs for s in kept] if kept[0].logprobs is not None else None,
                 metrics=request.metrics,
                 num_cached_tokens=request.num_cached_tokens,
             ))
@@ -174,13 +194,14 @@ class EngineCore:
         states = [batch.requests[i].grammar for i in rows]
         return TokenMasks(rows, self._grammar_manager().fill_bitmask(states))
 
-    def _advance_grammars(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Request]:
-        """Feed sampled tokens to their matchers; the requests whose grammar is complete."""
+    def _advance_grammars(self, batch: ScheduledBatch, sampled: list[list[int] | None]) -> list[Request]:
+        """Feed sampled tokens to their matchers; the requests whose grammar is complete.
+        (A constrained request never speculates: one token a step.)"""
         done = []
-        for request, token_id in zip(batch.requests, sampled):
-            if request.grammar is not None and token_id is not None:
+        for request, tokens in zip(batch.requests, sampled):
+            if request.grammar is not None and tokens is not None:
                 request.metrics.grammar_compile_s = request.grammar.compile_s
-                if self._grammar_manager().accept(request.grammar, token_id):
+                if any(self._grammar_manager().accept(request.grammar, t) for t in tokens):
                     done.append(request)
         return done
 
@@ -214,6 +235,8 @@ class EngineCore:
     def _forget(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
         self.runner.sampler.forget(request.request_id)
+        if self.spec is not None:
+            self.spec.forget(request.request_id)
         self.finish_counts[request.status.value] += 1
         self.prompt_tokens_total += request.num_prompt_tokens
 
@@ -228,6 +251,8 @@ class EngineCore:
     def shutdown(self) -> None:
         """Release the model and the KV pool now (idempotent)."""
         self.runner.shutdown()
+        if self.spec is not None:
+            self.spec.shutdown()
         if self._grammars is not None:
             self._grammars.shutdown()
 
@@ -247,6 +272,9 @@ class EngineCore:
         sched = self.scheduler
         requests = [_request_stats(r) for r in sched.running]
         requests += [_request_stats(r) for r in sched.waiting]
+        if self.spec is not None:
+            for entry in requests:
+                entry.spec = self.spec.request_stats(entry.request_id)
         last = self.last_step
         return EngineStats(
             timestamp=time.time(),
@@ -274,28 +302,8 @@ class EngineCore:
             last_step_num_seqs=last.num_seqs,
             last_step_duration_s=last.duration_s,
             finished_reasons=dict(self.finish_counts),
+            spec=self.spec.stats() if self.spec is not None else None,
         )
-
-
-def _with_checkpoint_quantization(config: EngineConfig, model_config: ModelConfig) -> EngineConfig:
-    """The config with the quantisation the checkpoint implies (a copy; ValueError when the
-    asked-for method and the checkpoint disagree)."""
-    method = (model_config.quantization_config or {}).get("quant_method")
-    if method == "awq":
-        if config.quantization not in (None, "awq"):
-            raise ValueError(
-                f"the checkpoint is AWQ-quantised; quantization={config.quantization!r} "
-                "cannot be applied on top"
-            )
-        return dataclasses.replace(config, quantization="awq")
-    if method is not None:
-        raise ValueError(f"checkpoint quantisation {method!r} is not supported (supported: awq)")
-    if config.quantization == "awq" and config.load_format != "dummy":
-        raise ValueError(
-            "quantization='awq' needs an AWQ checkpoint; quantise this model first with "
-            "`kvdeck quantize MODEL --method awq`"
-        )
-    return config
 
 
 def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan: KVCachePlan) -> int:

@@ -32,6 +32,9 @@ class Request:
     # Hash of each full block in block_table (prefix caching); len <= len(block_table).
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # Speculative decoding: draft tokens to verify after the newest token this step (set by
+    # the proposer before scheduling, trimmed by the scheduler to what fits, cleared after).
+    spec_token_ids: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
     grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
     metrics: RequestMetrics = field(init=False)

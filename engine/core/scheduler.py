@@ -60,6 +60,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.rolled_back_blocks: list[int] = []  # blocks the last update gave back (rejected drafts)
 
     def add_request(self, request: Request) -> None:
         self.waiting.append(request)
@@ -79,7 +80,13 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
-            while not self.block_manager.allocate_slots(request, num_tokens):
+            # Speculative drafts ride on a decode as one chunk of 1 + k tokens, budget permitting.
+            drafts = request.spec_token_ids
+            request.spec_token_ids = [] if request.is_prefilling else drafts[: budget - num_tokens]
+            while not self.block_manager.allocate_slots(request, num_tokens + len(request.spec_token_ids)):
+                if request.spec_token_ids:  # give up the drafts before preempting anyone
+                    request.spec_token_ids = []
+                    continue
                 victim = self.running[-1]
                 if victim in batch.requests:
                     budget += batch.remove(victim)
@@ -87,6 +94,7 @@ class Scheduler:
                 if victim is request:
                     break
             else:
+                num_tokens += len(request.spec_token_ids)
                 batch.add(request, num_tokens)
                 budget -= num_tokens
         if not batch.preempted:
@@ -122,6 +130,7 @@ class Scheduler:
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
+        request.spec_token_ids = []  # drafts are discarded with the K/V they extended
         request.status = RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
@@ -129,22 +138,39 @@ class Scheduler:
         batch.preempted.append(request)
 
     # ---- after the model ran -------------------------------------------------------
-    def update_from_output(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Request]:
+    def update_from_output(self, batch: ScheduledBatch,
+                           sampled: list[int | list[int] | None]) -> list[Request]:
         """Advance each request by its scheduled tokens, append sampled tokens, finish.
 
-        `sampled[i]` is the token sampled for batch.requests[i], or None when that
-        request was in the middle of its prefill. Returns the requests that finished.
+        `sampled[i]` is the token sampled for batch.requests[i] (a list: the tokens a
+        verified speculative chunk emitted, its accepted drafts then one more), or None when
+        that request was in the middle of its prefill. Returns the requests that finished.
         """
         finished: list[Request] = []
+        self.rolled_back_blocks = []
         now = time.time()
-        for request, num_tokens, token_id in zip(batch.requests, batch.num_new_tokens, sampled):
-            request.num_computed_tokens += num_tokens
-            if token_id is not None:
-                request.output_token_ids.append(token_id)
+        for request, num_tokens, sample in zip(batch.requests, batch.num_new_tokens, sampled):
+            num_drafts = len(request.spec_token_ids)
+            if sample is None:  # mid-prefill (or its sampling failed: drafts stay unverified)
+                request.num_computed_tokens += num_tokens - num_drafts
+            else:
+                tokens = [sample] if isinstance(sample, int) else sample
+                kept = 0
+                for token_id in tokens:  # a stop inside an accepted run drops the tokens after it
+                    request.output_token_ids.append(token_id)
+                    kept += 1
+                    self._check_stop(request, token_id)
+                    if request.status.finished:
+                        break
+                # Verified: the old newest token and each kept draft (not the newest token).
+                request.num_computed_tokens += kept if num_drafts else num_tokens
                 if request.metrics.first_token_time is None:
                     request.metrics.first_token_time = now
                 request.metrics.last_token_time = now
-                self._check_stop(request, token_id)
+            if num_drafts:  # blocks holding only rejected drafts go back now
+                self.rolled_back_blocks += self.block_manager.free_beyond(request,
+                                                                          request.num_computed_tokens)
+                request.spec_token_ids = []
             self.block_manager.cache_full_blocks(request)
             if request.status.finished:
                 finished.append(request)

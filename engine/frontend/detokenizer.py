@@ -26,6 +26,9 @@ class IncrementalDetokenizer:
     text: str = ""  # output text so far (after a stop string match: truncated)
     emitted: int = 0  # characters of `text` already handed out
     stop_reason: str | None = None
+    # Of the last add_tokens call's ids, how many were taken: all, or up to the one that
+    # completed a stop string (a speculative step can bring several tokens past it).
+    tokens_used: int = 0
 
     def __post_init__(self) -> None:
         context = self.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:]
@@ -39,15 +42,21 @@ class IncrementalDetokenizer:
 
     def add_tokens(self, new_token_ids: list[int], finished: bool) -> str:
         """Append tokens; returns the new text safe to show. Sets stop_reason on a match."""
+        self.tokens_used = 0
         if self.stop_reason is not None:
             return ""
-        before = len(self.text)
         for token_id in new_token_ids:
             self.token_ids.append(token_id)
+            self.tokens_used += 1
+            before = len(self.text)
             self.text += self._decode_next(force=False)
-        if finished:
+            self._match_stop(before)
+            if self.stop_reason is not None:
+                break  # the tokens after the one that completed the stop string are dropped
+        if finished and self.stop_reason is None:
+            before = len(self.text)
             self.text += self._decode_next(force=True)
-        self._match_stop(before)
+            self._match_stop(before)
         end = len(self.text) if (finished or self.stop_reason) else max(
             self.emitted, len(self.text) - self.holdback
         )

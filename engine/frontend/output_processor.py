@@ -95,14 +95,18 @@ class OutputProcessor:
             state.metrics.finished_time = m.finished_time
             state.metrics.grammar_compile_s = m.grammar_compile_s
         new_ids = core_output.new_token_ids
+        detok = state.detokenizer
+        delta = ""
+        if state.params.detokenize:
+            delta = detok.add_tokens(new_ids, core_output.finished)
+            new_ids = new_ids[: detok.tokens_used]  # a stop string ends the output at its token
         state.token_ids.extend(new_ids)
         if state.logprobs is not None and core_output.new_logprobs:
-            for entry in core_output.new_logprobs:
+            new_logprobs = core_output.new_logprobs[: len(new_ids)]
+            for entry in new_logprobs:
                 for logprob in entry.values():
                     logprob.decoded = self.tokenizer.decode([logprob.token_id])
-            state.logprobs.extend(core_output.new_logprobs)
-        detok = state.detokenizer
-        delta = detok.add_tokens(new_ids, core_output.finished) if state.params.detokenize else ""
+            state.logprobs.extend(new_logprobs)
         finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
         if detok.stop_reason is not None:
             finish_reason, stop_reason = "stop", detok.stop_reason

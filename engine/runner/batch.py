@@ -18,6 +18,8 @@ class ScheduledSequence(Protocol):
     output_token_ids: list[int]
     num_computed_tokens: int  # tokens whose K/V are already in the cache
     block_table: list[int]  # logical block i -> physical block id
+    # Draft tokens verified after the newest token this step (speculative decoding; usually []).
+    spec_token_ids: list[int]
 
     @property
     def num_tokens(self) -> int: ...

@@ -24,6 +24,7 @@ from kvdeck.engine.runner.models import model_class_for
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import get_linear_method
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
+from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig
@@ -42,6 +43,10 @@ class StepInputs:
     sample_rows: list[int] = field(default_factory=list)  # flat row of each sampled request
     sample_requests: list[ScheduledSequence] = field(default_factory=list)
     sample_batch_index: list[int] = field(default_factory=list)
+    # Speculating requests: every row of their 1 + k chunk is sampled (rejection sampler).
+    spec_rows: list[int] = field(default_factory=list)
+    spec_requests: list[ScheduledSequence] = field(default_factory=list)
+    spec_batch_index: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True, frozen=True)
@@ -70,6 +75,9 @@ class StepResult:
     prepare_s: float  # packing the batch into device tensors
     total_s: float  # prepare + forward + sampling
     failures: dict[int, str] = field(default_factory=dict)  # batch row -> why its sampling failed
+    # Speculating requests: batch row -> the tokens its verified chunk emitted (accepted drafts,
+    # then one more); their `samples` entry is None.
+    spec_samples: dict[int, list[SampleResult]] = field(default_factory=dict)
 
 
 class ModelRunner:
@@ -93,6 +101,7 @@ class ModelRunner:
         progress("loading", f"loading weights from {model_dir}")
         self.model = self._build_model(model_dir)
         self.sampler = Sampler(self.device, config.seed)
+        self.rejection = RejectionSampler(self.sampler)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
         self.k_caches: list[torch.Tensor] = []
@@ -243,14 +252,16 @@ class ModelRunner:
         return self.device.type == "cuda" and self.ops.name == "triton"
 
     def capture_decode_graphs(self, max_model_len: int, progress: ProgressCallback | None = None,
-                              capture: bool = True) -> None:
+                              capture: bool = True, max_rows: int | None = None) -> None:
         """Capture decode graphs for every batch-size bucket, then check one replay against
         an eager forward; on any failure the engine stays eager and says why.
 
         `capture=False` runs the same static-buffer path eagerly (tests without CUDA).
+        `max_rows`: the largest decode batch in rows (speculative verify chunks add k rows per
+        request); default max_num_seqs.
         """
-        graphs = DecodeGraphs(self.model, self.config.max_num_seqs, max_model_len, self.block_size,
-                              self.model_config.hidden_size, self.dtype, self.device)
+        graphs = DecodeGraphs(self.model, max_rows or self.config.max_num_seqs, max_model_len,
+                              self.block_size, self.model_config.hidden_size, self.dtype, self.device)
         if progress:
             progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
                                   f"{graphs.max_batch_size}")
@@ -295,6 +306,21 @@ class ModelRunner:
             start = request.num_computed_tokens
             end = start + num_new
             table = request.block_table
+            if request.spec_token_ids:
+                # A verify chunk attends like k + 1 decode rows, one per token (its own context
+                # length each): the decode path, and decode graphs, serve it unchanged.
+                first = len(input_ids)
+                input_ids.append(request.token_id_at(start))
+                input_ids.extend(request.spec_token_ids)
+                positions.extend(range(start, end))
+                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + num_new + 1))
+                seq_lens.extend(range(start + 1, end + 1))
+                tables.extend([table] * num_new)
+                inputs.spec_rows.extend(range(first, first + num_new))
+                inputs.spec_requests.append(request)
+                inputs.spec_batch_index.append(index)
+                continue
             if num_new == 1:
                 input_ids.append(request.token_id_at(start))
                 positions.append(start)
@@ -319,7 +345,7 @@ class ModelRunner:
             block_tables=self._to_device(padded_tables, torch.int32),
             query_start_loc=self._to_device(query_start_loc, torch.int32),
             seq_lens=self._to_device(seq_lens, torch.int32),
-            max_query_len=max(batch.num_new_tokens),
+            max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
             max_seq_len=max(seq_lens),
         )
         inputs.num_requests = len(batch.requests)
@@ -332,29 +358,78 @@ class ModelRunner:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host
 
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        graphs = self.decode_graphs
+        if graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0]):
+            return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model(inputs.input_ids, inputs.positions, inputs.meta)
+
     @torch.inference_mode()
-    def execute(self, batch: BatchPlan, token_masks: TokenMasks | None = None) -> StepResult:
-        """Run the batch; a sample for each request that reached the end of its tokens.
-        `token_masks` constrains what some of them may sample (grammars)."""
+    def execute(self, batch: BatchPlan, token_masks: TokenMasks | None = None,
+                draft_probs: dict[str, torch.Tensor] | None = None) -> StepResult:
+        """Run the batch; a sample for each request that reached the end of its tokens, and the
+        verified run of each speculating request. `token_masks` constrains what some of the
+        sampled ones may sample (grammars; a constrained request never speculates);
+        `draft_probs`: the q each request's drafts were drawn from, by request id (absent:
+        point masses, as an n-gram proposer's)."""
         started = time.perf_counter()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
-        graphs = self.decode_graphs
-        if graphs is not None and graphs.can_run(inputs.meta, inputs.num_requests):
-            hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
-        else:
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta)
+        hidden = self._forward(inputs)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         failures: dict[int, str] = {}
-        if inputs.sample_requests:
-            rows = torch.tensor(inputs.sample_rows, device=self.device)
+        spec_samples: dict[int, list[SampleResult]] = {}
+        num_plain = len(inputs.sample_rows)
+        if num_plain or inputs.spec_rows:
+            rows = torch.tensor(inputs.sample_rows + inputs.spec_rows, device=self.device)
             logits = self.model.compute_logits(hidden[rows])
-            masks = self._mask_rows(token_masks, inputs.sample_batch_index)
-            sampled, failed = self._sample(logits, inputs.sample_requests, masks)
-            for i, result in zip(inputs.sample_batch_index, sampled):
-                results[i] = result
-            failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
-        return StepResult(results, prepared - started, time.perf_counter() - started, failures)
+            if num_plain:
+                masks = self._mask_rows(token_masks, inputs.sample_batch_index)
+                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks)
+                for i, result in zip(inputs.sample_batch_index, sampled):
+                    results[i] = result
+                failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
+            if inputs.spec_requests:
+                verified, failed = self._verify(logits[num_plain:], inputs.spec_requests, draft_probs)
+                for i, tokens in zip(inputs.spec_batch_index, verified):
+                    if tokens is not None:
+                        spec_samples[i] = tokens
+                failures.update({inputs.spec_batch_index[row]: why for row, why in failed.items()})
+        return StepResult(results, prepared - started, time.perf_counter() - started, failures,
+                          spec_samples)
+
+    @torch.inference_mode()
+    def sample_logits(self, batch: BatchPlan) -> tuple[torch.Tensor, list[int]]:
+        """Run the batch; the logits at the last token of each sequence that reached its end, and
+        those sequences' batch indices (a draft model draws its proposals from these)."""
+        inputs = self.prepare_inputs(batch)
+        hidden = self._forward(inputs)
+        rows = torch.tensor(inputs.sample_rows, device=self.device)
+        return self.model.compute_logits(hidden[rows]), inputs.sample_batch_index
+
+    def _verify(self, logits: torch.Tensor, requests: list[ScheduledSequence],
+                draft_probs: dict[str, torch.Tensor] | None,
+                ) -> tuple[list[list[SampleResult] | None], dict[int, str]]:
+        """Verify the speculating requests together; if that fails, each alone (as `_sample`)."""
+        try:
+            return list(self.rejection.verify(logits, requests, draft_probs)), {}
+        except Exception as batch_error:
+            verified: list[list[SampleResult] | None] = []
+            failed: dict[int, str] = {}
+            start = 0
+            for row, request in enumerate(requests):
+                width = len(request.spec_token_ids) + 1
+                try:
+                    verified += self.rejection.verify(logits[start : start + width], [request], draft_probs)
+                except Exception as exc:
+                    verified.append(None)
+                    failed[row] = f"{type(exc).__name__}: {exc}"
+                start += width
+            if len(failed) == len(requests) > 1:
+                raise batch_error
+            logger.error("verifying drafts failed for %d of %d requests: %s", len(failed), len(requests),
+                         "; ".join(failed.values()))
+            return verified, failed
 
     def _mask_rows(self, token_masks: TokenMasks | None,
                    sample_batch_index: list[int]) -> tuple[list[int], torch.Tensor] | None:

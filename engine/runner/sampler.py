@@ -130,6 +130,39 @@ class Sampler:
         greedy_mask = torch.tensor(greedy, device=logits.device)
         return torch.where(greedy_mask, logits.argmax(dim=-1), sampled)
 
+    # ---- what speculative decoding verifies drafts against (engine/runner/spec/) ----------
+    def distribution(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
+                     with_probs: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What `sample` draws each row from: the penalised logits (a greedy row takes their
+        argmax) and, unless `with_probs` is False (all rows greedy), the probabilities after
+        temperature, top-k, top-p and min-p (temperature 1 for greedy rows). The caller's
+        logits are left as they are."""
+        logits = self._apply_penalties(logits.float().clone(), requests)
+        if not with_probs:
+            return logits, None
+        temperature = torch.tensor([1.0 if r.params.greedy else r.params.temperature for r in requests],
+                                   device=logits.device)
+        scaled = _apply_top_k_top_p_min_p(logits / temperature[:, None], requests)
+        return logits, torch.softmax(scaled, dim=-1)
+
+    def logprobs(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
+                 tokens: list[int]) -> list[dict[int, Logprob] | None]:
+        """Each row's token's logprob under the raw logits, with the row's top-n, for the rows
+        whose request asked for logprobs (None for the others)."""
+        entries: list[dict[int, Logprob] | None] = [None] * len(requests)
+        rows = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        if rows:
+            raw = torch.log_softmax(logits[rows].float(), dim=-1)
+            tops = [requests[i].params.logprobs or 0 for i in rows]
+            for i, entry in zip(rows, _top_logprobs(raw, list(range(len(rows))), [tokens[i] for i in rows],
+                                                    tops)):
+                entries[i] = entry
+        return entries
+
+    def generator(self, request: ScheduledSequence) -> torch.Generator | None:
+        """The request's own generator (None: it has no seed and draws from the default one)."""
+        return None if request.params.seed is None else self._generator(request, self.device)
+
 
 def _changes_logits(requests: Sequence[ScheduledSequence]) -> bool:
     """Whether _apply_penalties will write into the logits."""

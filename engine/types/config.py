@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from kvdeck.engine.types.quantization import linear_method_names
+from kvdeck.engine.types.speculative import SpeculativeConfig
 from kvdeck.kernels.backends import KERNEL_BACKENDS
 
 # Names, not torch dtypes: the UI process imports this module and should not pay for torch.
@@ -48,6 +49,8 @@ class EngineConfig:
     compile_decode: bool = False  # CPU: torch.compile (inductor) the decode forward, per batch bucket
     trust_remote_code: bool = False  # refused: kvdeck runs only its own model code
     allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
+    # vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}
+    speculative_config: dict | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -88,10 +91,19 @@ class EngineConfig:
             )
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.speculative_config is not None:
+            SpeculativeConfig.from_dict(self.speculative_config)
         if self.trust_remote_code:
             raise ValueError(
                 "trust_remote_code is not supported: kvdeck runs only its own model implementations"
             )
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed speculative_config (None: no speculative decoding)."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_dict(self.speculative_config)
 
     @classmethod
     def field_names(cls) -> list[str]:

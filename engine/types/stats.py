@@ -3,6 +3,8 @@
 import dataclasses
 from dataclasses import dataclass, field
 
+from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
+
 
 @dataclass(slots=True)
 class RequestStats:
@@ -13,6 +15,7 @@ class RequestStats:
     num_output_tokens: int
     block_table: list[int]  # logical block i -> physical block id
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    spec: RequestSpecStats | None = None  # speculative decoding, when it is on
     constrained: bool = False  # its output must match a grammar (structured outputs)
     grammar_compile_s: float | None = None  # how long its grammar took (None: not yet ready)
 
@@ -48,6 +51,7 @@ class EngineStats:
     last_step_num_seqs: int
     last_step_duration_s: float
     finished_reasons: dict[str, int] = field(default_factory=dict)
+    spec: SpecDecodeStats | None = None  # speculative decoding, when it is on
 
 
 @dataclass(slots=True)
@@ -101,9 +105,20 @@ def stats_to_dict(stats: EngineStats) -> dict:
 
 def stats_from_dict(data: dict) -> EngineStats:
     """The inverse of stats_to_dict; unknown keys (a newer server) are ignored."""
-    known = {f.name for f in dataclasses.fields(EngineStats)}
-    values = {key: value for key, value in data.items() if key in known}
-    request_fields = {f.name for f in dataclasses.fields(RequestStats)}
-    values["requests"] = [RequestStats(**{k: v for k, v in r.items() if k in request_fields})
-                          for r in values.get("requests", [])]
+    values = _known(EngineStats, data)
+    values["requests"] = [_request_stats(r) for r in values.get("requests", [])]
+    if values.get("spec") is not None:
+        values["spec"] = SpecDecodeStats(**_known(SpecDecodeStats, values["spec"]))
     return EngineStats(**values)
+
+
+def _request_stats(data: dict) -> RequestStats:
+    values = _known(RequestStats, data)
+    if values.get("spec") is not None:
+        values["spec"] = RequestSpecStats(**_known(RequestSpecStats, values["spec"]))
+    return RequestStats(**values)
+
+
+def _known(cls: type, data: dict) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {key: value for key, value in data.items() if key in names}

@@ -8,13 +8,26 @@ import time
 import pytest
 
 from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from kvdeck.tui.block_cells import CACHED, FREE, OWNED, SHARED, WRITING, classify_blocks
+from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
+from kvdeck.engine.types.stats import RequestStats
+from kvdeck.tui.block_cells import (
+    CACHED,
+    FREE,
+    OWNED,
+    ROLLED_BACK,
+    SHARED,
+    SPECULATIVE,
+    WRITING,
+    classify_blocks,
+)
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.load_generator import LoadSpec, synthetic_prompts
 from kvdeck.tui.reply_meter import ReplyMeter
 from kvdeck.tui.transcripts import ChatTurn, Transcript, TranscriptStore
+from kvdeck.tui.widgets.block_map import legend_text
 from kvdeck.tui.widgets.engine_summary import history_text, kv_gauge
+from kvdeck.tui.widgets.request_inspector import block_table_text
 from tests.tui.demo_stats import NUM_BLOCKS, demo_stats
 
 
@@ -205,3 +218,27 @@ def test_the_title_names_the_demo_model_as_the_engine_does():
     from kvdeck.tui.engine_session import display_model_name
 
     assert display_model_name(None) == DEMO_MODEL_NAME  # not "demo model", then renamed
+
+
+def test_inspector_shows_a_requests_speculative_acceptance():
+    request = RequestStats("r1", "decoding", 10, 30, 20, [3, 4], 0)
+    assert "speculative" not in block_table_text(request, "red").plain
+    request.spec = RequestSpecStats(num_drafts=4, num_draft_tokens=12, num_accepted_tokens=9,
+                                    accepted_history=[3, 3, 0, 3])
+    text = block_table_text(request, "red").plain
+    assert "speculative: 75% of 12 drafts accepted, 2.25 per step over 4 steps" in text
+    assert "accepted per step: 3 3 0 3" in text
+    assert "logical→physical: 0→3  1→4" in text
+
+
+def test_block_map_marks_draft_blocks_and_flashes_rolled_back_ones():
+    stats = demo_stats()
+    # chat-1a2b's last block (7) took drafts at slots 7*16+9..; block 27 held only rejected
+    # drafts and was given back (ref 0 now).
+    stats.spec = SpecDecodeStats("ngram", 4, 16, slots_written_last_step=[7 * 16 + 9, 7 * 16 + 10],
+                                 blocks_rolled_back_last_step=[27])
+    cells = classify_blocks(stats)
+    assert cells.kinds[7] == SPECULATIVE and cells.kinds[27] == ROLLED_BACK
+    assert cells.kinds[17] == WRITING and cells.kinds[300] == FREE  # the rest as before
+    assert "rolled back" in legend_text(16, speculative=True).plain
+    assert "rolled back" not in legend_text(16).plain

@@ -23,7 +23,9 @@ from kvdeck.tui.block_cells import (
     FREE,
     KIND_NAMES,
     OWNED,
+    ROLLED_BACK,
     SHARED,
+    SPECULATIVE,
     WRITING,
     BlockCells,
     classify_blocks,
@@ -33,9 +35,12 @@ from kvdeck.tui.request_colours import RequestColours, palette_colour
 if TYPE_CHECKING:
     from kvdeck.engine.types.stats import EngineStats
 
-GLYPHS = {FREE: "·", CACHED: "○", OWNED: "█", SHARED: "▓", WRITING: "+"}
+GLYPHS = {FREE: "·", CACHED: "○", OWNED: "█", SHARED: "▓", WRITING: "+", SPECULATIVE: "~",
+          ROLLED_BACK: "×"}
 # Two columns per block when the whole pool fits that way (small pools read better).
-WIDE_GLYPHS = {FREE: "· ", CACHED: "○ ", OWNED: "██", SHARED: "▓▓", WRITING: "++"}
+WIDE_GLYPHS = {FREE: "· ", CACHED: "○ ", OWNED: "██", SHARED: "▓▓", WRITING: "++", SPECULATIVE: "~~",
+               ROLLED_BACK: "××"}
+ROLLED_BACK_COLOUR = "#e6194b"
 FREE_COLOUR = "#7a7a7a"
 CACHED_COLOUR = "#5f87af"
 UNOWNED_COLOUR = "#a0a0a0"  # referenced block that no listed request claims
@@ -53,23 +58,29 @@ def cell_style(kind: int, colour: str | None, muted: bool) -> Style:
         return Style(color=FREE_COLOUR)
     if kind == CACHED:
         return Style(color=CACHED_COLOUR)
+    if kind == ROLLED_BACK:  # free again, flashed for the snapshot after the rollback
+        return Style(color="#ffffff", bgcolor=ROLLED_BACK_COLOUR, bold=True)
     base = colour or UNOWNED_COLOUR
     if muted:  # another request is selected: push this one to the background
         base = _mix(base, "#808080", 0.3)
-    if kind == WRITING:
+    if kind in (WRITING, SPECULATIVE):
         return Style(color="#ffffff", bgcolor=base, bold=True)
     return Style(color=base, bold=kind == SHARED)
 
 
-def legend_text(block_size: int | None = None) -> Text:
+def legend_text(block_size: int | None = None, speculative: bool = False) -> Text:
+    """`speculative`: speculative decoding is on, so its two marks are explained too."""
     text = Text()
-    entries = (
+    entries = [
         ("█", Style(color=palette_colour(2)), "owned (colour: request)"),
         ("▓", Style(color=palette_colour(0), bold=True), "shared"),
         ("+", cell_style(WRITING, palette_colour(1), False), "written"),
         ("○", cell_style(CACHED, None, False), "cached"),
         ("·", cell_style(FREE, None, False), "free"),
-    )
+    ]
+    if speculative:
+        entries[3:3] = [("~", cell_style(SPECULATIVE, palette_colour(1), False), "drafts"),
+                        ("×", cell_style(ROLLED_BACK, None, False), "rolled back")]
     for i, (glyph, style, label) in enumerate(entries):
         if i:
             text.append("  ")

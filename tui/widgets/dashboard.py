@@ -57,7 +57,7 @@ class Dashboard(Vertical):
         self._plot_age = 0.0
         self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
         self.ticks = 0  # refresh timer ticks: they keep coming while a server stalls
-        self._legend_block_size: int | None = None
+        self._legend_key: tuple[int, bool] | None = None  # (block size, speculation on)
 
     def compose(self) -> ComposeResult:
         yield EngineSummary(id="summary")
@@ -102,9 +102,10 @@ class Dashboard(Vertical):
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
-                if state.stats.block_size != self._legend_block_size:
-                    self._legend_block_size = state.stats.block_size
-                    self.query_one("#legend", Static).update(legend_text(state.stats.block_size))
+                legend = (state.stats.block_size, state.stats.spec is not None)
+                if legend != self._legend_key:
+                    self._legend_key = legend
+                    self.query_one("#legend", Static).update(legend_text(*legend))
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
         if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:

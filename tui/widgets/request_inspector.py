@@ -18,6 +18,7 @@ from textual.widgets import DataTable, Static
 from kvdeck.tui.request_colours import RequestColours
 
 if TYPE_CHECKING:
+    from kvdeck.engine.types.spec_stats import RequestSpecStats
     from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 COLUMNS = (("id", "request", None), ("state", "state", 10), ("prompt", "prompt", None),
@@ -39,6 +40,8 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
                     else f"compiled in {request.grammar_compile_s * 1000:.1f} ms")
         text.append(f" · constrained, grammar {compiled}", style="bold #911eb4")
     text.append("\n")
+    if request.spec is not None and request.spec.num_drafts:
+        text.append(speculation_text(request.spec))
     if finished:
         text.append("finished: its blocks were freed (full ones stay in the prefix cache); "
                     "its last block table was:\n", style="italic")
@@ -47,6 +50,21 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
         return text
     text.append("logical→physical: ", style="bold")
     text.append("  ".join(f"{i}→{b}" for i, b in enumerate(request.block_table)))
+    return text
+
+
+def speculation_text(spec: RequestSpecStats) -> Text:
+    """Speculative decoding for one request: its acceptance and the drafts accepted per
+    verification step, newest last."""
+    text = Text()
+    text.append("speculative: ", style="bold")
+    text.append(f"{spec.acceptance_rate:.0%} of {spec.num_draft_tokens} drafts accepted, "
+                f"{spec.mean_accepted_length:.2f} per step over {spec.num_drafts} steps")
+    if spec.paused:
+        text.append(" · paused (poor recent acceptance)", style="italic")
+    text.append("\naccepted per step: ")
+    text.append(" ".join(str(n) for n in spec.accepted_history[-24:]))
+    text.append("\n")
     return text
 
 
