@@ -3,7 +3,8 @@
 Each step fills a token budget: running decodes first (one token each), then chunks
 of prefills already under way, then new requests from the queue, whose cached prefix
 is reused. When the pool runs dry the newest running request is preempted: its blocks
-are freed and it goes back to the front of the queue to be recomputed later.
+are freed and it goes back to the front of the queue to be recomputed later. After each
+step, blocks that slid out of a sliding window are released.
 """
 
 import time
@@ -101,10 +102,10 @@ class Scheduler:
             if request.waiting_for_grammar:
                 compiling.append(self.waiting.popleft())
                 continue
-            cached_ids, cached_hashes = self.block_manager.find_cached_prefix(request)
-            num_cached = len(cached_ids) * self.block_manager.block_size
+            cached = self.block_manager.find_cached_prefix(request)
+            num_cached = cached.num_blocks * self.block_manager.block_size
             num_tokens = min(request.num_tokens - num_cached, budget)
-            if not self.block_manager.allocate_slots(request, num_tokens, cached_ids, cached_hashes):
+            if not self.block_manager.allocate_slots(request, num_tokens, cached):
                 break
             self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
             self.waiting.popleft()
@@ -146,6 +147,7 @@ class Scheduler:
                 request.metrics.last_token_time = now
                 self._check_stop(request, token_id)
             self.block_manager.cache_full_blocks(request)
+            self.block_manager.release_out_of_window(request)
             if request.status.finished:
                 finished.append(request)
         for request in finished:

@@ -1,5 +1,7 @@
 """The parts of a Hugging Face config.json that kvdeck's models need, read without
 transformers' config classes so old (rope_scaling) and new (rope_parameters) files load.
+Family-specific fields (Gemma's soft caps, Phi-3's partial rotary) are read by the family's
+model from `raw`.
 Light (no torch): the model store and the server read it too."""
 
 import json
@@ -31,9 +33,13 @@ class ModelConfig:
     bos_token_id: int | None = None
     quantization_config: dict | None = None
     # Keys a query may see, if any layer limits it (Mistral v0.1, Qwen2 with
-    # use_sliding_window). kvdeck attends to the whole context, which is the same
-    # computation as long as the context fits in the window.
+    # use_sliding_window, Phi-3 mini, Gemma 2/3's local layers).
     sliding_window: int | None = None
+    # Per layer: the keys a query of that layer sees (the window, or None: all of them).
+    layer_windows: list[int | None] = field(default_factory=list)
+    # The context the engine serves, when asked for one (set by the runner, not read from
+    # config.json): LongRoPE picks its short or long factors by it.
+    max_model_len: int | None = None
     raw: dict = field(default_factory=dict)
 
     @property
@@ -88,6 +94,7 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
             bos_token_id=raw.get("bos_token_id"),
             quantization_config=quant if isinstance(quant, dict) else None,
             sliding_window=_sliding_window(raw),
+            layer_windows=layer_windows(raw),
             raw=raw,
         )
     except KeyError as exc:
@@ -96,16 +103,39 @@ def model_config_from_dict(raw: dict, model_dir: Path | None = None) -> ModelCon
 
 
 def _sliding_window(raw: dict) -> int | None:
+    windows = [w for w in layer_windows(raw) if w is not None]
+    return windows[0] if windows else None
+
+
+def layer_windows(raw: dict) -> list[int | None]:
+    """The window of each layer (None: full attention), from `layer_types` where the config
+    lists them, else from each family's older fields."""
+    num_layers = int(raw["num_hidden_layers"])
     window = raw.get("sliding_window")
-    if not window or raw.get("use_sliding_window") is False:
-        return None
     layer_types = raw.get("layer_types")
     if layer_types is not None:
-        return int(window) if "sliding_attention" in layer_types else None
-    # Qwen2's older form: layers from max_window_layers on use the window.
-    if int(raw.get("max_window_layers", 0)) >= int(raw["num_hidden_layers"]):
-        return None
-    return int(window)
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise ValueError(f"layer_types {unknown} are not supported (kvdeck runs full and "
+                             "sliding_attention layers)")
+        if len(layer_types) != num_layers:
+            raise ValueError(f"layer_types lists {len(layer_types)} layers, the model has {num_layers}")
+        if window is None and "sliding_attention" in layer_types:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is not set")
+        return [int(window) if kind == "sliding_attention" else None for kind in layer_types]
+    if not window or raw.get("use_sliding_window") is False:
+        return [None] * num_layers
+    window = int(window)
+    model_type = raw.get("model_type", "")
+    if model_type == "gemma2":  # even layers are local
+        return [window if i % 2 == 0 else None for i in range(num_layers)]
+    if model_type in ("gemma3", "gemma3_text"):  # every `pattern`-th layer is global
+        pattern = int(raw.get("sliding_window_pattern", 6))
+        return [None if (i + 1) % pattern == 0 else window for i in range(num_layers)]
+    if "max_window_layers" in raw:  # Qwen2: layers from max_window_layers on use the window
+        first = int(raw["max_window_layers"])
+        return [window if i >= first else None for i in range(num_layers)]
+    return [window] * num_layers  # Mistral v0.1, Phi-3 mini: every layer
 
 
 def _checkpoint_dtype(raw: dict) -> str:
