@@ -42,6 +42,10 @@ class ModelConfig:
     max_model_len: int | None = None
     raw: dict = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        if not self.layer_windows:
+            self.layer_windows = [self.sliding_window] * self.num_hidden_layers
+
     @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token for all layers, at 2 bytes per element (fp16/bf16)."""
