@@ -8,7 +8,6 @@ row, with query start offsets, context lengths, block tables and a slot per new 
 runs the model and samples, and returns a `StepResult`.
 """
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -113,11 +112,9 @@ class ModelRunner:
         linear_method = get_linear_method(self.config.quantization, quant_config)
         previous_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
-        # The context served, where a model's math depends on it (LongRoPE's factors).
-        model_config = dataclasses.replace(self.model_config, max_model_len=self.config.max_model_len)
         try:
             with torch.device(self.device):
-                model = cls(model_config, self.ops, linear_method, self.dtype)
+                model = cls(self.model_config, self.ops, linear_method, self.dtype)
         finally:
             torch.set_default_dtype(previous_dtype)
         if self.config.load_format == "dummy":

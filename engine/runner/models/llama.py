@@ -93,9 +93,9 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: KernelOps, linear_method: LinearMethod, dtype,
                  qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
-        rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        rotary = RotaryEmbedding(rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                 cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
