@@ -23,6 +23,8 @@ from kvdeck.engine.core.request import NO_BLOCK, Request
 from kvdeck.engine.types.arith import cdiv
 
 _ROOT_HASH = -1
+# The same tokens rotated with LongRoPE's long factors differ. (Not -2: hash(-1) == -2.)
+_LONG_ROPE_ROOT_HASH = -3
 
 
 @dataclass(slots=True)
@@ -42,6 +44,10 @@ class CachedPrefix:
     hashes: list[int] = field(default_factory=list)  # chained hash of each of those blocks
     # Per group, its blocks for those positions; NO_BLOCK where its window does not reach.
     tables: list[list[int]] = field(default_factory=list)
+
+
+def _root_hash(request: Request) -> int:
+    return _LONG_ROPE_ROOT_HASH if request.long_rope else _ROOT_HASH
 
 
 def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
@@ -152,7 +158,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = request.num_computed_tokens // self.block_size
-        parent = request.block_hashes[-1] if request.block_hashes else _ROOT_HASH
+        parent = request.block_hashes[-1] if request.block_hashes else _root_hash(request)
         for i in range(len(request.block_hashes), num_full):
             ids = tuple(
                 request.token_id_at(p) for p in range(i * self.block_size, (i + 1) * self.block_size)
@@ -200,7 +206,7 @@ class BlockManager:
     def _block_hashes(self, request: Request, num_blocks: int) -> Iterator[tuple[int, tuple[int, ...]]]:
         """(chained hash, token ids) of the request's first `num_blocks` blocks, lazily."""
         tokens = request.all_token_ids
-        parent = _ROOT_HASH
+        parent = _root_hash(request)
         for i in range(num_blocks):
             ids = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
             parent = chain_hash(parent, ids)

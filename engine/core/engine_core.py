@@ -52,7 +52,8 @@ class EngineCore:
                                           self.config.enable_prefix_caching,
                                           [group.window for group in self.kv_groups])
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
-                                   self.runner.token_budget, self.max_model_len)
+                                   self.runner.token_budget, self.max_model_len,
+                                   self.model_config.long_rope_from)
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)

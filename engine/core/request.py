@@ -38,6 +38,9 @@ class Request:
     # Hash of each full block (prefix caching), shared by the groups; len <= len of a table.
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
+    # LongRoPE models: its K/V rotate with the long factors (it grew past the pretraining
+    # context). Such blocks never serve a short request's prefix, nor the reverse.
+    long_rope: bool = False
     stop_reason: int | str | None = None
     grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
     metrics: RequestMetrics = field(init=False)

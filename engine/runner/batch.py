@@ -18,6 +18,7 @@ class ScheduledSequence(Protocol):
     output_token_ids: list[int]
     num_computed_tokens: int  # tokens whose K/V are already in the cache
     block_table: list[int]  # logical block i -> physical block id
+    long_rope: bool  # LongRoPE: rotate with the long factors
 
     @property
     def num_tokens(self) -> int: ...

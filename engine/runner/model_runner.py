@@ -283,15 +283,18 @@ class ModelRunner:
         tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
         inputs = StepInputs()
         bs = self.block_size
+        long_rope_from = self.model_config.long_rope_from
         for index, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
             start = request.num_computed_tokens
             end = start + num_new
+            # LongRoPE: a long request's rows follow the short table's (rotary.py).
+            shift = long_rope_from if request.long_rope else 0
             if num_new == 1:
                 input_ids.append(request.token_id_at(start))
-                positions.append(start)
+                positions.append(start + shift)
             else:
                 input_ids.extend(request.all_token_ids[start:end])
-                positions.extend(range(start, end))
+                positions.extend(range(start + shift, end + shift))
             for group, table in enumerate(request.block_tables):
                 if num_new == 1:
                     slots[group].append(table[start // bs] * bs + start % bs)

@@ -11,5 +11,6 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "Qwen3ForCausalLM": "qwen3",
     "Gemma2ForCausalLM": "gemma2",
     "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_FAMILIES)

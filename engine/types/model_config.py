@@ -48,6 +48,14 @@ class ModelConfig:
             self.layer_windows = [self.sliding_window] * self.num_hidden_layers
 
     @property
+    def long_rope_from(self) -> int | None:
+        """LongRoPE (Phi-3): a sequence longer than this (the pretraining context) rotates
+        every position with the long factors, shorter ones with the short factors."""
+        if self.rope_scaling is None or self.rope_scaling.get("rope_type") != "longrope":
+            return None
+        return int(self.rope_scaling["original_max_position_embeddings"])
+
+    @property
     def kv_bytes_per_token(self) -> int:
         """Bytes of K and V per token for all layers, at 2 bytes per element (fp16/bf16)."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * 2

@@ -60,11 +60,13 @@ GROUP_WINDOWS = [(None,), (6,), (None, 5, 5), (9, None)]
     budget=st.integers(3, 40),
     caching=st.booleans(),
     windows=st.sampled_from(GROUP_WINDOWS),
+    long_rope_from=st.sampled_from([None, 10]),
 )
-def test_random_interleavings_never_leak(ops, num_blocks, budget, caching, windows):
+def test_random_interleavings_never_leak(ops, num_blocks, budget, caching, windows, long_rope_from):
     bm = BlockManager(num_blocks * len(windows), BLOCK, caching, windows)
     max_len = num_blocks * BLOCK
-    sched = Scheduler(bm, max_num_seqs=6, max_num_batched_tokens=budget, max_model_len=max_len)
+    sched = Scheduler(bm, max_num_seqs=6, max_num_batched_tokens=budget, max_model_len=max_len,
+                      long_rope_from=long_rope_from)
     next_id = 0
     token = 0
     for kind, a, b, c in ops:
@@ -122,6 +124,40 @@ def test_cached_block_reused_then_evicted_lru():
     assert bm.allocate_slots(d, 16)
     assert bm.num_cached_free_blocks == 0
     assert bm.find_cached_prefix(b).num_blocks == 0
+
+
+def test_long_rope_blocks_never_serve_short_requests():
+    """LongRoPE: the same tokens rotated with the long factors are other K/V."""
+    bm = BlockManager(8, BLOCK, True)
+    hashes = {}
+    for long_rope in (False, True):
+        request = Request("r", list(range(9)), SamplingParams(), set(), long_rope=long_rope)
+        assert bm.find_cached_prefix(request).num_blocks == 0  # the other kind is no hit
+        assert bm.allocate_slots(request, 9)
+        request.num_computed_tokens = 9
+        bm.cache_full_blocks(request)
+        hashes[long_rope] = list(request.block_hashes)
+        bm.free(request)
+    assert not set(hashes[False]) & set(hashes[True])
+    for long_rope in (False, True):
+        hit = bm.find_cached_prefix(Request("x", list(range(9)), SamplingParams(), set(),
+                                            long_rope=long_rope))
+        assert hit.num_blocks == 2 and hit.hashes == hashes[long_rope]
+
+
+def test_growing_past_the_long_rope_context_recomputes():
+    bm = BlockManager(8, BLOCK, True)
+    sched = Scheduler(bm, max_num_seqs=2, max_num_batched_tokens=32, max_model_len=32,
+                      long_rope_from=10)
+    request = Request("r", list(range(9)), SamplingParams(max_tokens=8, ignore_eos=True), set())
+    sched.add_request(request)
+    sched.update_from_output(sched.schedule(), [5])  # 9 prompt tokens computed, 10 known
+    batch = sched.schedule()  # a decode at position 9: still the short factors
+    assert batch.num_new_tokens == [1] and not request.long_rope
+    sched.update_from_output(batch, [6])  # 11 tokens: past the context
+    batch = sched.schedule()
+    assert request.long_rope and batch.num_new_tokens == [11]  # everything again
+    assert request.num_computed_tokens == 0
 
 
 def test_allocation_failure_changes_nothing():

@@ -5,6 +5,7 @@ and preemption; every block comes back."""
 import pytest
 
 from kvdeck import LLM, SamplingParams
+from kvdeck.engine.types.model_config import model_config_from_dict
 from tests.model_factory import build_tiny_model, hf_greedy
 
 WINDOW = 20  # Gemma's local layers; not a multiple of the block size
@@ -14,7 +15,7 @@ MAX_NEW = 64
 SMALL_POOL = {"gemma2": (12, 128), "gemma3": (12, 128), "phi3": (10, 128)}
 
 
-@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["gemma2", "gemma3", "phi3"])
 def family(request):
     return request.param
 
@@ -87,3 +88,26 @@ def test_tied_gemma_matches(tmp_path, prompts):
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == hf_greedy(model_dir, prompts, 16)
+
+
+def test_family_fields_read_from_config():
+    base = {"vocab_size": 64, "hidden_size": 96, "intermediate_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "max_position_embeddings": 131072}
+    # Phi-3 mini 128k's older file: `su`, the pretraining context outside rope_scaling.
+    phi3 = model_config_from_dict({**base, "architectures": ["Phi3ForCausalLM"], "model_type": "phi3",
+                                   "original_max_position_embeddings": 4096,
+                                   "rope_scaling": {"type": "su", "short_factor": [1.0] * 12,
+                                                    "long_factor": [2.0] * 12}})
+    assert phi3.rope_scaling["rope_type"] == "longrope"
+    assert phi3.long_rope_from == 4096 and phi3.rope_scaling["max_position_embeddings"] == 131072
+    assert phi3.partial_rotary_factor == 1.0 and not phi3.tie_word_embeddings
+    phi4 = model_config_from_dict({**base, "architectures": ["Phi3ForCausalLM"],
+                                   "partial_rotary_factor": 0.75})
+    assert phi4.partial_rotary_factor == 0.75 and phi4.long_rope_from is None
+    # Gemma 3's older file: rope_local_base_freq beside rope_theta and rope_scaling; tied.
+    gemma3 = model_config_from_dict({**base, "architectures": ["Gemma3ForCausalLM"],
+                                     "model_type": "gemma3_text", "rope_theta": 1e6,
+                                     "rope_local_base_freq": 1e4, "sliding_window": 512,
+                                     "rope_scaling": {"rope_type": "linear", "factor": 8.0}})
+    assert gemma3.rope_theta == 1e6 and gemma3.rope_scaling["factor"] == 8.0
+    assert gemma3.local_rope == (1e4, None) and gemma3.tie_word_embeddings

@@ -43,13 +43,11 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
 
 def longrope_cos_sin_cache(rotary_dim: int, max_positions: int, theta: float,
                            scaling: dict) -> torch.Tensor:
-    """LongRoPE (Phi-3 `su`/`longrope`): positions below the pretraining context rotate with
-    the short factors, later ones with the long factors, all scaled by the attention factor.
-
-    transformers picks one set per forward by the largest position in it; choosing per
-    position gives the same rotation for a prompt within the pretraining context that
-    generation carries past it, and keeps a position's K/V independent of the batch and
-    the chunking, so prefix caching and preemption stay exact.
+    """LongRoPE (Phi-3 `su`/`longrope`): the short factors' table for the pretraining
+    context `original`, then the long factors' for every position, both scaled by the
+    attention factor. A sequence longer than `original` rotates all its positions with the
+    long factors (as transformers' Phi-3 does, recomputing its cache when it grows past
+    `original`): the runner looks position p of such a request up at row original + p.
     """
     original = int(scaling["original_max_position_embeddings"])
     factor = scaling.get("factor") or int(scaling["max_position_embeddings"]) / original
@@ -64,7 +62,7 @@ def longrope_cos_sin_cache(rotary_dim: int, max_positions: int, theta: float,
         return build_cos_sin_cache(inv_freq, max_positions) * attention_factor
 
     short, long = table(scaling["short_factor"]), table(scaling["long_factor"])
-    return torch.cat((short[:original], long[original:]))
+    return torch.cat((short[:original], long))
 
 
 class RotaryEmbedding(nn.Module):
