@@ -1,7 +1,7 @@
 """`kvdeck` entry point.
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
-server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench) are provided by
+server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench, attach) come from
 the modules in SUBCOMMANDS, each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
 only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
@@ -18,14 +18,18 @@ from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
     "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
-    "models": ("kvdeck.app.store.commands", "list local models, free disk space and recommended models"),
+    "models": ("kvdeck.app.store.commands",
+               "list local models, free disk space and recommended models; `models add DIR`"),
     "rm": ("kvdeck.app.store.commands", "delete a local model"),
     "import": ("kvdeck.app.store.gguf_commands",
                "import a GGUF model (a file, or ollama:NAME[:TAG]) into kvdeck's store"),
-    "quantize": ("kvdeck.quant.cli", "quantise a model to AWQ INT4 (AutoAWQ GEMM layout, group 128)"),
+    "quantize": ("kvdeck.app.jobs.quantize_command",
+                 "quantise a model to INT4 (AWQ, or RTN; AutoAWQ GEMM layout) into the store"),
     "eval-ppl": ("kvdeck.quant.cli", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.bench.commands",
               "benchmark throughput, serving latency or decode against the roofline"),
+    "attach": ("kvdeck.tui.attach_command",
+               "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
 }
 # Options that are not engine knobs on the command line.
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}

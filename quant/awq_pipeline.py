@@ -1,6 +1,7 @@
 """`kvdeck quantize` end to end: load a local fp model, calibrate, run AWQ, write the checkpoint."""
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,8 @@ from kvdeck.quant.awq_quantizer import (
     LINEAR_NAMES,
     AWQSettings,
     ProgressCallback,
+    QuantizeStep,
+    StepCallback,
     check_group_divisibility,
     check_supported,
     default_group_size,
@@ -68,10 +71,20 @@ def pick_device(device: str) -> torch.device:
 METHODS = ("awq", "rtn")
 
 
-def run_quantize_job(job: QuantizeJob, progress: ProgressCallback | None = None) -> Path:
-    """Quantise `job.source` (AWQ, or round-to-nearest) and return the directory written."""
+def run_quantize_job(job: QuantizeJob, progress: ProgressCallback | None = None,
+                     on_step: StepCallback | None = None) -> Path:
+    """Quantise `job.source` (AWQ, or round-to-nearest) and return the directory written.
+    `progress` hears of each finished layer, `on_step` also of the steps before and inside
+    the layers."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    start = time.monotonic()
+
+    def stage(what: str, fraction: float = 0.0) -> None:
+        if on_step is not None:
+            on_step(QuantizeStep(fraction, what, time.monotonic() - start))
+
+    stage("reading the model's config")
     model_dir = resolve_model_dir(job.source)
     out_dir = Path(job.out_dir).expanduser() if job.out_dir else default_out_dir(model_dir,
                                                                                   job.source, job.method)
@@ -88,13 +101,19 @@ def run_quantize_job(job: QuantizeJob, progress: ProgressCallback | None = None)
     # fp16 on GPU as AutoAWQ does; fp32 on CPU, where fp16 matmuls are slow and lossy.
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     if job.method == "rtn":
+        stage("loading the model")
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        stage("rounding the weights to nearest")
         packed = quantize_rtn(model, group_size)
     else:
+        stage("tokenising the calibration text")
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         calibration = load_calibration_ids(tokenizer, job.calib_file, job.num_samples, job.seq_len)
+        stage("loading the model")
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-        packed = quantize_awq(model, calibration, AWQSettings(group_size=group_size), device, progress)
+        packed = quantize_awq(model, calibration, AWQSettings(group_size=group_size), device,
+                              progress, on_step)
+    stage("writing the checkpoint", 1.0)
     tensors = checkpoint_tensors(model, packed)
     config_dict = json.loads((model_dir / "config.json").read_text())
     return write_awq_checkpoint(out_dir, tensors, config_dict, model_dir, group_size)

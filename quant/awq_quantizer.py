@@ -67,6 +67,75 @@ class QuantizeProgress:
 ProgressCallback = Callable[[QuantizeProgress], None]
 
 
+@dataclass(frozen=True, slots=True)
+class QuantizeStep:
+    """Progress inside the layers, a few seconds apart at most: which step runs now and how
+    much of all layers' work is done (by block forwards over the calibration batch)."""
+
+    fraction: float
+    what: str  # e.g. "layer 3/6: scale search, mlp (12/20)"
+    elapsed_s: float
+
+
+StepCallback = Callable[[QuantizeStep], None]
+STEP_REPORT_S = 0.5  # at most this often (every grid point on a fast GPU would be noise)
+
+
+class _StepReporter:
+    """Counts a layer's work in block forwards: recording the inputs (1), each scale search
+    (n_grid), each clip search (1), and reports the fraction done."""
+
+    def __init__(self, on_step: StepCallback | None, num_layers: int, scale_searches: int,
+                 settings: AWQSettings, start: float) -> None:
+        self.on_step = on_step
+        self.num_layers = num_layers
+        self.n_grid = settings.n_grid
+        clips = sum(settings.clip and name not in NO_CLIP for name in LINEAR_NAMES)
+        self.per_layer = 1 + scale_searches * settings.n_grid + clips
+        self.start = start
+        self.layer = 0
+        self.done = 0  # units of the current layer
+        self.partial = 0.0  # of the unit under way, by calibration batches
+        self.current = ""  # what the unit under way is
+        self.last = 0.0
+
+    def begin_layer(self, index: int) -> None:
+        self.layer, self.done, self.partial = index, 0, 0.0
+        self.current = "recording the linears' inputs"
+        self.report(self.current, force=True)
+
+    def advance(self, what: str) -> None:
+        self.done += 1
+        self.partial = 0.0
+        self.current = what
+        self.report(what)
+
+    def chunk(self, index: int, count: int) -> None:
+        """One calibration batch of a block forward done: a report within the unit."""
+        self.partial = index / count
+        self.report(f"{self.current}, batch {index}/{count}")
+
+    def report(self, what: str, force: bool = False, in_layer: bool = True) -> None:
+        now = time.monotonic()
+        if self.on_step is None or (not force and now - self.last < STEP_REPORT_S):
+            return
+        self.last = now
+        done = min(self.done + self.partial, self.per_layer)
+        fraction = (self.layer + done / self.per_layer) / self.num_layers
+        if in_layer:
+            what = f"layer {self.layer + 1}/{self.num_layers}: {what}"
+        self.on_step(QuantizeStep(fraction, what, now - self.start))
+
+    def search(self, what: str) -> Callable[[int], None]:
+        """The on_grid_point callback of one scale search (made as the search starts)."""
+        self.current = f"scale search, {what} (reference)"
+
+        def grid_point(point: int) -> None:
+            self.advance(f"scale search, {what} ({point}/{self.n_grid})")
+
+        return grid_point
+
+
 def check_supported(config) -> None:
     """Refuse, before any work, models whose shape AWQ-in-kvdeck cannot handle."""
     model_type = getattr(config, "model_type", None)
@@ -142,29 +211,45 @@ def quantize_awq(
     settings: AWQSettings = AWQSettings(),
     device: torch.device | str = "cpu",
     progress: ProgressCallback | None = None,
+    on_step: StepCallback | None = None,
 ) -> dict[str, torch.Tensor]:
     """Quantise every decoder-layer linear of `model` (on CPU; moved to `device` a layer at a
     time). Returns the packed tensors {"model.layers.i.<linear>.qweight": ..., "...qzeros",
-    "...scales"} in AutoAWQ's GEMM layout; norms and biases are updated in the model."""
+    "...scales"} in AutoAWQ's GEMM layout; norms and biases are updated in the model.
+    `progress` hears of each finished layer, `on_step` of the work inside them."""
     check_supported(model.config)
     check_group_divisibility(model.config, settings.group_size)
     if calibration_ids.dim() != 2 or calibration_ids.numel() == 0:
         raise ValueError("calibration_ids must be a non-empty [num_samples, seq_len] tensor")
     device = torch.device(device)
     layers = model.model.layers
-    hidden, layer_kwargs = _catch_layer0_inputs(model, calibration_ids, settings.batch_size, device)
+    start = time.monotonic()
+    attn = layers[0].self_attn
+    steps = _StepReporter(on_step, len(layers),
+                          4 if attn.v_proj.weight.shape == attn.o_proj.weight.shape else 3,
+                          settings, start)
+
+    def captured(batch: int, batches: int) -> None:
+        steps.report(f"capturing layer 1's inputs (batch {batch}/{batches})", force=batch == 1,
+                     in_layer=False)
+
+    hidden, layer_kwargs = _catch_layer0_inputs(model, calibration_ids, settings.batch_size, device,
+                                                captured)
     packed: dict[str, torch.Tensor] = {}
     start = time.monotonic()
     for index, layer in enumerate(layers):
         layer.to(device)
+        steps.begin_layer(index)
         inputs, next_hidden = _record_linear_inputs(layer, hidden, layer_kwargs,
-                                                    settings.batch_size)
-        _search_and_fold_scales(layer, inputs, layer_kwargs, settings)
+                                                    settings.batch_size, steps.chunk)
+        steps.advance("searching the scales")
+        _search_and_fold_scales(layer, inputs, layer_kwargs, settings, steps)
         for name in LINEAR_NAMES:
             linear = layer.get_submodule(name)
             if settings.clip and name not in NO_CLIP:
                 max_val = search_clip(linear.weight, inputs[INPUT_OF[name]], settings.group_size)
                 apply_clip(linear, max_val, settings.group_size)
+                steps.advance(f"clip search, {name}")
             qweight, qzeros, scales = pack_awq_weight(linear.weight.data, settings.group_size)
             prefix = f"model.layers.{index}.{name}"
             packed[f"{prefix}.qweight"] = qweight.cpu()
@@ -184,7 +269,8 @@ def quantize_awq(
 
 
 def _catch_layer0_inputs(
-    model: nn.Module, ids: torch.Tensor, batch_size: int, device: torch.device
+    model: nn.Module, ids: torch.Tensor, batch_size: int, device: torch.device,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> tuple[list[torch.Tensor], dict]:
     """Run the model up to layer 0 and keep what it receives (hidden states and kwargs)."""
     inner = model.model
@@ -202,7 +288,10 @@ def _catch_layer0_inputs(
 
     handle = inner.layers[0].register_forward_pre_hook(hook, with_kwargs=True)
     try:
+        batches = -(-ids.shape[0] // batch_size)
         for start in range(0, ids.shape[0], batch_size):
+            if on_batch is not None:
+                on_batch(start // batch_size + 1, batches)
             try:
                 model(ids[start:start + batch_size].to(device), use_cache=False)
             except _StopForward:
@@ -232,7 +321,8 @@ def _layer_output(output) -> torch.Tensor:
 
 
 def _record_linear_inputs(
-    layer: nn.Module, hidden: list[torch.Tensor], kwargs: dict, batch_size: int
+    layer: nn.Module, hidden: list[torch.Tensor], kwargs: dict, batch_size: int,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
     recorded: dict[str, list[torch.Tensor]] = {name: [] for name in set(INPUT_OF.values())}
     handles = [
@@ -241,23 +331,35 @@ def _record_linear_inputs(
         )
         for name in recorded
     ]
+    outputs = []
     try:
-        outputs = [_layer_output(layer(chunk, **kwargs)) for chunk in hidden]
+        for index, chunk in enumerate(hidden):
+            outputs.append(_layer_output(layer(chunk, **kwargs)))
+            if on_chunk is not None:
+                on_chunk(index + 1, len(hidden))
     finally:
         for handle in handles:
             handle.remove()
     return {name: torch.cat(chunks, dim=0) for name, chunks in recorded.items()}, outputs
 
 
-def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int):
+def _chunked(fn: Callable[[torch.Tensor], torch.Tensor], batch_size: int,
+             on_chunk: Callable[[int, int], None] | None = None):
     def run(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([fn(x[i:i + batch_size]) for i in range(0, x.shape[0], batch_size)])
+        starts = range(0, x.shape[0], batch_size)
+        outputs = []
+        for index, i in enumerate(starts):
+            outputs.append(fn(x[i:i + batch_size]))
+            if on_chunk is not None:
+                on_chunk(index + 1, len(starts))
+        return torch.cat(outputs)
 
     return run
 
 
 def _search_and_fold_scales(
-    layer: nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict, settings: AWQSettings
+    layer: nn.Module, inputs: dict[str, torch.Tensor], kwargs: dict, settings: AWQSettings,
+    steps: _StepReporter,
 ) -> None:
     attn, mlp = layer.self_attn, layer.mlp
     attn_kwargs = {k: v for k, v in kwargs.items() if k != "use_cache"}
@@ -269,17 +371,20 @@ def _search_and_fold_scales(
     qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
     gate_up = [mlp.gate_proj, mlp.up_proj]
     # All four searches score the layer as it came in; the folds are applied afterwards.
-    qkv_scales = search_scale(_chunked(attention, batch), qkv, inputs["self_attn.q_proj"],
-                              group, grid, settings.duo_scaling)
+    tick = steps.chunk  # progress reports per calibration batch of each block forward
+    qkv_scales = search_scale(_chunked(attention, batch, tick), qkv, inputs["self_attn.q_proj"],
+                              group, grid, settings.duo_scaling, steps.search("q/k/v"))
     v_o_scales = None
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
         # With grouped-query attention v's rows do not map one to one onto o's inputs.
-        v_o_scales = search_scale(_chunked(attn.o_proj, batch), [attn.o_proj],
-                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling)
-    mlp_scales = search_scale(_chunked(mlp, batch), gate_up, inputs["mlp.gate_proj"],
-                              group, grid, settings.duo_scaling)
-    down_scales = search_scale(_chunked(mlp.down_proj, batch), [mlp.down_proj],
-                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling)
+        v_o_scales = search_scale(_chunked(attn.o_proj, batch, tick), [attn.o_proj],
+                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling,
+                                  steps.search("v→o"))
+    mlp_scales = search_scale(_chunked(mlp, batch, tick), gate_up, inputs["mlp.gate_proj"],
+                              group, grid, settings.duo_scaling, steps.search("gate/up"))
+    down_scales = search_scale(_chunked(mlp.down_proj, batch, tick), [mlp.down_proj],
+                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling,
+                               steps.search("down"))
 
     # The recorded inputs are divided too: the clip search then sees what the scaled
     # weights will really be multiplied with.

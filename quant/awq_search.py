@@ -30,12 +30,14 @@ def search_scale(
     group_size: int,
     n_grid: int = 20,
     duo_scaling: bool = True,
+    on_grid_point: Callable[[int], None] | None = None,
 ) -> torch.Tensor:
     """Best per-input-channel scales [in] for `linears`, which all read `x` [..., in].
 
     `block_forward(x)` runs the block whose output error is scored (the attention for
     q/k/v, the MLP for gate/up, or the linear itself); it reads the linears' weights
-    as they are at call time.
+    as they are at call time. `on_grid_point(i)` is told after each grid point is scored
+    (progress reports: one block forward over the calibration batch each).
     """
     weight = torch.cat([layer.weight for layer in linears], dim=0)
     w_abs = weight.abs().float().reshape(-1, group_size)
@@ -62,6 +64,8 @@ def search_scale(
             loss = (block_forward(x).float() - reference).pow(2).mean().item()
             if loss < best_loss:
                 best_loss, best_scales = loss, scales.clone()
+            if on_grid_point is not None:
+                on_grid_point(step + 1)
     finally:
         for layer, original in zip(linears, originals, strict=True):
             layer.weight.data = original

@@ -26,7 +26,9 @@ def load_calibration_ids(
     if not path.is_file():
         raise ValueError(f"calibration file {str(path)!r} does not exist")
     text = path.read_text(encoding="utf-8", errors="replace")
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    # verbose=False: the whole text is longer than the model's context, which is harmless
+    # here (it is cut into windows) but makes transformers warn.
+    ids = tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"]
     return windows_from_ids(torch.tensor(ids, dtype=torch.long), num_samples, seq_len, path)
 
 

@@ -1,12 +1,17 @@
-"""`kvdeck quantize` and `kvdeck eval-ppl` (registered by app/cli.py through COMMANDS)."""
+"""`kvdeck eval-ppl`, and the quantiser's side of `kvdeck quantize` (its arguments, its
+progress bar, the run into a directory); app/jobs/quantize_command.py adds the store."""
 
 import argparse
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TextIO
 
 from kvdeck.engine.types.config import DEVICES
 from kvdeck.quant.awq_pipeline import METHODS
-from kvdeck.quant.awq_quantizer import GROUP_SIZES, QuantizeProgress
+from kvdeck.quant.awq_quantizer import GROUP_SIZES, QuantizeProgress, QuantizeStep
+from kvdeck.quant.progress_text import format_duration, format_remaining, remaining_seconds
 
 BAR_WIDTH = 30
 
@@ -19,7 +24,10 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="INT4 group size (default: the largest of 128/64/32 that divides the "
                              "model's layer widths)")
     parser.add_argument("--out", default=None,
-                        help="output directory (default: <source>-<method> beside the source)")
+                        help="output directory (default: into kvdeck's model store, where "
+                             "`kvdeck models` and the TUI list it)")
+    parser.add_argument("--name", default=None,
+                        help="its name in kvdeck's store (default: <source name>-<method>)")
     parser.add_argument("--calib-file", default=None,
                         help="calibration text (default: assets/calibration/calibration.txt)")
     parser.add_argument("--num-samples", type=int, default=128,
@@ -30,49 +38,87 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="where layers are quantised (default: cuda if available)")
 
 
-def format_seconds(seconds: float) -> str:
-    seconds = int(round(seconds))
-    hours, rest = divmod(seconds, 3600)
-    minutes, secs = divmod(rest, 60)
-    return f"{hours}h{minutes:02d}m{secs:02d}s" if hours else f"{minutes}m{secs:02d}s"
+def progress_bar(fraction: float) -> str:
+    filled = int(BAR_WIDTH * min(max(fraction, 0.0), 1.0))
+    return f"AWQ [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * fraction:3.0f}%"
+
+
+def step_line(step: QuantizeStep) -> str:
+    """The redrawn line: the bar, the step inside the layer, elapsed and what is left."""
+    left = format_remaining(remaining_seconds(step.fraction, step.elapsed_s))
+    return (f"{progress_bar(step.fraction)} {step.what} · {format_duration(step.elapsed_s)} "
+            f"elapsed · {left}")
 
 
 def progress_line(event: QuantizeProgress) -> str:
-    filled = int(BAR_WIDTH * event.fraction())
-    bar = "#" * filled + "-" * (BAR_WIDTH - filled)
-    return (
-        f"AWQ [{bar}] layer {event.layer}/{event.num_layers}  "
-        f"elapsed {format_seconds(event.elapsed_s)}  ETA {format_seconds(event.eta_s)}"
-    )
+    """A line of its own for each finished layer."""
+    return (f"{progress_bar(event.fraction())} layer {event.layer}/{event.num_layers} done · "
+            f"{format_duration(event.elapsed_s)} elapsed · ETA {format_remaining(event.eta_s)}")
 
 
-def run_quantize(args: argparse.Namespace) -> int:
+class TerminalProgress:
+    """Steps redraw one line on a terminal (a line every LOG_EVERY_S into a file); each
+    finished layer gets a line of its own."""
+
+    LOG_EVERY_S = 15.0
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.is_tty = stream.isatty()
+        self.last_logged = -self.LOG_EVERY_S
+        self.width = 0
+
+    def step(self, step: QuantizeStep) -> None:
+        line = step_line(step)
+        if self.is_tty:
+            self._redraw(line)
+        elif step.elapsed_s - self.last_logged >= self.LOG_EVERY_S:
+            self.last_logged = step.elapsed_s
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+    def layer(self, event: QuantizeProgress) -> None:
+        if self.is_tty:
+            self._redraw(progress_line(event))
+        else:
+            self.stream.write(progress_line(event))
+        self.stream.write("\n")
+        self.width = 0
+        self.stream.flush()
+
+    def _redraw(self, line: str) -> None:
+        pad = max(0, self.width - len(line))
+        self.stream.write("\r" + line + " " * pad)
+        self.width = len(line)
+
+
+def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
+                 on_written: Callable[[Path], Path] | None = None) -> int:
+    """Quantise `args.source` into `out_dir` (default `args.out`); `on_written` may move the
+    result (into kvdeck's store) and returns where it ended up."""
     from kvdeck.quant.awq_pipeline import QuantizeJob, run_quantize_job
 
     job = QuantizeJob(
-        source=args.source, out_dir=args.out, calib_file=args.calib_file,
+        source=args.source, out_dir=out_dir or args.out, calib_file=args.calib_file,
         num_samples=args.num_samples, seq_len=args.seq_len, device=args.device,
         group_size=args.group_size, method=args.method,
     )
     stream = sys.stderr
-
-    def show(event: QuantizeProgress) -> None:
-        end = "\n" if event.layer == event.num_layers else ""
-        stream.write("\r" + progress_line(event) + end)
-        stream.flush()
+    show = TerminalProgress(stream)
 
     group = args.group_size or "auto"
     print(f"quantising {args.source} with {args.method.upper()} (4-bit, group {group}) ...", file=stream)
     start = time.monotonic()
     try:
-        out_dir = run_quantize_job(job, progress=show)
+        written = run_quantize_job(job, progress=show.layer, on_step=show.step)
+        written = on_written(written) if on_written is not None else written
     except OSError as exc:
         print(f"\nkvdeck: error: {exc.strerror or exc}", file=stream)
         return 1
     except KeyboardInterrupt:
         print("\nkvdeck: interrupted; nothing was written", file=stream)
         return 130
-    print(f"wrote {out_dir} in {format_seconds(time.monotonic() - start)}")
+    print(f"wrote {written} in {format_duration(time.monotonic() - start)}")
     return 0
 
 
@@ -101,7 +147,8 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     return 0
 
 
+# `kvdeck quantize` itself is kvdeck.app.jobs.quantize_command: it writes into the model
+# store, which lives in the app layer above this one.
 COMMANDS = {  # name: (add_arguments, run); the help texts are in kvdeck.app.cli
-    "quantize": (add_quantize_arguments, run_quantize),
     "eval-ppl": (add_eval_arguments, run_eval_ppl),
 }

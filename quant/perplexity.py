@@ -17,10 +17,18 @@ class PerplexityResult:
     num_windows: int
 
 
+def num_windows(num_tokens: int, seq_len: int, max_windows: int | None = None) -> int:
+    """How many windows `perplexity` scores for a text of `num_tokens` tokens."""
+    count = len([s for s in range(0, max(num_tokens - 1, 0), seq_len) if num_tokens - s >= 2])
+    return min(count, max_windows) if max_windows is not None else count
+
+
 @torch.no_grad()
 def perplexity(
-    logits_fn: LogitsFn, ids: torch.Tensor, seq_len: int = 512, max_windows: int | None = None
+    logits_fn: LogitsFn, ids: torch.Tensor, seq_len: int = 512, max_windows: int | None = None,
+    on_window: Callable[[int], None] | None = None,
 ) -> PerplexityResult:
+    """`on_window(n)` is called after the n-th window is scored (progress reports)."""
     if ids.dim() != 1:
         raise ValueError("ids must be a 1-D tensor of token ids")
     if seq_len < 2:
@@ -38,6 +46,8 @@ def perplexity(
         total_nll += nll.item()
         count += window.numel() - 1
         windows += 1
+        if on_window is not None:
+            on_window(windows)
         if max_windows is not None and windows >= max_windows:
             break
     return PerplexityResult(math.exp(total_nll / count), count, windows)

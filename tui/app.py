@@ -1,7 +1,10 @@
 """The kvdeck Textual app: owns the engine client, the dashboard state and the sections.
 
 `run_tui` is what `kvdeck` calls. The engine runs in a background process behind the client;
-this process only draws, so the UI stays responsive whatever the engine does.
+this process only draws, so the UI stays responsive whatever the engine does. `kvdeck
+attach URL...` opens the same app on servers instead (tui/attach_command.py): its client
+talks HTTP, reconnects by itself, and a lost connection greys the dashboard instead of
+showing the engine-error screen.
 """
 
 from __future__ import annotations
@@ -9,26 +12,46 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable
 from functools import partial
 from importlib.resources import files
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from textual import work
 from textual.app import App, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 
+from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
-from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol, StartupProgressLike
-from kvdeck.tui.load_generator import LoadGenerator, LoadSpec
+from kvdeck.tui.engine_protocol import (
+    ClientFactory,
+    EngineClientProtocol,
+    MetricsSource,
+    StartupProgressLike,
+)
+from kvdeck.tui.engine_session import DEMO_MODEL_NAME, EngineSession, display_model_name
+from kvdeck.tui.load_generator import LoadGenerator, LoadSpec, new_seed
+from kvdeck.tui.messages import (
+    EngineHealthCheck,
+    LoadBurstStarted,
+    RestartEngineRequested,
+    SwitchModelRequested,
+)
 from kvdeck.tui.navigation import SECTIONS, section_bindings
+from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.screens.startup import StartupScreen
-from kvdeck.tui.transcripts import Transcript, TranscriptStore, default_transcript_dir
+from kvdeck.tui.settings_store import SettingsStore
+from kvdeck.tui.transcripts import TranscriptStore, default_transcript_dir
+
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
 
 SHUTDOWN_TIMEOUT_S = 15.0
 HEALTH_CHECK_S = 1.0
@@ -46,54 +69,90 @@ class KvdeckApp(App[int]):
         Binding("f1", "help", "Help", id="help", tooltip="Show the keys and the map legend"),
         Binding("ctrl+l", "load_generator", "Load test", id="load_generator",
                 tooltip="Fire N concurrent synthetic requests (again: stop them)"),
+        Binding("f6", "next_server", "Next server", id="next_server",
+                tooltip="Attached to several servers: chat with and map the next one"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
                 tooltip="Switch between the light and dark theme"),
-        Binding("q", "quit", "Quit", id="quit", tooltip="Quit and stop the engine"),
+        # ctrl chords, not "q": a printable key with no input focused is typed into the
+        # chat (or the screen's input), never taken as a command.
+        Binding("ctrl+q", "quit", "Quit", id="quit", priority=True, show=False,
+                tooltip="Quit and stop the engine (asks while something is running)"),
         Binding("ctrl+c", "quit", "Quit", id="quit_ctrl_c", priority=True, show=False,
-                tooltip="Quit and stop the engine"),
+                tooltip="Quit and stop the engine (asks while something is running)"),
         *section_bindings(SECTIONS),
     ]
 
     def __init__(
         self,
         client_factory: ClientFactory,
-        model_name: str = "demo model",
+        model_name: str = DEMO_MODEL_NAME,
         *,
+        model: str | None = None,
         transcript_dir: Path | None = None,
         chat_settings: ChatSettings | None = None,
-        factory_for_model: Callable[[str], ClientFactory] | None = None,
+        settings_store: SettingsStore | None = None,
+        factory_for_model: Callable[[str | None], ClientFactory] | None = None,
+        servers: AttachedServers | None = None,
     ) -> None:
         super().__init__()
         for section in SECTIONS:
             self.add_mode(section.id, partial(section.screen, self))
         self.client_factory = client_factory
         self.factory_for_model = factory_for_model  # how switch_model makes a client
-        self.model_name = model_name
-        self.client: EngineClientProtocol | None = None
-        self.engine_ready = False
+        self.servers = servers  # `kvdeck attach`: the servers watched (the chat's is selected)
+        # The services handed to screens and widgets (they never reach into the App).
+        self.engine = EngineSession(model=model, name=model_name)
         self.dashboard_state = DashboardState()
-        self.chat_settings = chat_settings or ChatSettings()
-        self.transcript_store = TranscriptStore(transcript_dir or default_transcript_dir())
+        self.settings = settings_store or SettingsStore(None, chat_settings)
+        self.transcripts = TranscriptStore(transcript_dir or default_transcript_dir())
+        self.activity = ActivityTracker()
         self.load_spec = LoadSpec()
         self.load: LoadGenerator | None = None
         self._quitting = False
         self._engine_stopped = False
         self.exit_code = 0
 
+    # What tests and the command palette read.
+    @property
+    def client(self) -> EngineClientProtocol | None:
+        return self.engine.client
+
+    @property
+    def engine_ready(self) -> bool:
+        return self.engine.ready
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.name
+
+    @property
+    def chat_settings(self) -> ChatSettings:
+        return self.settings.current
+
+    @property
+    def transcript_store(self) -> TranscriptStore:
+        return self.transcripts
+
     # ----- engine lifecycle -------------------------------------------------------------
     def on_mount(self) -> None:
-        self.sub_title = self.model_name
+        self.sub_title = self.engine.name
+        if self.settings.problem:
+            self.notify(self.settings.problem, severity="warning", timeout=8)
+        if self.servers is not None:
+            self.run_worker(self.servers.watch(), group="servers")
         self.start_engine()
         self.set_interval(HEALTH_CHECK_S, self.check_engine_health)
 
     @work(group="engine", exclusive=True)
     async def start_engine(self) -> None:
-        startup = StartupScreen(self.model_name)
+        startup = StartupScreen(self.engine.name)
         await self.push_screen(startup)
-        old, self.client = self.client, None
+        engine = self.engine
+        old, engine.client, engine.ready = engine.client, None, False
         if old is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(old.shutdown(), SHUTDOWN_TIMEOUT_S)
+            engine.mark_stopped(old)
         loop_thread = threading.get_ident()
 
         def on_progress(progress: StartupProgressLike) -> None:
@@ -105,19 +164,35 @@ class KvdeckApp(App[int]):
         try:
             # In a thread: the first call imports the engine (torch), which takes seconds
             # and must not freeze the start-up screen.
-            self.client = await asyncio.to_thread(self.client_factory)
-            await self.client.start(on_progress=on_progress)
+            client = engine.client = await asyncio.to_thread(self.client_factory)
+            await client.start(on_progress=on_progress)
         except Exception as exc:
             self._close_startup(startup)
-            self.show_engine_error("The engine failed to start", f"{type(exc).__name__}: {exc}")
+            title = ("Could not attach" if self.servers is not None
+                     else "The engine failed to start")
+            self.show_engine_error(title, f"{type(exc).__name__}: {exc}")
             return
-        self.dashboard_state.reset()
-        self.model_name = display_model_name(self.client.model_name or self.model_name)
-        self.sub_title = self.model_name
-        self.load = LoadGenerator(self.client, self.dashboard_state)
-        self.engine_ready = True
+        engine.mark_running(client)
+        state = self.dashboard_state
+        state.reset()
+        state.max_model_len = client.max_model_len
+        # An attached server: "kvdeck" (stats stream) or "openai" (metrics only).
+        state.source = getattr(client, "kind", "engine")
+        state.latency_feed = state.source == "kvdeck"
+        state.connected = True
+        if self.servers is not None:
+            label = getattr(client, "engine_label", "server")
+            state.source_label = f"{label} at {getattr(client, 'url', '')}"
+            engine.name = client.model_name or engine.name
+            self.title = f"kvdeck · attached to {state.source_label}"
+        self.sub_title = engine.name
+        self.load = LoadGenerator(client, state)
+        engine.ready = True
         self._close_startup(startup)
-        self.consume_stats(self.client)
+        if state.source == "openai":
+            self.consume_metrics(cast("MetricsSource", client))
+        else:
+            self.consume_stats(client)
 
     def _close_startup(self, startup: StartupScreen) -> None:
         """Remove the start-up screen, and anything opened over it meanwhile (help...)."""
@@ -131,33 +206,73 @@ class KvdeckApp(App[int]):
     async def consume_stats(self, client: EngineClientProtocol) -> None:
         try:
             async for stats in client.stats_stream():
-                if client is not self.client:
+                if client is not self.engine.client:
                     return
                 self.dashboard_state.add_stats(stats)
+                drain = getattr(client, "drain_latencies", None)  # a kvdeck server's feed
+                for kind, at, seconds in drain() if drain is not None else ():
+                    self.dashboard_state.add_feed_latency(kind, at, seconds)
         except Exception as exc:
-            if client is self.client and not self._quitting:
+            if client is self.engine.client and not self._quitting:
                 self.show_engine_error("The engine stopped", f"{type(exc).__name__}: {exc}")
 
+    @work(group="stats", exclusive=True)
+    async def consume_metrics(self, client: MetricsSource) -> None:
+        """A server seen through /metrics only (vLLM): its summaries feed the dashboard."""
+        try:
+            async for view in client.metrics_stream():
+                if client is not self.engine.client:
+                    return
+                self.dashboard_state.add_metrics(view, time.time())
+        except Exception as exc:
+            if client is self.engine.client and not self._quitting:
+                self.show_engine_error("The server refused", f"{type(exc).__name__}: {exc}")
+
     def check_engine_health(self) -> None:
-        if not self.engine_ready or self.client is None or self._quitting:
+        client = self.engine.client
+        if client is None or self._quitting:
             return
-        health = self.client.health()
+        if self.servers is not None:
+            self._check_attached(client)
+            return
+        if not self.engine.ready:
+            return
+        health = client.health()
         if health.status in ("dead", "stopped"):
             self.show_engine_error(f"The engine is {health.status}", health.detail or "")
 
+    def _check_attached(self, client: EngineClientProtocol) -> None:
+        """An attached server that went away is not an error to acknowledge: its client
+        reconnects by itself; meanwhile the chat waits and the dashboard greys."""
+        if isinstance(self.screen, EngineErrorScreen) or self.load is None:
+            return  # never attached (wrong URL or key), or a refused key: the screen says why
+        health = client.health()
+        connected = health.status == "ready"
+        if connected != self.dashboard_state.connected:
+            self.dashboard_state.connected = connected
+            self.dashboard_state.version += 1
+            if connected:
+                self.notify(f"Reconnected: {health.detail}", timeout=3)
+            else:
+                self.notify(health.detail, severity="warning", timeout=5)
+        self.engine.ready = connected and health.status != "stopped"
+
     def show_engine_error(self, title: str, detail: str) -> None:
-        self.engine_ready = False
+        self.engine.ready = False
         if self._quitting or isinstance(self.screen, EngineErrorScreen):
             return
         self.push_screen(EngineErrorScreen(title, detail))
 
-    def switch_model(self, model: str) -> None:
-        """Stop the engine and start it again on another model (the Models screen's load)."""
+    def switch_model(self, model: str | None, name: str | None = None) -> None:
+        """Stop the engine and start it again on another model (None: the bundled demo)."""
+        if self.servers is not None:
+            raise ValueError("attached to a server: its model is chosen where it runs")
         if self.factory_for_model is None:
             raise ValueError("this app cannot switch models (no factory_for_model given)")
         self.client_factory = self.factory_for_model(model)
-        self.model_name = display_model_name(model)
-        self.engine_ready = False
+        self.engine.model = model
+        self.engine.name = name or display_model_name(model)
+        self.engine.ready = False
         self.restart_engine()
 
     def restart_engine(self) -> None:
@@ -165,25 +280,62 @@ class KvdeckApp(App[int]):
             self.pop_screen()
         self.start_engine()
 
+    def action_next_server(self) -> None:
+        """Chat with and map the next attached server (the table keeps watching them all)."""
+        if self.servers is None or len(self.servers) < 2:
+            return
+        url = self.servers.select_next()
+        self.client_factory = self.servers.client_factory()
+        self.engine.name = url
+        self.restart_engine()
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "next_server":
+            return self.servers is not None and len(self.servers) > 1
+        return True
+
+    def on_restart_engine_requested(self, message: RestartEngineRequested) -> None:
+        self.restart_engine()
+
+    def on_engine_health_check(self, message: EngineHealthCheck) -> None:
+        self.check_engine_health()
+
+    def on_switch_model_requested(self, message: SwitchModelRequested) -> None:
+        try:
+            self.switch_model(message.model, message.name)
+        except ValueError as exc:
+            self.notify(str(exc), severity="error")
+
     async def stop_engine(self) -> None:
-        """Stop the engine process (idempotent): end the chat reply and load first."""
+        """Stop the engine process (idempotent): end replies, bursts and jobs first."""
         if self._engine_stopped:
             return
         self._engine_stopped = True
-        self.engine_ready = False
-        client = self.client
+        with contextlib.suppress(Exception):
+            await self.activity.stop_all(timeout=5)
+        self.engine.ready = False
+        client = self.engine.client
         if client is None:
             return
         with contextlib.suppress(Exception):
-            if self.load is not None and self.load.running:
-                await asyncio.wait_for(self.load.stop(), 5)
-            for chat in self.query("ChatPane"):
-                await asyncio.wait_for(chat.stop(), 5)  # type: ignore[attr-defined]
-                await asyncio.wait_for(chat.workers_done(), 5)  # type: ignore[attr-defined]
-        with contextlib.suppress(Exception):
             await asyncio.wait_for(client.shutdown(), SHUTDOWN_TIMEOUT_S)
+        self.engine.mark_stopped(client)
 
     async def action_quit(self) -> None:
+        """Quit; while a reply, a load burst or a job runs, ask first (asked twice: quit)."""
+        if self._quitting:
+            return
+        running = self.activity.descriptions()
+        if running and not isinstance(self.screen, ConfirmQuitScreen):
+            self.push_screen(ConfirmQuitScreen(running), self._quit_answered)
+            return
+        await self._quit_now()
+
+    def _quit_answered(self, answer: bool | None) -> None:
+        if answer:
+            self.run_worker(self._quit_now(), group="quit", exclusive=True)
+
+    async def _quit_now(self) -> None:
         if self._quitting:
             return
         self._quitting = True
@@ -192,6 +344,8 @@ class KvdeckApp(App[int]):
 
     async def on_unmount(self) -> None:
         await self.stop_engine()
+        if self.servers is not None:
+            await self.servers.close()
 
     # ----- actions ----------------------------------------------------------------------
     def action_switch_section(self, section_id: str) -> None:
@@ -209,36 +363,44 @@ class KvdeckApp(App[int]):
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
 
     def action_load_generator(self) -> None:
-        if not self.engine_ready or self.client is None or self.load is None:
+        client = self.engine.usable
+        if client is None or self.load is None:
             self.notify("The engine is not ready yet.", severity="warning")
             return
         if self.load.running:
             self.action_stop_load()
             return
-        self.push_screen(LoadGeneratorScreen(self.load_spec, self.client.max_model_len),
+        self.push_screen(LoadGeneratorScreen(self.load_spec, client.max_model_len),
                          self._fire_load)
 
     def _fire_load(self, spec: LoadSpec | None) -> None:
         if spec is None:
             return
         self.load_spec = spec
-        self.run_load(spec)
-        show_pane = getattr(self.screen, "show_pane", None)
-        if show_pane is not None and self.screen.has_class("-narrow"):
-            show_pane("dashboard")
+        seed = spec.seed if spec.seed is not None else new_seed()  # fresh prompts each burst
+        self.run_load(spec, seed)
+        self.screen.post_message(LoadBurstStarted(spec.num_requests, seed))
 
     @work(group="load")
-    async def run_load(self, spec: LoadSpec) -> None:
-        assert self.load is not None
-        self.notify(f"Load: {spec.num_requests} requests × {spec.prompt_tokens} prompt + "
-                    f"{spec.output_tokens} output tokens", timeout=3)
+    async def run_load(self, spec: LoadSpec, seed: int | None = None) -> None:
+        load = self.load
+        assert load is not None
+        seed = seed if seed is not None else spec.seed if spec.seed is not None else new_seed()
+        shared = (f", the first {spec.shared_prefix_tokens} shared (one leader first)"
+                  if spec.shared_prefix_tokens else "")
+        self.notify(f"Load: {spec.num_requests} requests × {spec.prompt_tokens} prompt tokens"
+                    f"{shared} + {spec.output_tokens} output · seed {seed}", timeout=4)
+        self.activity.begin("load", f"a load burst of {spec.num_requests} requests", load.stop)
         try:
-            result = await self.load.run(spec)
+            result = await load.run(spec, seed)
         except Exception as exc:
             self.notify(f"Load generator failed: {exc}", severity="error")
             return
-        summary = (f"Load done: {result.completed} finished, {result.aborted} stopped, "
-                   f"{result.failed} failed, {result.output_tokens} tokens out")
+        finally:
+            self.activity.end("load")
+        summary = (f"Load done (seed {result.seed}): {result.completed} finished, "
+                   f"{result.aborted} stopped, {result.failed} failed, "
+                   f"{result.output_tokens} tokens out")
         self.notify(summary, severity="error" if result.failed else "information", timeout=5)
 
     def action_stop_load(self) -> None:
@@ -246,26 +408,17 @@ class KvdeckApp(App[int]):
             self.run_worker(self.load.stop(), group="load-stop")
             self.notify("Stopping the load burst.", timeout=2)
 
-    def save_transcript(self, transcript: Transcript) -> None:
-        if not transcript.turns:
-            return
-        try:
-            self.transcript_store.save(transcript)
-        except OSError as exc:
-            self.notify(f"Could not save the chat: {exc}", severity="error")
-
     # ----- help and command palette -----------------------------------------------------
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        from kvdeck.tui.widgets.chat_message import ChatMessage
-
-        groups: list[tuple[str, list[Binding]]] = [
-            ("Everywhere", [PALETTE_BINDING, *_bindings(self.BINDINGS)]),
-        ]
+        usable = [b for b in _bindings(self.BINDINGS) if self.check_action(b.action, ())]
+        groups: list[tuple[str, list[Binding]]] = [("Everywhere", [PALETTE_BINDING, *usable])]
         base = self.screen_stack[0] if self.screen_stack else None
         if base is not None and _bindings(base.BINDINGS):
             section = next((s.title for s in SECTIONS if s.id == self.current_mode), "Screen")
             groups.append((section, _bindings(base.BINDINGS)))
-        groups.append(("A focused chat message", _bindings(ChatMessage.BINDINGS)))
+        # Keys that only act where their widget has focus (a screen lists them).
+        for title, bindings in getattr(base, "HELP_GROUPS", ()):
+            groups.append((title, _bindings(bindings)))
         return groups
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
@@ -278,18 +431,14 @@ class KvdeckApp(App[int]):
         for binding in _bindings(self.BINDINGS):
             if binding.action in ("quit", "command_palette") or binding.id.startswith("section_"):
                 continue
+            if not self.check_action(binding.action, ()):
+                continue
             yield SystemCommand(binding.description, _command_help(binding),
                                 lambda a=binding.action: self.run_action(a))
         base = self.screen_stack[0] if self.screen_stack else screen
         for binding in _bindings(base.BINDINGS):
             yield SystemCommand(binding.description, _command_help(binding),
                                 lambda a=binding.action, s=base: self.run_action(a, s))
-
-
-def display_model_name(name: str) -> str:
-    """A local model directory shows as its folder name; a hub id stays as it is."""
-    path = Path(name).expanduser()
-    return path.name if path.is_absolute() and path.is_dir() else name
 
 
 def _command_help(binding: Binding) -> str:
@@ -304,8 +453,10 @@ def run_tui(model: str | None, engine_kwargs: dict) -> int:
     """Open the TUI; the engine starts in its background process once the window is up."""
 
     from kvdeck.tui.engine_factory import real_client_factory
+    from kvdeck.tui.settings_store import default_settings_path
 
-    app = KvdeckApp(real_client_factory(model, engine_kwargs), model_name=model or "demo model",
+    app = KvdeckApp(real_client_factory(model, engine_kwargs), display_model_name(model),
+                    model=model, settings_store=SettingsStore(default_settings_path()),
                     factory_for_model=lambda name: real_client_factory(name, engine_kwargs))
     result = app.run()
     return int(result or 0)

@@ -5,7 +5,6 @@ Pure data (no Textual), so the map widget only turns these arrays into strips.
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -14,18 +13,6 @@ if TYPE_CHECKING:
 
 FREE, CACHED, OWNED, SHARED, WRITING = range(5)
 KIND_NAMES = ("free", "cached (evictable)", "owned", "shared (ref > 1)", "being written")
-
-# Request colours: distinct hues readable on dark and light backgrounds.
-PALETTE = (
-    "#e6194b", "#3cb44b", "#4363d8", "#f58231", "#911eb4", "#42b4d4",
-    "#f032e6", "#9bbf2f", "#469990", "#c08a3e", "#b03060", "#7f7f00",
-)
-
-
-def request_colour_index(request_id: str) -> int:
-    """A stable colour per request id (crc32, not hash(): that is salted per process)."""
-    return zlib.crc32(request_id.encode()) % len(PALETTE)
-
 
 @dataclass(slots=True)
 class BlockCells:

@@ -3,6 +3,11 @@
 Fed from two sides: EngineStats snapshots (the stats stream) and per-request latencies
 observed on the token streams (TTFT, ITL). Widgets read it on their refresh timer, so a
 burst of snapshots never causes a burst of redraws.
+
+Attached to a server (`kvdeck attach`), a kvdeck server sends the same snapshots plus the
+latencies of every request it serves (`latency_feed`: the UI's own observations of its
+replies would count them twice); a vLLM server only has /metrics, whose summaries
+(`add_metrics`) feed the same histories and headline figures, with no block map.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from kvdeck.app.attach.metrics_view import MetricsView
     from kvdeck.engine.types.stats import EngineStats
 
 HISTORY_LEN = 240  # samples kept for the KV and throughput histories
@@ -39,6 +45,12 @@ class DashboardState:
         default_factory=lambda: deque(maxlen=LATENCY_LEN)
     )  # (seconds since origin, ITL ms)
     tokens_per_s: float = 0.0
+    max_model_len: int | None = None  # the loaded model's context (how many requests fit)
+    source: str = "engine"  # "engine" (local) | "kvdeck" (attached) | "openai" (metrics only)
+    source_label: str = ""  # what the dashboard calls an attached server ("vLLM at URL")
+    connected: bool = True  # False: an attached server is unreachable; figures are the last
+    latency_feed: bool = False  # latencies come from the server's feed, not the UI's replies
+    metrics: MetricsView | None = None  # the last /metrics summary (source "openai")
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
 
     def add_stats(self, stats: EngineStats) -> None:
@@ -66,11 +78,38 @@ class DashboardState:
             return self.tokens_per_s if len(marks) > 1 else 0.0
         return (generated_total - first_n) / elapsed
 
+    def add_metrics(self, view: MetricsView, timestamp: float) -> None:
+        """A /metrics summary: KV usage, throughput and the TTFT / ITL medians over time."""
+        if self.origin is None:
+            self.origin = timestamp
+        self.metrics = view
+        self.version += 1
+        t = timestamp - self.origin
+        if view.kv_cache_usage is not None:
+            self.kv_history.append((t, view.kv_cache_usage))
+        self.tokens_per_s = view.generation_tokens_per_s or 0.0
+        self.throughput_history.append((t, self.tokens_per_s))
+        for name, points in (("ttft", self.ttft_points), ("itl", self.itl_points)):
+            median = view.latencies.get(name, {}).get(0.5)
+            if median is not None:
+                points.append((t, median * 1000.0))
+                self.latency_version += 1
+
+    def add_feed_latency(self, kind: str, at: float, seconds: float) -> None:
+        """A latency the server observed (kind "ttft" or "itl")."""
+        points = self.ttft_points if kind == "ttft" else self.itl_points
+        points.append((self._since_origin(at), seconds * 1000.0))
+        self.latency_version += 1
+
     def add_ttft(self, at: float, ttft_s: float) -> None:
+        if self.latency_feed:
+            return
         self.ttft_points.append((self._since_origin(at), ttft_s * 1000.0))
         self.latency_version += 1
 
     def add_itl(self, at: float, itl_s: float) -> None:
+        if self.latency_feed:
+            return
         self.itl_points.append((self._since_origin(at), itl_s * 1000.0))
         self.latency_version += 1
 
@@ -79,8 +118,16 @@ class DashboardState:
             self.origin = at
         return at - self.origin
 
+    def latest_time(self) -> float:
+        """Seconds since start of the newest sample of any series (the graphs' "now")."""
+        last = [series[-1][0] for series in (self.kv_history, self.ttft_points, self.itl_points)
+                if series]
+        return max(last, default=0.0)
+
     @property
     def prefix_hit_rate(self) -> float | None:
+        if self.stats is None and self.metrics is not None:
+            return self.metrics.prefix_cache_hit_rate
         if self.stats is None or self.stats.prefix_cache_queries == 0:
             return None
         return self.stats.prefix_cache_hits / self.stats.prefix_cache_queries
@@ -88,6 +135,7 @@ class DashboardState:
     def reset(self) -> None:
         """Forget everything (a restarted engine starts its counters again)."""
         self.stats = None
+        self.metrics = None
         self.origin = None
         self.tokens_per_s = 0.0
         for history in (self.kv_history, self.throughput_history, self.ttft_points,

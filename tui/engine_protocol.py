@@ -8,6 +8,7 @@ does not import torch: the real client is imported lazily in `tui.app.run_tui`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ class EngineHealthLike(Protocol):
 class EngineClientProtocol(Protocol):
     model_name: str
     max_model_len: int
+    num_blocks: int  # KV blocks in the pool (known once started)
+    model_dir: Path | None  # the model's directory (known once started)
     tokenizer: Any  # needs .vocab_size for the load generator
 
     async def start(
@@ -43,6 +46,9 @@ class EngineClientProtocol(Protocol):
         messages: list[dict] | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
+    def encode(self, prompt: str | list[int] | None = None,
+               messages: list[dict] | None = None) -> tuple[str | None, list[int]]: ...
+
     async def abort(self, request_id: str) -> None: ...
 
     def stats_stream(self) -> AsyncIterator[EngineStats]: ...
@@ -52,6 +58,15 @@ class EngineClientProtocol(Protocol):
     async def restart(self) -> None: ...
 
     async def shutdown(self) -> None: ...
+
+
+class MetricsSource(Protocol):
+    """An attached server that only has /metrics (vLLM): what the dashboard reads instead
+    of engine snapshots (kvdeck.app.attach.remote_client.RemoteClient)."""
+
+    kind: str  # "openai"
+
+    def metrics_stream(self) -> AsyncIterator[Any]: ...  # MetricsView summaries
 
 
 # Stages of start-up in the order the client reports them (drives the progress bar).

@@ -3,11 +3,11 @@
 Adding a section (e.g. the model manager's "Models" screen) is one entry here: the app
 builds its modes, its switch bindings (with ids, so keymaps work), its command-palette
 entries and its help from this list. A section's factory gets the app, so a screen can be
-handed what the app owns, e.g.
+handed the services the app owns (screens post messages for what the app must do), e.g.
 
     def _models_screen(app: KvdeckApp) -> Screen:
         from kvdeck.tui.screens.models_screen import ModelsScreen
-        return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
+        return ModelsScreen(engine=app.engine, activity=app.activity)
 
     Section("models", "Models", "f5", "Download, quantise, load models", _models_screen)
 """
@@ -37,14 +37,14 @@ class Section:
 def _deck_screen(app: KvdeckApp) -> Screen:
     from kvdeck.tui.screens.deck import DeckScreen
 
-    del app  # the deck reads what it needs from the app when mounted
-    return DeckScreen()
+    return DeckScreen(app.engine, app.dashboard_state, app.settings, app.transcripts, app.activity,
+                      app.servers)
 
 
 def _models_screen(app: KvdeckApp) -> Screen:
     from kvdeck.tui.screens.models_screen import ModelsScreen
 
-    return ModelsScreen(on_load=lambda model: app.switch_model(str(model.path)))
+    return ModelsScreen(engine=app.engine, activity=app.activity)
 
 
 SECTIONS: list[Section] = [

@@ -28,6 +28,11 @@ class MetricsView:
     generation_tokens_per_s: float | None = None
     prompt_tokens_per_s: float | None = None
     spec_acceptance_rate: float | None = None  # accepted / proposed draft tokens, over the window
+    # The rates behind the two ratios, so replicas can be summed before dividing.
+    prefix_cache_hits_per_s: float | None = None
+    prefix_cache_queries_per_s: float | None = None
+    spec_accepted_per_s: float | None = None
+    spec_drafted_per_s: float | None = None
     # name -> {quantile: seconds} over the window ("ttft", "itl", "e2e", "queue")
     latencies: dict[str, dict[float, float | None]] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)  # the window's observations
@@ -64,6 +69,10 @@ def summarise(history: deque[Scrape], window_s: float = WINDOW_S) -> MetricsView
                                      "vllm:prefix_cache_queries_total"),
         spec_acceptance_rate=_ratio(before, now, "vllm:spec_decode_num_accepted_tokens_total",
                                     "vllm:spec_decode_num_draft_tokens_total"),
+        prefix_cache_hits_per_s=rate(before, now, "vllm:prefix_cache_hits_total"),
+        prefix_cache_queries_per_s=rate(before, now, "vllm:prefix_cache_queries_total"),
+        spec_accepted_per_s=rate(before, now, "vllm:spec_decode_num_accepted_tokens_total"),
+        spec_drafted_per_s=rate(before, now, "vllm:spec_decode_num_draft_tokens_total"),
         models=sorted(now.label_values("vllm:num_requests_running", "model_name")),
         window_s=now.timestamp - before.timestamp if before else 0.0,
     )
@@ -96,9 +105,17 @@ def combine(views: list[MetricsView]) -> MetricsView:
         preemptions_per_s=total("preemptions_per_s"),
         generation_tokens_per_s=total("generation_tokens_per_s"),
         prompt_tokens_per_s=total("prompt_tokens_per_s"),
+        prefix_cache_hits_per_s=total("prefix_cache_hits_per_s"),
+        prefix_cache_queries_per_s=total("prefix_cache_queries_per_s"),
+        spec_accepted_per_s=total("spec_accepted_per_s"),
+        spec_drafted_per_s=total("spec_drafted_per_s"),
         models=sorted({m for v in views for m in v.models}),
         window_s=max(v.window_s for v in views),
     )
+    if merged.prefix_cache_queries_per_s and merged.prefix_cache_hits_per_s is not None:
+        merged.prefix_cache_hit_rate = merged.prefix_cache_hits_per_s / merged.prefix_cache_queries_per_s
+    if merged.spec_drafted_per_s and merged.spec_accepted_per_s is not None:
+        merged.spec_acceptance_rate = merged.spec_accepted_per_s / merged.spec_drafted_per_s
     for name in LATENCIES:
         parts = [v.histograms[name] for v in views if name in v.histograms]
         if parts and all(len(p.buckets) == len(parts[0].buckets) for p in parts):

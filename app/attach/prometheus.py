@@ -80,7 +80,8 @@ def rate(before: Scrape | None, after: Scrape, name: str) -> float | None:
     if before is None or after.timestamp <= before.timestamp:
         return None
     now, then = after.value(name), before.value(name)
-    if now is None or then is None:
+    if now is None:
         return None
+    then = then or 0.0  # a series that appeared since (a server just started) began at 0
     increase = now - then if now >= then else now  # a reset starts the counter again
     return increase / (after.timestamp - before.timestamp)

@@ -12,6 +12,8 @@ import multiprocessing as mp
 import os
 import queue
 import shutil
+import signal
+import sys
 import threading
 import traceback
 from collections.abc import Callable
@@ -142,13 +144,30 @@ def _log_tail(scratch: Path | None, lines: int = 5) -> str:
     return (": " + " | ".join(tail)) if tail else ""
 
 
+class _Terminated(BaseException):
+    """SIGTERM (a cancel) as an exception, so the process unwinds and exits cleanly."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise _Terminated
+
+
 def run_worker(messages, worker: str, spec: dict) -> None:
-    """In the spawned process: run the worker, send its messages and its outcome."""
+    """In the spawned process: run the worker, send its messages and its outcome.
+
+    A cancel terminates this process. Dying of the signal would skip multiprocessing's
+    exit finalizers, and a lock something made here (tqdm's, while transformers loads a
+    model) would stay registered with the resource tracker, which then warns of a "leaked
+    semaphore" when the app exits; so SIGTERM unwinds the process instead.
+    """
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
         module_name, func_name = worker.split(":")
         func = getattr(importlib.import_module(module_name), func_name)
         result = func(spec, lambda message: messages.put(("message", message)))
         messages.put(("done", result))
+    except _Terminated:
+        sys.exit(143)  # cancelled: nobody waits for an outcome
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the parent
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else traceback.format_exc(limit=3)
         messages.put(("error", detail))

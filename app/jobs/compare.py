@@ -3,8 +3,13 @@
 Perplexity runs in a background process (`kvdeck.app.jobs.background`, the worker in
 `workers.py`): the original through transformers, the AWQ checkpoint through kvdeck's INT4
 layers (quant.hf_int4), both on the same token windows of the same text.
+
+The text is held out: the model's own `heldout.txt` where it ships one, or a file the
+user chooses; never the calibration text, on which AWQ fitted its scales and clipping
+(perplexity there flatters the quantised model).
 """
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +18,8 @@ from kvdeck.app.jobs.background import BackgroundJob, start_background
 from kvdeck.app.store.local_models import LocalModel
 from kvdeck.assets import calibration_text
 from kvdeck.engine.types.config import DEVICES
+
+HELDOUT_FILE = "heldout.txt"
 
 WORKER = "kvdeck.app.jobs.workers:compare_worker"  # named: the worker loads torch, this does not
 
@@ -41,6 +48,41 @@ class Comparison:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class CompareProgress:
+    fraction: float  # 0..1 over both models' windows
+    message: str
+
+
+def heldout_text_for(original: LocalModel, quantized: LocalModel) -> Path | None:
+    """The held-out text shipped with either model (the bundled demo model has one)."""
+    for model in (original, quantized):
+        candidate = Path(model.path) / HELDOUT_FILE
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def check_eval_text(path: str | Path, calibration: str | None = None) -> str | None:
+    """Why `path` will not do as evaluation text, or None: it must exist, hold text, and
+    not be the calibration text (kvdeck's default, or the one the model was made with)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        return f"{path}: no such file"
+    if file.stat().st_size < 100:
+        return f"{path}: too short to measure a perplexity on"
+    calibration_files = [calibration_text(), *([Path(calibration)] if calibration else [])]
+    digest = _digest(file)
+    if any(c.is_file() and _digest(c) == digest for c in calibration_files):
+        return (f"{file.name} is the calibration text the model was quantised with: its "
+                "perplexity there flatters the quantised model. Choose held-out text.")
+    return None
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @dataclass(slots=True)
 class CompareJob:
     background: BackgroundJob | None = None
@@ -66,8 +108,10 @@ def start_compare(
     on_end: Callable[[CompareJob], None] | None = None,
     num_threads: int | None = None,
     device: str = "auto",
+    on_progress: Callable[[CompareProgress], None] | None = None,
 ) -> CompareJob:
-    """Measure both models' perplexity on `text_file` (default: the calibration text)."""
+    """Measure both models' perplexity on `text_file` (default: the models' held-out text;
+    ValueError when there is none, or when the file is the calibration text)."""
     if quantized.quantization is None or not quantized.quantization.startswith("awq"):
         raise ValueError(f"{quantized.name} is not an AWQ model")
     if seq_len < 2 or max_windows < 1:
@@ -75,9 +119,14 @@ def start_compare(
     if device not in DEVICES:
         raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
     if text_file is None:
-        text_file = str(calibration_text())
-    if not Path(text_file).is_file():
-        raise ValueError(f"text file {text_file!r} does not exist")
+        heldout = heldout_text_for(original, quantized)
+        if heldout is None:
+            raise ValueError(f"{original.name} ships no {HELDOUT_FILE}: choose a text file the "
+                             "model was not quantised on")
+        text_file = str(heldout)
+    problem = check_eval_text(text_file, quantized.calibration_file)
+    if problem:
+        raise ValueError(problem)
     job = CompareJob()
     spec = {"original": str(original.path), "quantized": str(quantized.path),
             "text_file": text_file, "seq_len": seq_len, "max_windows": max_windows,
@@ -89,10 +138,15 @@ def start_compare(
                                 quantized.size_bytes, original_ppl, quantized_ppl, num_tokens,
                                 text_file)  # fmt: skip
 
+    def message(payload: object) -> None:
+        fraction, text = payload if isinstance(payload, tuple) else (0.0, payload)
+        if on_progress is not None:
+            on_progress(CompareProgress(float(fraction), str(text)))
+        if on_message is not None:
+            on_message(str(text))
+
     job.background = start_background(
-        WORKER, spec, None,
-        on_message=lambda m: on_message(str(m)) if on_message else None,
-        on_success=success,
+        WORKER, spec, None, on_message=message, on_success=success,
         on_end=lambda _bg: on_end(job) if on_end else None,
     )  # fmt: skip
     return job

@@ -21,6 +21,7 @@ from kvdeck.app.store import paths, registry
 from kvdeck.app.store.inspect import describe_model
 from kvdeck.app.store.local_models import LocalModel, find_model
 from kvdeck.engine.types.config import DEVICES
+from kvdeck.quant.progress_text import remaining_seconds
 from kvdeck.quant.staging import pid_alive
 
 _NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
@@ -56,13 +57,16 @@ class QuantizeProgress:
     layer: int = 0  # decoder layers finished
     num_layers: int = 0
     elapsed_s: float = 0.0
-    eta_s: float | None = None
-    message: str = ""
+    eta_s: float | None = None  # None: too early to tell
+    message: str = ""  # the step under way, or what went wrong
+    done: float | None = None  # fraction of the work, finer than whole layers
 
     @property
     def fraction(self) -> float:
         if self.phase == "done":
             return 1.0
+        if self.done is not None:
+            return self.done
         return self.layer / self.num_layers if self.num_layers else 0.0
 
 
@@ -74,6 +78,7 @@ class QuantizeJob:
     name: str
     staging: Path
     on_progress: Callable[[QuantizeProgress], None] | None
+    calibration_file: str | None = None  # None: kvdeck's calibration text
     progress: QuantizeProgress = field(default_factory=lambda: QuantizeProgress("starting"))
     result: LocalModel | None = None
     background: BackgroundJob | None = None
@@ -106,24 +111,23 @@ class QuantizeJob:
             self.on_progress(progress)
 
     def _on_message(self, message: tuple) -> None:
-        layer, num_layers, elapsed, eta = message
-        self._report(QuantizeProgress("quantizing", layer, num_layers, elapsed, eta))
+        if message[0] == "step":  # inside a layer (or before the first): a few seconds apart
+            _, fraction, what, elapsed = message
+            last = self.progress
+            self._report(QuantizeProgress(
+                "quantizing", last.layer, last.num_layers, elapsed,
+                remaining_seconds(fraction, elapsed), what, max(fraction, last.fraction)))
+            return
+        _, layer, num_layers, elapsed, eta = message
+        self._report(QuantizeProgress("quantizing", layer, num_layers, elapsed, eta,
+                                      f"layer {layer}/{num_layers} done"))
         if layer == num_layers:
-            self._report(QuantizeProgress("writing", layer, num_layers, elapsed, 0.0))
+            self._report(QuantizeProgress("writing", layer, num_layers, elapsed, 0.0,
+                                          "writing the checkpoint"))
 
     def _on_success(self, written: object) -> None:
-        written = Path(str(written))
-        target = paths.store_dir() / self.name
-        described = describe_model(written)  # raises InvalidModelError if it is not complete
-        if target.exists():
-            raise ValueError(f"{target} appeared while the job ran")
-        os.rename(written, target)
-        registry.mark_verified(
-            registry.store_key(self.name),
-            {"origin": self.source.name, "method": "awq", "path": str(target),
-             "architecture": described.architecture},
-        )  # fmt: skip
-        self.result = find_model(self.name)
+        self.result = install_quantized(Path(str(written)), self.name, self.source.name,
+                                        str(self.source.path), self.calibration_file)
 
     def _on_end(self, job: BackgroundJob) -> None:
         n = self.progress.num_layers
@@ -133,6 +137,39 @@ class QuantizeJob:
             self._report(QuantizeProgress("failed", self.progress.layer, n, message=job.error))
         else:
             self._report(QuantizeProgress("done", n, n, self.progress.elapsed_s, 0.0))
+
+
+def install_quantized(written: Path, name: str, origin: str, origin_path: str,
+                      calibration_file: str | None = None, method: str = "awq") -> LocalModel:
+    """Move a finished checkpoint from staging into the store and register it, with the
+    model it was made from and the text it was calibrated on (for honest comparisons).
+    InvalidModelError if it is not complete."""
+    target = paths.store_dir() / name
+    described = describe_model(written)
+    if target.exists():
+        raise ValueError(f"{target} appeared while the job ran")
+    os.rename(written, target)
+    registry.mark_verified(
+        registry.store_key(name),
+        {"origin": origin, "origin_path": origin_path, "method": method, "path": str(target),
+         "architecture": described.architecture, "calibration_file": calibration_file},
+    )  # fmt: skip
+    model = find_model(name)
+    assert model is not None
+    return model
+
+
+def new_staging(name: str) -> Path:
+    """A job's own folder in the store's staging area (owner pid inside, see below)."""
+    if not _NAME.match(name):
+        raise ValueError(f"name must be letters, digits, '.', '_' or '-', got {name!r}")
+    if (paths.store_dir() / name).exists():
+        raise ValueError(f"a model named {name!r} already exists in {paths.store_dir()}")
+    remove_orphaned_staging()
+    staging = paths.staging_dir() / f"{name}-{uuid.uuid4().hex[:8]}"
+    staging.mkdir(parents=True)
+    (staging / _OWNER_FILE).write_text(str(os.getpid()))
+    return staging
 
 
 def remove_orphaned_staging() -> list[Path]:
@@ -152,8 +189,8 @@ def remove_orphaned_staging() -> list[Path]:
     return removed
 
 
-def default_name(source: LocalModel) -> str:
-    return source.name.replace("/", "--") + "-awq"
+def default_name(source: LocalModel, method: str = "awq") -> str:
+    return f"{source.name.replace('/', '--')}-{method}"
 
 
 def start_quantize(
@@ -173,15 +210,9 @@ def start_quantize(
     if not model.supported:
         raise ValueError(f"{model.name}: architecture {model.architecture} is not supported")
     name = name or default_name(model)
-    if not _NAME.match(name):
-        raise ValueError(f"name must be letters, digits, '.', '_' or '-', got {name!r}")
-    if (paths.store_dir() / name).exists():
-        raise ValueError(f"a model named {name!r} already exists in {paths.store_dir()}")
-    remove_orphaned_staging()
-    staging = paths.staging_dir() / f"{name}-{uuid.uuid4().hex[:8]}"
-    staging.mkdir(parents=True)
-    (staging / _OWNER_FILE).write_text(str(os.getpid()))
-    job = QuantizeJob(source=model, name=name, staging=staging, on_progress=on_progress)
+    staging = new_staging(name)
+    job = QuantizeJob(source=model, name=name, staging=staging, on_progress=on_progress,
+                      calibration_file=options.calib_file)
     spec = {"source": str(model.path), "out_dir": str(staging / name),
             **{f: getattr(options, f) for f in QuantizeOptions.__slots__}}  # fmt: skip
     job.background = start_background(WORKER, spec, staging, job._on_message, job._on_success,

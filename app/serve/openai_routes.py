@@ -74,24 +74,30 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        prompt_ids = [p.prompt_token_ids for p in prepared] if req.return_token_ids else None
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
-                                                      req.logprobs, req.n), streams)
+                                                      req.logprobs, req.n, prompt_ids), streams)
     finals = await run_to_end(streams, raw, state.drain)
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": completion_logprobs(out, 0, req.logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
                 "stop_reason": out.outputs[0].stop_reason} for i, out in enumerate(finals)]
+    if req.return_token_ids:
+        for choice, out in zip(choices, finals, strict=True):
+            choice["prompt_token_ids"] = out.prompt_token_ids
+            choice["token_ids"] = out.outputs[0].token_ids
     return JSONResponse({"id": request_id, "object": "text_completion", "created": int(time.time()),
                          "model": state.model_name, "choices": choices,
                          "usage": usage(finals, req.n)})
 
 
-
 async def _completion_stream(state: ServeState, streams: list[RequestStream], request_id: str,
-                             include_usage: bool, logprobs: int | None,
-                             choices_per_prompt: int) -> AsyncIterator[str]:
+                             include_usage: bool, logprobs: int | None, choices_per_prompt: int,
+                             prompt_ids: list[list[int]] | None) -> AsyncIterator[str]:
+    """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
+    prompt's ids on a choice's first chunk, each chunk's new token ids on it)."""
     created = int(time.time())
-    sent_logprobs = [0] * len(streams)
+    sent_tokens = [0] * len(streams)  # tokens already sent, per choice
     finals: list[RequestOutput | None] = [None] * len(streams)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
@@ -101,14 +107,17 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
                     finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue  # text held back (partial character or possible stop string)
-                chunk_logprobs = completion_logprobs(out, sent_logprobs[index], logprobs)
-                sent_logprobs[index] = len(completion.token_ids)
+                chunk_logprobs = completion_logprobs(out, sent_tokens[index], logprobs)
+                choice = {"index": index, "text": out.delta_text, "logprobs": chunk_logprobs,
+                          "finish_reason": completion.finish_reason,
+                          "stop_reason": completion.stop_reason}
+                if prompt_ids is not None:
+                    if prompt_ids[index] is not None:
+                        choice["prompt_token_ids"], prompt_ids[index] = prompt_ids[index], None
+                    choice["token_ids"] = completion.token_ids[sent_tokens[index]:]
+                sent_tokens[index] = len(completion.token_ids)
                 chunk = {"id": request_id, "object": "text_completion", "created": created,
-                         "model": state.model_name,
-                         "choices": [{"index": index, "text": out.delta_text,
-                                      "logprobs": chunk_logprobs,
-                                      "finish_reason": completion.finish_reason,
-                                      "stop_reason": completion.stop_reason}]}
+                         "model": state.model_name, "choices": [choice]}
                 if include_usage:
                     chunk["usage"] = None
                 yield sse_event(chunk)
@@ -119,7 +128,6 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
     except Exception as exc:  # every stream ends with an error event and [DONE], never cut
         yield sse_error(stream_error(exc))
     yield "data: [DONE]\n\n"
-
 
 
 async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, raw: Request):
@@ -155,8 +163,9 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     streams = submit(state, prepared)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        return EventStreamResponse(_chat_stream(state, streams, request_id, include_usage,
-                                                logprobs, tools.fmt, req.parallel_tool_calls), streams)
+        return EventStreamResponse(_chat_stream(
+            state, streams, request_id, include_usage, logprobs, tools.fmt,
+            req.parallel_tool_calls, ids if req.return_token_ids else None), streams)
     finals = await run_to_end(streams, raw, state.drain)
     choices = []
     for i, out in enumerate(finals):
@@ -167,30 +176,38 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(out, 0, logprobs),
                         "finish_reason": "tool_calls" if called else completion.finish_reason,
                         "stop_reason": completion.stop_reason})
-    return JSONResponse({"id": request_id, "object": "chat.completion",
-                         "created": int(time.time()), "model": state.model_name,
-                         "choices": choices, "usage": usage(finals, len(finals))})
-
+        if req.return_token_ids:
+            choices[-1]["token_ids"] = completion.token_ids
+    body = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
+            "model": state.model_name, "choices": choices, "usage": usage(finals, len(finals))}
+    if req.return_token_ids:
+        body["prompt_token_ids"] = ids
+    return JSONResponse(body)
 
 
 async def _chat_stream(state: ServeState, streams: list[RequestStream], request_id: str,
                        include_usage: bool, logprobs: int | None,
                        tool_format: ToolCallFormat | None = None,
-                       parallel_tool_calls: bool = True) -> AsyncIterator[str]:
+                       parallel_tool_calls: bool = True,
+                       prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
+    """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
+    prompt's ids on the first chunk, each chunk's new token ids on its choice)."""
     created = int(time.time())
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": state.model_name}
 
     def chunk(index: int, delta: dict, finish_reason=None, chunk_logprobs=None,
-              stop_reason=None) -> str:
-        body = {**base, "choices": [{"index": index, "delta": delta, "logprobs": chunk_logprobs,
-                                     "finish_reason": finish_reason,
-                                     "stop_reason": stop_reason}]}
+              stop_reason=None, token_ids: list[int] | None = None, **top) -> str:
+        choice = {"index": index, "delta": delta, "logprobs": chunk_logprobs,
+                  "finish_reason": finish_reason, "stop_reason": stop_reason}
+        if token_ids is not None:
+            choice["token_ids"] = token_ids
+        body = {**base, **top, "choices": [choice]}
         if include_usage:
             body["usage"] = None
         return sse_event(body)
 
-    sent_logprobs = [0] * len(streams)
+    sent_tokens = [0] * len(streams)
     finals: list[RequestOutput | None] = [None] * len(streams)
     # With tools, text goes through a parser that turns calls into tool_calls deltas.
     tool_streams = [ToolCallStream(tool_format, parallel_tool_calls) if tool_format else None
@@ -198,7 +215,8 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             for index in range(len(streams)):
-                yield chunk(index, {"role": "assistant", "content": ""})
+                top = {"prompt_token_ids": prompt_ids} if prompt_ids and index == 0 else {}
+                yield chunk(index, {"role": "assistant", "content": ""}, **top)
             async for index, out in outputs:
                 completion = out.outputs[0]
                 tool_stream = tool_streams[index]
@@ -206,8 +224,10 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                     finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue
-                chunk_logprobs = chat_logprobs(out, sent_logprobs[index], logprobs)
-                sent_logprobs[index] = len(completion.token_ids)
+                chunk_logprobs = chat_logprobs(out, sent_tokens[index], logprobs)
+                new_ids = (completion.token_ids[sent_tokens[index]:]
+                           if prompt_ids is not None else None)
+                sent_tokens[index] = len(completion.token_ids)
                 finish = completion.finish_reason
                 if tool_stream is None:
                     delta = {"content": out.delta_text} if out.delta_text else {}
@@ -218,7 +238,7 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                         delta["tool_calls"] = calls
                     if out.finished and tool_stream.called:
                         finish = "tool_calls"
-                yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason)
+                yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason, new_ids)
         if include_usage:
             yield sse_event({**base, "choices": [], "usage": usage(finals, len(finals))})
     except Exception as exc:  # every stream ends with an error event and [DONE], never cut

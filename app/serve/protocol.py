@@ -76,6 +76,9 @@ class SamplingRequest(BaseModel):
     min_tokens: bounded("int", "min_tokens") = 0
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
+    # vLLM's: the prompt's and each choice's token ids in the response (kvdeck attach counts
+    # tokens with them)
+    return_token_ids: StrictBool = False
     n: bounded("int", "n") = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

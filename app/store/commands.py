@@ -101,16 +101,27 @@ def _add_models_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", type=int, default=8192,
                         help="context length for the memory estimate (default 8192)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    actions = parser.add_subparsers(dest="models_action", metavar="ACTION")
+    add = actions.add_parser("add", help="add a model folder from elsewhere on disk to the list",
+                             description="List a model folder (config.json + safetensors) "
+                                         "without copying it; `kvdeck rm NAME` takes it off "
+                                         "the list again and leaves the files alone.")
+    add.add_argument("folder", help="the model's directory")
+    add.add_argument("--name", default=None, help="the name to list it as (default: the folder's)")
 
 
 def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     out = out or sys.stdout
+    if getattr(args, "models_action", None) == "add":
+        return _run_models_add(args, out)
     models = local_models.list_models()
+    bundled = local_models.bundled_models()
     pending = local_models.pending_downloads()
     free = local_models.free_disk_bytes()
     if args.json:
         data = {
             "models": [_model_json(m) for m in models],
+            "bundled": [_model_json(m) for m in bundled],
             "pending": [{"repo_id": p.repo_id, "bytes_on_disk": p.bytes_on_disk} for p in pending],
             "free_disk_bytes": free,
         }
@@ -129,6 +140,9 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _print_table(rows, out)
     else:
         print("no local models; try `kvdeck pull Qwen/Qwen2.5-0.5B-Instruct`", file=out)
+    for m in bundled:
+        print(f"bundled with kvdeck: {m.name} ({m.architecture}, {format_params(m.num_params)}"
+              f" params, {format_bytes(m.size_bytes)}; runs with no --model)", file=out)  # fmt: skip
     for p in pending:
         print(f"incomplete download: {p.repo_id} ({format_bytes(p.bytes_on_disk)} on disk;"
               f" `kvdeck pull {p.repo_id}` resumes it)", file=out)  # fmt: skip
@@ -146,8 +160,20 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     return 0
 
 
+def _run_models_add(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        model = local_models.add_folder(args.folder, args.name)
+    except ValueError as exc:
+        print(f"kvdeck: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"added {model.name} ({model.architecture}, {format_params(model.num_params)} params,"
+          f" {format_bytes(model.size_bytes)}) from {model.path}", file=out)  # fmt: skip
+    return 0
+
+
 def _add_rm_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help="model name as `kvdeck models` lists it")
+    parser.add_argument("name", help="model name as `kvdeck models` lists it (an added folder is "
+                                     "only taken off the list)")
     parser.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
 
 
@@ -159,6 +185,13 @@ def run_rm(args: argparse.Namespace, out: TextIO | None = None, stdin: TextIO | 
         print(f"kvdeck: error: no local model named {args.name!r} (see `kvdeck models`)",
               file=sys.stderr)  # fmt: skip
         return 1
+    if model is not None and model.source == "bundled":
+        print(f"kvdeck: error: {model.name} is part of kvdeck and cannot be deleted", file=sys.stderr)
+        return 1
+    if model is not None and model.source == "folder":  # the files are the user's: unlist only
+        local_models.delete_model(model.name)
+        print(f"took {model.name} off the list; {model.path} is left as it was", file=out)
+        return 0
     what = f"{model.name} ({format_bytes(model.size_bytes)}, {model.path})" if model else args.name
     if not args.yes:
         if not stdin.isatty():

@@ -1,4 +1,5 @@
-"""The local model store: models in the Hugging Face cache and in kvdeck's own store.
+"""The local model store: models in the Hugging Face cache and in kvdeck's own store, the
+bundled demo model, and folders the user added (`kvdeck models add DIR`, "Add folder...").
 
 Only complete models are listed. A hub snapshot that kvdeck is still downloading (it is
 "pending" in the registry) is never listed, even if it happens to look complete; a snapshot
@@ -8,6 +9,7 @@ directory (quantise jobs), and are checked the same way.
 """
 
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -19,6 +21,10 @@ from kvdeck.app.store.inspect import (
     InvalidModelError,
     describe_model,
 )
+from kvdeck.assets import demo_model_dir
+
+BUNDLED_NAME = "kvdeck-demo"  # the engine's name for the demo model it runs by default
+_FOLDER_NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
 
 __all__ = [
     "SUPPORTED_ARCHITECTURES",
@@ -26,6 +32,8 @@ __all__ = [
     "PendingDownload",
     "list_models",
     "find_model",
+    "add_folder",
+    "describe_folder",
     "hf_snapshot_model",
     "delete_model",
     "pending_downloads",
@@ -35,9 +43,9 @@ __all__ = [
 
 @dataclass(slots=True)
 class LocalModel:
-    name: str  # hub repo id, or the directory name in kvdeck's store
-    path: Path  # the directory to load (a hub snapshot or a store directory)
-    source: str  # "hf-cache" | "store"
+    name: str  # hub repo id, the directory name in kvdeck's store, or the name it was added as
+    path: Path  # the directory to load (a hub snapshot, a store directory, a folder)
+    source: str  # "hf-cache" | "store" | "bundled" | "folder"
     architecture: str
     num_params: int
     dtype: str
@@ -47,6 +55,14 @@ class LocalModel:
     commit: str | None = None  # the hub commit of a cached snapshot
     verified: bool = False  # kvdeck verified hashes (downloads) or produced it (quantise jobs)
     origin: str | None = None  # for a quantised model: the model it was made from
+    origin_path: str | None = None  # ...and where that was, if it is not listed
+    calibration_file: str | None = None  # ...and the text it was calibrated on (None: default)
+
+    @property
+    def deletable(self) -> bool:
+        """Whether `delete_model` removes files (an added folder is only taken off the list;
+        the bundled model is part of kvdeck)."""
+        return self.source in ("hf-cache", "store")
 
 
 @dataclass(slots=True)
@@ -57,14 +73,60 @@ class PendingDownload:
     bytes_on_disk: int  # finished files plus partial ones: what a resume will not fetch again
 
 
-def list_models() -> list[LocalModel]:
+SOURCE_ORDER = ("bundled", "folder", "hf-cache", "store")
+
+
+def list_models(bundled: bool = False) -> list[LocalModel]:
+    """Complete models kvdeck knows of; `bundled`: the demo model shipped with kvdeck too."""
     data = registry.read()
-    models = _hf_cache_models(data) + _store_models(data)
-    return sorted(models, key=lambda m: (m.source, m.name.lower()))
+    models = _hf_cache_models(data) + _store_models(data) + _folder_models(data)
+    if bundled:
+        models += bundled_models()
+    return sorted(models, key=lambda m: (SOURCE_ORDER.index(m.source), m.name.lower()))
+
+
+def bundled_models() -> list[LocalModel]:
+    model = _describe_or_none(demo_model_dir(), BUNDLED_NAME, "bundled")
+    if model is None:  # a broken install: nothing to offer
+        return []
+    model.verified = True
+    return [model]
+
+
+def add_folder(path: str | Path, name: str | None = None) -> LocalModel:
+    """Add a model folder from elsewhere on disk to the list (nothing is copied).
+
+    ValueError if it is not a complete model, already listed, or the name is taken."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{path}: no such folder")
+    folder = folder.resolve()
+    try:
+        describe_model(folder)
+    except InvalidModelError as exc:
+        raise ValueError(f"{folder} is not a complete model: {exc}") from None
+    name = name or folder.name
+    if not _FOLDER_NAME.match(name):
+        raise ValueError(f"name must be letters, digits, '.', '_' or '-', got {name!r}")
+    for model in list_models(bundled=True):
+        if model.path.resolve() == folder:
+            raise ValueError(f"{folder} is already listed as {model.name}")
+        if model.name == name:
+            raise ValueError(f"a model named {name!r} is already listed; choose another name")
+    registry.add_folder(name, str(folder))
+    added = find_model(name)
+    assert added is not None
+    return added
+
+
+def describe_folder(path: str | Path) -> LocalModel | None:
+    """A model folder kvdeck does not list (the origin of a CLI quantisation), or None."""
+    folder = Path(path).expanduser()
+    return _describe_or_none(folder, folder.name, "folder") if folder.is_dir() else None
 
 
 def find_model(name_or_path: str) -> LocalModel | None:
-    models = list_models()
+    models = list_models(bundled=True)
     for model in models:
         if model.name == name_or_path:
             return model
@@ -106,8 +168,15 @@ def delete_model(name: str) -> Path:
 
     The directory is first renamed aside, so a crash mid-delete never leaves a half-model
     that looks listed. Returns the path that was removed. Raises KeyError if not found.
+    An added folder is only taken off the list (its files are the user's); the bundled
+    model cannot be deleted (ValueError).
     """
     model = find_model(name)
+    if model is not None and model.source == "bundled":
+        raise ValueError(f"{model.name} is part of kvdeck and cannot be deleted")
+    if model is not None and model.source == "folder":
+        registry.remove_folder(model.name)
+        return model.path
     if model is not None and model.source == "store":
         target = model.path
         key_prefix = registry.store_key(model.name)
@@ -168,7 +237,20 @@ def _store_models(data: dict) -> list[LocalModel]:
         record = data["verified"].get(registry.store_key(model_dir.name))
         model.verified = record is not None
         model.origin = record.get("origin") if record else None
+        model.origin_path = record.get("origin_path") if record else None
+        model.calibration_file = record.get("calibration_file") if record else None
         models.append(model)
+    return models
+
+
+def _folder_models(data: dict) -> list[LocalModel]:
+    models = []
+    for name, record in sorted(data["folders"].items()):
+        if not record.get("path"):
+            continue
+        model = _describe_or_none(Path(record["path"]), name, "folder")
+        if model is not None:  # a folder moved or emptied since is left out
+            models.append(model)
     return models
 
 

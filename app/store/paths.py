@@ -16,11 +16,19 @@ DEFAULT_HF_ENDPOINT = "https://huggingface.co"
 
 
 def data_dir() -> Path:
-    """kvdeck's data directory (transcripts, settings, the model store). KVDECK_HOME overrides."""
+    """kvdeck's data directory (transcripts, logs, the model store). KVDECK_HOME overrides."""
     override = os.environ.get("KVDECK_HOME")
     if override:
         return Path(override).expanduser()
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+def config_dir() -> Path:
+    """kvdeck's settings (the TUI's chat settings). KVDECK_HOME overrides, as for data."""
+    override = os.environ.get("KVDECK_HOME")
+    if override:
+        return Path(override).expanduser() / "config"
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
 def cache_dir() -> Path:

@@ -7,6 +7,9 @@ GiB = 1024**3
 AWQ_GROUP_SIZE = 128
 # CUDA context, activations and allocator slack for a single-GPU engine at small batch.
 RUNTIME_OVERHEAD_BYTES = int(1.0 * GiB)
+# On the CPU: torch and the engine process itself (no CUDA context).
+CPU_RUNTIME_OVERHEAD_BYTES = int(0.5 * GiB)
+DEVICES = ("cuda", "cpu")  # where the estimate is for: the CPU engine runs float32
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +47,22 @@ class MemoryEstimate:
     overhead_bytes: int
 
     @property
+    def model_bytes(self) -> int:
+        """What this model itself needs: weights and the KV cache of one sequence."""
+        return self.weight_bytes + self.kv_cache_bytes
+
+    @property
     def total_bytes(self) -> int:
         return self.weight_bytes + self.kv_cache_bytes + self.overhead_bytes
+
+
+def _check_device(device: str) -> None:
+    if device not in DEVICES:
+        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
+
+
+def _overhead(device: str) -> int:
+    return RUNTIME_OVERHEAD_BYTES if device == "cuda" else CPU_RUNTIME_OVERHEAD_BYTES
 
 
 def parameter_counts(arch: Architecture) -> tuple[int, int]:
@@ -83,14 +100,21 @@ def kv_cache_bytes_per_token(arch: Architecture, dtype_bytes: int = 2) -> int:
     return 2 * arch.num_layers * arch.num_kv_heads * arch.head_size * dtype_bytes
 
 
-def memory_estimate(model: RecommendedModel, context_tokens: int = 8192) -> MemoryEstimate:
-    """GPU memory to serve one sequence of `context_tokens` (more sequences share the pool)."""
+def memory_estimate(model: RecommendedModel, context_tokens: int = 8192,
+                    device: str = "cuda") -> MemoryEstimate:
+    """Memory to serve one sequence of `context_tokens` (more sequences share the pool):
+    on a GPU in 16 bits, on the CPU in float32 (what the engine runs there)."""
     if context_tokens <= 0:
         raise ValueError(f"context_tokens must be positive, got {context_tokens}")
+    _check_device(device)
+    weights = weight_bytes(model.arch, model.quantization)
+    if device == "cpu" and model.quantization is None:
+        weights *= 2  # float32
     return MemoryEstimate(
-        weight_bytes=weight_bytes(model.arch, model.quantization),
-        kv_cache_bytes=kv_cache_bytes_per_token(model.arch) * context_tokens,
-        overhead_bytes=RUNTIME_OVERHEAD_BYTES,
+        weight_bytes=weights,
+        kv_cache_bytes=kv_cache_bytes_per_token(model.arch, 2 if device == "cuda" else 4)
+        * context_tokens,
+        overhead_bytes=_overhead(device),
     )
 
 
@@ -142,17 +166,26 @@ RECOMMENDED: tuple[RecommendedModel, ...] = (
 )
 
 
-def local_memory_estimate(config: dict, weight_bytes_on_disk: int,
-                          context_tokens: int = 8192) -> MemoryEstimate:
-    """The same estimate for a model on disk: its weights as stored, KV from its config."""
+def local_memory_estimate(config: dict, weight_bytes_on_disk: int, context_tokens: int = 8192,
+                          device: str = "cuda") -> MemoryEstimate:
+    """The same estimate for a model on disk: its weights as stored (twice that in float32 on
+    the CPU for a 16-bit checkpoint), KV from its config for one sequence of
+    `context_tokens`, or of the model's whole context if that is shorter."""
     if context_tokens <= 0:
         raise ValueError(f"context_tokens must be positive, got {context_tokens}")
+    _check_device(device)
     heads = int(config.get("num_attention_heads") or 1)
     head_size = int(config.get("head_dim") or int(config.get("hidden_size", 0)) // heads)
     kv_heads = int(config.get("num_key_value_heads") or heads)
     layers = int(config.get("num_hidden_layers") or 0)
+    context = min(context_tokens, int(config.get("max_position_embeddings") or context_tokens))
+    element = 2 if device == "cuda" else 4
+    weights = weight_bytes_on_disk
+    if device == "cpu" and not isinstance(config.get("quantization_config"), dict):
+        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16")
+        weights *= 2 if dtype in ("float16", "bfloat16") else 1
     return MemoryEstimate(
-        weight_bytes=weight_bytes_on_disk,
-        kv_cache_bytes=2 * layers * kv_heads * head_size * 2 * context_tokens,
-        overhead_bytes=RUNTIME_OVERHEAD_BYTES,
+        weight_bytes=weights,
+        kv_cache_bytes=2 * layers * kv_heads * head_size * element * context,
+        overhead_bytes=_overhead(device),
     )

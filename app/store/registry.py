@@ -1,4 +1,5 @@
-"""kvdeck's registry: which models are verified, and which downloads are in progress.
+"""kvdeck's registry: which models are verified, which downloads are in progress, and
+which folders elsewhere on disk the user added to kvdeck's list.
 
 A JSON file under the data directory. Every change is read-modify-write under an exclusive
 file lock (download threads, quantise jobs and a CLI may run at once) and written to a
@@ -16,7 +17,7 @@ from pathlib import Path
 
 from kvdeck.app.store import paths
 
-_EMPTY = {"version": 1, "verified": {}, "pending": {}}
+_EMPTY = {"version": 1, "verified": {}, "pending": {}, "folders": {}}
 
 
 def _load(path: Path) -> dict:
@@ -26,7 +27,7 @@ def _load(path: Path) -> dict:
         return json.loads(json.dumps(_EMPTY))
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: the model registry is unreadable ({exc}); delete it to reset") from exc
-    for key in ("verified", "pending"):
+    for key in ("verified", "pending", "folders"):
         data.setdefault(key, {})
     return data
 
@@ -105,5 +106,23 @@ def forget(prefix: str) -> None:
             del data["verified"][key]
         if prefix.startswith("hf:"):
             data["pending"].pop(prefix[3:].rstrip("@"), None)
+
+    update(change)
+
+
+def add_folder(name: str, path: str) -> None:
+    """List a model folder that lives outside kvdeck's store under `name`."""
+
+    def change(data: dict) -> None:
+        data["folders"][name] = {"path": path, "added": time.time()}
+
+    update(change)
+
+
+def remove_folder(name: str) -> None:
+    """Take an added folder off the list (its files are not touched)."""
+
+    def change(data: dict) -> None:
+        data["folders"].pop(name, None)
 
     update(change)

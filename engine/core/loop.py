@@ -13,6 +13,7 @@ output pipe.
 """
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -40,21 +41,35 @@ NOTHING_TO_RUN_WAIT_S = 0.002  # every waiting request is compiling its grammar
 logger = logging.getLogger(__name__)
 
 
+def configure_logging() -> None:
+    """Log lines on stderr, which the spawner sends to the engine's log file (engine.log
+    under the TUI): start-up, model, pool size, graph capture, errors."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def run_engine_core(config: EngineConfig, input_conn: Connection, output_conn: Connection) -> None:
     """Process entry point (spawned by name: `ENGINE_CORE_TARGET` in the client)."""
     # Ctrl-C reaches the whole process group; the client decides when the engine stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    configure_logging()
+    logger.info("engine process %d starting: model %s, device %s, dtype %s, max_model_len %s",
+                os.getpid(), config.model or "(the bundled demo)", config.device, config.dtype,
+                config.max_model_len or "(the model's)")
     try:
         core = _build_core(config, output_conn)
     except (EOFError, BrokenPipeError):
+        logger.info("the client went away during start-up")
         sys.exit(0)  # the client went away while we loaded
     if core is None:
         sys.exit(1)
     try:
         EngineCoreLoop(core, input_conn, output_conn).run()
+        logger.info("shut down on request")
     except (EOFError, BrokenPipeError, ConnectionResetError):
-        pass  # the client is gone: nobody to serve
+        logger.info("the client is gone: stopping")
     except BaseException as exc:
+        logger.exception("engine crashed")
         try:
             output_conn.send(EngineCrashed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         except OSError:
@@ -70,14 +85,22 @@ def _build_core(config: EngineConfig, output_conn: Connection) -> EngineCore | N
         if stage == "ready":
             ready_message = message  # reported with EngineReady, once the client can use it
             return
+        logger.info("%s: %s", stage, message)
         output_conn.send(StartupProgress(stage, message))
 
     try:
         core = EngineCore(config, progress)
     except Exception as exc:
+        logger.exception("start-up failed")
         output_conn.send(StartupFailed(f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         return None
-    output_conn.send(EngineReady(core.info, ready_message, core.stats()))
+    info = core.info
+    logger.info("ready: %s on %s (%s), max_model_len %d; KV pool %d blocks x %d tokens = %.1f MiB"
+                "; CUDA graphs %s", info.model_dir, info.device, info.dtype, info.max_model_len,
+                info.num_blocks, info.block_size,
+                info.num_blocks * info.block_size * info.kv_bytes_per_token / 2**20,
+                "on" if info.cuda_graphs else "off")
+    output_conn.send(EngineReady(info, ready_message, core.stats()))
     return core
 
 
@@ -130,6 +153,7 @@ class EngineCoreLoop:
                 try:
                     self.core.add_request(request)
                 except ValueError as exc:
+                    logger.warning("request %s refused: %s", request.request_id, exc)
                     self.output_conn.send(RequestRejected(request.request_id, str(exc)))
             case AbortRequests(request_ids, status):
                 self.core.abort_requests(request_ids, status)

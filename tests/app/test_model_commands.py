@@ -138,3 +138,22 @@ def test_terminal_progress_draws_bar_speed_eta_and_files(monkeypatch):
     assert "done  config.json (100 B)" in text
     assert "[##########" in text and " 25%" in text and "2.0 MB/s" in text and "ETA 00:01" in text
     assert "model.safetensors  25%" in text
+
+
+def test_models_add_lists_a_folder_and_rm_only_unlists_it(kvdeck_env, hub_model_dir, capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "no local models" in out and "bundled with kvdeck: kvdeck-demo" in out
+    assert main(["models", "add", str(hub_model_dir), "--name", "mine"]) == 0
+    assert "added mine (LlamaForCausalLM" in capsys.readouterr().out
+    [model] = local_models.list_models()
+    assert (model.name, model.source, model.path) == ("mine", "folder", hub_model_dir.resolve())
+    assert main(["models", "add", str(hub_model_dir)]) == 1
+    assert "already listed as mine" in capsys.readouterr().err
+    assert main(["models", "add", str(kvdeck_env)]) == 1
+    assert "not a complete model" in capsys.readouterr().err
+    assert main(["rm", "kvdeck-demo", "--yes"]) == 1
+    assert "part of kvdeck" in capsys.readouterr().err
+    assert main(["rm", "mine"]) == 0  # nothing is deleted, so nothing to confirm
+    assert "left as it was" in capsys.readouterr().out
+    assert local_models.list_models() == [] and (hub_model_dir / "config.json").is_file()

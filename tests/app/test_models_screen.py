@@ -7,7 +7,11 @@ from textual.app import App
 
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.store import local_models, paths
+from kvdeck.app.store.local_models import BUNDLED_NAME
+from kvdeck.assets import calibration_text, demo_model_dir
+from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
+from kvdeck.tui.screens.path_prompt import PathPromptScreen
 from kvdeck.tui.widgets.model_tables import LocalModelsTable, RecommendedTable
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
@@ -19,10 +23,15 @@ class ModelsApp(App):
     def __init__(self, **screen_kwargs) -> None:
         super().__init__()
         self.loaded = []
+        self.loaded_paths = []
         self.screen_kwargs = screen_kwargs
 
     def on_mount(self) -> None:
-        self.push_screen(ModelsScreen(on_load=self.loaded.append, **self.screen_kwargs))
+        self.push_screen(ModelsScreen(**self.screen_kwargs))
+
+    def on_switch_model_requested(self, message: SwitchModelRequested) -> None:
+        self.loaded.append(message.name)
+        self.loaded_paths.append(message.model)
 
 
 async def _wait_for(pilot, condition, seconds: float = 60.0) -> None:
@@ -36,8 +45,11 @@ async def _wait_for(pilot, condition, seconds: float = 60.0) -> None:
 
 
 def _rows(app) -> list[str]:
+    """The listed models besides the bundled demo model (always listed, first)."""
     table = app.screen.query_one(LocalModelsTable)
-    return [key.value for key in table.rows]
+    keys = [key.value for key in table.rows]
+    assert keys[0] == BUNDLED_NAME
+    return keys[1:]
 
 
 def _status(app) -> str:
@@ -47,6 +59,14 @@ def _status(app) -> str:
 @pytest.fixture
 def stored_tiny(kvdeck_env, hub_model_dir):
     shutil.copytree(hub_model_dir, paths.store_dir() / "tiny-llama")
+
+
+@pytest.fixture
+def tiny_folder(kvdeck_env, hub_model_dir):
+    """The tiny model in a folder of the user's, outside kvdeck's store and the hub cache."""
+    folder = kvdeck_env / "my models" / "tiny-llama"
+    shutil.copytree(hub_model_dir, folder)
+    return folder
 
 
 async def test_lists_local_and_recommended_models(stored_tiny):
@@ -76,6 +96,7 @@ async def test_download_from_input_then_delete_with_confirmation(hub):
         assert _rows(app) == ["tiny/llama"]
 
         app.screen.query_one(LocalModelsTable).focus()
+        await pilot.press("down")  # past the bundled model, listed first
         await pilot.press("x")
         await _wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
         await pilot.press("n")
@@ -94,39 +115,133 @@ async def test_cancelled_download_is_listed_as_incomplete_and_resumes(hub):
         screen = app.screen
         screen.query_one("#repo-input").value = "tiny/llama"
         # Cancel as soon as the first bytes arrive: the worker stops between chunks.
-        original = screen._show_download
+        panel = screen.query_one(ModelTaskPanel)
+        original = panel.show_download
 
         def cancel_on_weights(p):
             original(p)
-            if p.done_bytes > 0 and screen.download_cancel is not None:
+            if p.done_bytes > 0 and screen.tasks.download_cancel is not None:
                 screen.action_cancel_task()
 
-        screen._show_download = cancel_on_weights
-        await pilot.press("p")
+        panel.show_download = cancel_on_weights
+        await pilot.click("#pull-button")
         await _wait_for(pilot, lambda: "cancelled" in _status(app))
         assert _rows(app) == ["pending:tiny/llama"]
-        screen._show_download = original
-        await pilot.press("p")  # the input still holds the id: resume
+        panel.show_download = original
+        screen.query_one("#repo-input").value = ""
+        screen.query_one(LocalModelsTable).focus()
+        await pilot.press("down", "enter")  # on the incomplete row (after the bundled one): resume
         await _wait_for(pilot, lambda: "verified and added" in _status(app))
         assert _rows(app) == ["tiny/llama"]
 
 
 @pytest.mark.slow
-async def test_quantise_compare_then_load(stored_tiny):
+async def test_quantise_compare_then_load(tiny_folder):
     options = QuantizeOptions(num_samples=4, seq_len=64, device="cpu", num_threads=1)
     compare = {"seq_len": 64, "max_windows": 2, "device": "cpu", "num_threads": 1}
     app = ModelsApp(free_gpu_bytes=lambda: None, quantize_options=options,
                     compare_options=compare)
     async with app.run_test(size=(120, 40)) as pilot:
+        local_models.add_folder(tiny_folder)  # as `kvdeck models add` does, with no network
+        app.screen.action_refresh()
         app.screen.query_one(LocalModelsTable).focus()
-        await pilot.press("a")
+        await pilot.press("down", "a")  # tiny-llama, below the bundled model
         await _wait_for(pilot, lambda: "added" in _status(app), seconds=40)
         assert "tiny-llama-awq added" in _status(app) and "smaller" in _status(app)
         assert _rows(app) == ["tiny-llama", "tiny-llama-awq"]
         await pilot.press("down", "l")
         await pilot.pause()
-        assert [m.name for m in app.loaded] == ["tiny-llama-awq"]
+        assert app.loaded == ["tiny-llama-awq"]
+        # No heldout.txt ships with tiny-llama: the comparison asks for a text, and refuses
+        # the calibration text (AWQ fitted its scales on it).
         await pilot.press("e")
+        await _wait_for(pilot, lambda: isinstance(app.screen, PathPromptScreen))
+        prompt = app.screen
+        prompt.query_one("#path-input").value = str(calibration_text())
+        await pilot.press("enter")
+        await pilot.pause()
+        assert "calibration text" in str(prompt.query_one("#path-error").render())
+        heldout = demo_model_dir() / "heldout.txt"
+        prompt.query_one("#path-input").value = str(heldout)
+        await pilot.press("enter")
         await _wait_for(pilot, lambda: "perplexity" in _status(app) and "vs" in _status(app),
                         seconds=60)
         assert "x smaller; perplexity" in _status(app) and "on 126 tokens" in _status(app)
+        assert "of heldout.txt" in _status(app)
+        assert app.screen.query_one(ModelTaskPanel).percent == 100.0
+
+
+async def test_typing_with_a_table_focused_goes_to_the_input_not_to_shortcuts(stored_tiny):
+    app = ModelsApp(free_gpu_bytes=lambda: None)
+    async with app.run_test(size=(120, 40)) as pilot:
+        app.screen.query_one(LocalModelsTable).focus()
+        await pilot.press(*"pa/lex")  # "p" is no shortcut here: it moves to the input, and so on
+        assert app.screen.query_one("#repo-input").value == "pa/lex"
+        assert not app.screen.busy and app.loaded == []
+        assert not app.screen.query_one(ModelTaskPanel).has_class("-active")
+
+
+async def test_offline_the_bundled_model_and_a_typed_folder_are_listed_and_loadable(tiny_folder):
+    app = ModelsApp(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 64 * GiB)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(LocalModelsTable)
+        assert _rows(app) == [] and "bundled" in str(table.get_row(BUNDLED_NAME)[8])
+        # With no GPU the Fits column says it measures RAM, and the note says why.
+        rec = app.screen.query_one(RecommendedTable)
+        assert str(rec.get_row("Qwen/Qwen2.5-0.5B-Instruct")[5]) == "yes (CPU)"
+        assert "no GPU seen" in str(app.screen.query_one("#fits-note").render())
+        # Typing a folder's path with the table focused: it lands in the input, Enter adds it.
+        table.focus()
+        await pilot.press(*str(tiny_folder), "enter")
+        await _wait_for(pilot, lambda: _rows(app) == ["tiny-llama"])
+        assert "folder" in str(table.get_row("tiny-llama")[8])
+        assert table.selected_key() == "tiny-llama"
+        await pilot.press("l")
+        assert await_loaded(app, ["tiny-llama"], [str(tiny_folder.resolve())])
+        table.select_key(BUNDLED_NAME)
+        await pilot.press("l")  # the bundled model loads as the engine's default (no path)
+        assert await_loaded(app, ["tiny-llama", BUNDLED_NAME], [str(tiny_folder.resolve()), None])
+        await pilot.press("x")  # part of kvdeck: not deleted, and no question asked
+        await pilot.pause()
+        assert isinstance(app.screen, ModelsScreen)
+        assert any("part of kvdeck" in n.message for n in app._notifications)
+        # An added folder is only taken off the list: its files stay.
+        table.select_key("tiny-llama")
+        await pilot.press("x")
+        await _wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        assert "left on disk" in str(app.screen.query_one("#confirm-text").render())
+        await pilot.press("y")
+        await _wait_for(pilot, lambda: _rows(app) == [])
+        assert (tiny_folder / "config.json").is_file()
+
+
+def await_loaded(app, names, paths_) -> bool:
+    return app.loaded == names and app.loaded_paths == paths_
+
+
+async def test_deleting_the_loaded_model_switches_the_engine_away_first(stored_tiny):
+    from types import SimpleNamespace
+
+    from kvdeck.tui.engine_session import EngineSession
+
+    engine = EngineSession()
+    engine_client = SimpleNamespace(model_dir=paths.store_dir() / "tiny-llama")
+    engine.mark_running(engine_client)
+    app = ModelsApp(free_gpu_bytes=lambda: None, engine=engine)
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.screen.query_one(LocalModelsTable)
+        assert "loaded" in str(table.get_row("tiny-llama")[8])
+        table.focus()
+        table.select_key("tiny-llama")
+        await pilot.press("x")
+        await _wait_for(pilot, lambda: isinstance(app.screen, ConfirmDeleteScreen))
+        assert "loaded in the engine" in str(app.screen.query_one("#confirm-text").render())
+        await pilot.press("y")
+        await _wait_for(pilot, lambda: app.loaded == [BUNDLED_NAME])
+        assert app.loaded_paths == [None]
+        await pilot.pause(0.3)
+        assert (paths.store_dir() / "tiny-llama").exists()  # the engine still holds it
+        engine.mark_stopped(engine_client)  # the app has stopped that engine process
+        await _wait_for(pilot, lambda: _rows(app) == [])
+        assert not (paths.store_dir() / "tiny-llama").exists()

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from kvdeck.app.jobs.compare import start_compare
+from kvdeck.app.cli import main as kvdeck
+from kvdeck.app.jobs.compare import CompareProgress, heldout_text_for, start_compare
 from kvdeck.app.jobs.quantize import (
     QuantizeOptions,
     QuantizeProgress,
@@ -14,10 +15,12 @@ from kvdeck.app.jobs.quantize import (
     start_quantize,
 )
 from kvdeck.app.store import local_models, paths, registry
+from kvdeck.assets import calibration_text, demo_model_dir
 
 pytestmark = pytest.mark.timeout(180)
 
 FAST = QuantizeOptions(num_samples=4, seq_len=64, device="cpu", num_threads=1)
+HELDOUT = demo_model_dir() / "heldout.txt"
 
 
 @pytest.fixture
@@ -49,6 +52,10 @@ def test_quantize_job_reports_monotone_progress_and_registers(stored_source):
     assert result.size_bytes < stored_source.size_bytes
     layers = [p.layer for p in seen if p.phase == "quantizing"]
     assert layers == sorted(layers) and layers[-1] == 2 and seen[-1].phase == "done"
+    # Progress starts at once and moves inside the layers, not only when each ends.
+    messages = [p.message for p in seen]
+    assert messages[0] == "reading the model's config"
+    assert "layer 1/2: recording the linears' inputs" in messages
     fractions = [p.fraction for p in seen]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert [m.name for m in local_models.list_models()] == ["tiny-llama", "tiny-llama-awq"]
@@ -59,12 +66,23 @@ def test_quantize_job_reports_monotone_progress_and_registers(stored_source):
     with pytest.raises(ValueError, match="already exists"):
         start_quantize(stored_source, options=FAST)
 
-    # Compare size and perplexity with the original, in a background process.
+    # Compare size and perplexity with the original, in a background process, on text
+    # neither was tuned on (tiny-llama ships none, so one is given).
+    with pytest.raises(ValueError, match="heldout.txt"):
+        start_compare(stored_source, result)
+    with pytest.raises(ValueError, match="calibration text"):
+        start_compare(stored_source, result, text_file=str(calibration_text()))
     messages: list[str] = []
-    comparison = start_compare(stored_source, result, seq_len=64, max_windows=4, device="cpu",
-                               num_threads=1, on_message=messages.append).wait(timeout=120)
+    progress: list[CompareProgress] = []
+    comparison = start_compare(stored_source, result, text_file=str(HELDOUT), seq_len=64,
+                               max_windows=4, device="cpu", num_threads=1,
+                               on_message=messages.append,
+                               on_progress=progress.append).wait(timeout=120)
     assert comparison.size_ratio == stored_source.size_bytes / result.size_bytes > 1.5
     assert comparison.num_tokens == 4 * 63 and messages[0] == "measuring the original"
+    fractions = [p.fraction for p in progress]
+    # start, a report per window of each model (4 + 4), the half-way note, the end
+    assert fractions == sorted(fractions) and fractions[-1] == 1.0 and len(fractions) == 11
     expected = _reference_perplexity(stored_source.path, comparison.text_file)
     assert comparison.original_ppl == pytest.approx(expected, rel=1e-4)
     # A random tiny model predicts near-uniformly; INT4 must not move that much.
@@ -143,3 +161,27 @@ def test_orphaned_staging_of_a_dead_process_is_removed(kvdeck_env):
     (live / "owner.pid").write_text(str(os.getpid()))
     assert remove_orphaned_staging() == [orphan]
     assert not orphan.exists() and live.exists()
+
+
+def test_the_bundled_models_heldout_text_is_the_default(kvdeck_env):
+    [demo] = local_models.bundled_models()
+    quantized = local_models.LocalModel("demo-awq", kvdeck_env, "store", "LlamaForCausalLM", 1,
+                                        "float16", "awq-int4", 1, True)
+    assert heldout_text_for(demo, quantized) == HELDOUT
+
+
+@pytest.mark.slow
+def test_cli_quantize_writes_into_the_store_for_the_models_screen(kvdeck_env, hub_model_dir,
+                                                                  capsys):
+    folder = kvdeck_env / "elsewhere" / "tiny"
+    shutil.copytree(hub_model_dir, folder)
+    assert kvdeck(["quantize", str(folder), "--num-samples", "2", "--seq-len", "32",
+                   "--device", "cpu"]) == 0
+    assert "added to kvdeck's model store as tiny-awq" in capsys.readouterr().out
+    model = local_models.find_model("tiny-awq")
+    assert model is not None and model.source == "store" and model.quantization == "awq-int4"
+    assert model.origin == "tiny" and model.origin_path == str(folder.resolve())
+    assert not [p for p in folder.parent.iterdir() if p.name != "tiny"]  # nothing beside it
+    assert _leftovers() == []
+    assert kvdeck(["quantize", str(folder), "--num-samples", "2", "--seq-len", "32"]) == 1
+    assert "already exists" in capsys.readouterr().err

@@ -2,6 +2,7 @@
 a /metrics exposition in vLLM's format (its metric names, types, `model_name` and `engine`
 labels, its histogram buckets), whose values the test moves by observing known samples."""
 
+import asyncio
 import json
 import socket
 import threading
@@ -57,8 +58,27 @@ class VllmMetrics:
         return generate_latest(self.registry)
 
 
-def create_app(metrics: VllmMetrics) -> FastAPI:
+@dataclass
+class Behaviour:
+    """What the test makes the fake do: want a key, or stall every answer."""
+
+    api_key: str | None = None
+    stall_s: float = 0.0
+    completions: int = 0  # /v1/completions requests answered (the load generator's)
+
+
+def create_app(metrics: VllmMetrics, behaviour: Behaviour | None = None) -> FastAPI:
     app = FastAPI()
+    behaviour = behaviour or Behaviour()
+
+    @app.middleware("http")
+    async def key_and_stall(request, call_next):
+        if behaviour.stall_s:
+            await asyncio.sleep(behaviour.stall_s)
+        if behaviour.api_key and request.headers.get("authorization") != f"Bearer {behaviour.api_key}":
+            return JSONResponse({"error": {"message": "Unauthorized", "type": "invalid_request_error",
+                                           "code": 401}}, status_code=401)
+        return await call_next(request)
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
@@ -72,6 +92,26 @@ def create_app(metrics: VllmMetrics) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         return Response(status_code=200)
+
+    @app.post("/tokenize")
+    async def tokenize(body: dict) -> JSONResponse:  # vLLM's shape; ids from a fixed map
+        words = str(body.get("prompt", "")).split()
+        tokens = [3 + sum(map(ord, word)) % 997 for word in words]
+        return JSONResponse({"count": len(tokens), "max_model_len": 4096, "tokens": tokens})
+
+    @app.post("/v1/completions")
+    async def completions(body: dict):
+        behaviour.completions += 1
+
+        def events():
+            base = {"id": "cmpl-x", "object": "text_completion", "model": MODEL}
+            for piece in REPLY[:int(body.get("max_tokens") or len(REPLY))]:
+                chunk = {**base, "choices": [{"index": 0, "text": piece, "finish_reason": None}]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            last = {**base, "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}
+            yield f"data: {json.dumps(last)}\n\n"
+            yield "data: [DONE]\n\n"
+        return StreamingResponse(events(), media_type="text/event-stream")
 
     @app.post("/v1/chat/completions")
     async def chat(body: dict):
@@ -100,16 +140,19 @@ class RunningServer:
         self.thread.join(10)
 
 
-def serve(app: FastAPI) -> RunningServer:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+def serve(app: FastAPI, port: int | None = None) -> RunningServer:
+    """Run `app` on loopback in a thread; stop() closes open streams within a second."""
+    if port is None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           timeout_graceful_shutdown=1))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 20
     while not server.started:
         if time.monotonic() > deadline:
-            raise RuntimeError("the fake vLLM server did not start")
+            raise RuntimeError("the fake server did not start")
         time.sleep(0.05)
     return RunningServer(f"http://127.0.0.1:{port}", server, thread)

@@ -78,9 +78,14 @@ def test_replicas_combine():
         for value in values:
             metrics.ttft.labels(MODEL, "0").observe(value)
         metrics.running.labels(MODEL, "0").set(2)
+    # Prefix-cache hit rates of 90% and 10% over unequal traffic: 910 / 1100 together.
+    for metrics, (hits, queries) in zip(servers, [(900, 1000), (10, 100)]):
+        metrics.hits.labels(MODEL, "0").inc(hits)
+        metrics.queries.labels(MODEL, "0").inc(queries)
     # From an empty scrape (a server just started) to now.
     views = [summarise(deque([parse("", 0.0), parse(m.render().decode(), 5.0)])) for m in servers]
     merged = combine(views)
     assert merged.num_running == 4
+    assert merged.prefix_cache_hit_rate == pytest.approx(910 / 1100)
     every = observations[0] + observations[1]
     assert merged.latencies["ttft"][0.5] == pytest.approx(independent_quantile(0.5, TTFT_BUCKETS, every))

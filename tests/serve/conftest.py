@@ -68,8 +68,8 @@ def free_port() -> int:
 
 
 def start_server(model_dir: Path, log_dir: Path, *extra: str, api_key: str | None = None,
-                 timeout: float = 120.0) -> LiveServer:
-    port = free_port()
+                 timeout: float = 120.0, port: int | None = None) -> LiveServer:
+    port = port or free_port()
     args = [sys.executable, "-m", "kvdeck.app.cli", "--serve", "--model", str(model_dir),
             "--host", "127.0.0.1", "--port", str(port), "--kv-cache-memory-gib", KV_GIB, *extra]
     if api_key:

@@ -29,6 +29,14 @@ class FakeFactory:
         return self.clients[-1]
 
 
+@pytest.fixture(autouse=True)
+def kvdeck_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """kvdeck's settings, logs and model store in the test's own folder."""
+    home = tmp_path / "kvdeck-home"
+    monkeypatch.setenv("KVDECK_HOME", str(home))
+    return home
+
+
 @pytest.fixture
 def make_app(tmp_path: Path) -> Callable[..., tuple[KvdeckApp, FakeFactory]]:
     def make(**fake_kwargs: object) -> tuple[KvdeckApp, FakeFactory]:

@@ -35,7 +35,7 @@ def demo_stats(step: int = 0) -> EngineStats:
     free = NUM_BLOCKS - used
     cached_free = sum(1 for r, c in zip(refs, cached, strict=True) if c and not r)
     return EngineStats(
-        timestamp=1000.0 + step * 0.1,
+        timestamp=1000.0 + step * 2.5,  # 20 snapshots span most of the graphs' minute
         num_running=4, num_waiting=2, num_preempted=1,
         kv_cache_usage=used / NUM_BLOCKS, num_blocks=NUM_BLOCKS, block_size=BLOCK_SIZE,
         num_free_blocks=free, num_cached_blocks=cached_free,
@@ -56,6 +56,6 @@ def demo_stats_series(count: int = 20) -> list[EngineStats]:
 
 def demo_latencies() -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
     """(TTFT points, ITL points): (seconds since start, seconds)."""
-    ttft = [(0.2 * i, 0.05 + 0.01 * (i % 5)) for i in range(12)]
-    itl = [(0.1 * i, 0.02 + 0.002 * (i % 7)) for i in range(40)]
+    ttft = [(4.0 * i, 0.05 + 0.01 * (i % 5)) for i in range(12)]
+    itl = [(1.2 * i, 0.02 + 0.002 * (i % 7)) for i in range(40)]
     return ttft, itl

@@ -1,7 +1,8 @@
 """A deterministic stand-in for engine.client.EngineClient, for the TUI's tests.
 
-It simulates a paged KV pool (block allocation on demand, prefix sharing by block hash,
-cached-evictable blocks after a request ends, abort freeing at once) and streams canned
+It simulates a paged KV pool (block allocation on demand, prefix sharing by block hash
+once a block is computed, cached-evictable blocks after a request ends, abort freeing at
+once) and streams canned
 tokens, so the dashboard shows real-looking, checkable state without torch or a model.
 `frozen_stats` replaces the live stats with a fixed list, for snapshot pictures.
 """
@@ -14,8 +15,12 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from kvdeck.engine.frontend.chat import render_chat
+from kvdeck.engine.frontend.tokenizer import encode_prompt, load_tokenizer
 from kvdeck.engine.types.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats, RequestStats
 
@@ -57,6 +62,7 @@ class FakeRequest:
     output_ids: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
+    unregistered: list[tuple[int, int]] = field(default_factory=list)  # (hash, block) to cache
     aborted: bool = False
     wake: asyncio.Event = field(default_factory=asyncio.Event)  # set on abort: stop waiting
 
@@ -74,10 +80,14 @@ class FakeEngineClient:
                  token_delay: float = 0.02, stats_interval: float = 0.05,
                  frozen_stats: list[EngineStats] | None = None, fail_start: str | None = None,
                  max_model_len: int = 4096, startup_delay: float = 0.0,
-                 model_name: str = "fake-llama") -> None:
+                 model_name: str = "fake-llama", reject: str | None = None,
+                 model_dir: Path | None = None, real_tokenizer: bool = False) -> None:
         self.model_name = model_name
+        self.model_dir = model_dir
         self.max_model_len = max_model_len
-        self.tokenizer = FakeTokenizer()
+        # real_tokenizer: the model_dir's own tokenizer and chat template count the tokens
+        # (what the real client does), so context limits are hit where the engine hits them.
+        self.tokenizer = load_tokenizer(model_dir) if real_tokenizer and model_dir else FakeTokenizer()
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.reply_pieces = re.findall(r"\S+\s*|\n+", reply)
@@ -98,6 +108,9 @@ class FakeEngineClient:
         self.aborted_ids: list[str] = []
         self.last_messages: list[dict] | None = None
         self.last_params: SamplingParams | None = None
+        self.sent: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) of each request
+        self.prompts: list[list[int]] = []  # the prompt ids of each request
+        self.reject = reject  # every request fails with ValueError(reject), as a core refusal
         self.started_count = 0
         self.shutdown_count = 0
         self._next_id = 0
@@ -150,15 +163,12 @@ class FakeEngineClient:
             raise FakeEngineDead(f"engine is {self.status}")
         self.last_messages = messages
         self.last_params = params
-        if messages is not None:
-            text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
-            prompt_ids = text_to_ids(text, self.tokenizer.vocab_size)
-        elif isinstance(prompt, str):
-            prompt_ids = text_to_ids(prompt, self.tokenizer.vocab_size)
-        elif isinstance(prompt, list):
-            prompt_ids = list(prompt)
-        else:
-            raise ValueError("prompt or messages is required")
+        _, prompt_ids = self.encode(prompt, messages)
+        self.check_request(prompt_ids, params)  # as the real client: before anything is queued
+        self.sent.append((len(prompt_ids), params.max_tokens))
+        self.prompts.append(prompt_ids)
+        if self.reject:
+            raise ValueError(self.reject)
         if request_id is None:
             self._next_id += 1
             request_id = f"req-{self._next_id}"
@@ -173,6 +183,7 @@ class FakeEngineClient:
                 await self._pause(request)
             request.state = "prefilling"
             await self._pause(request)
+            self._register_prefix(request)
             self.last_prefill = len(prompt_ids)
             reason = None
             while reason is None:
@@ -211,6 +222,29 @@ class FakeEngineClient:
                                metrics)
         finally:
             self._free(request)
+
+    def encode(self, prompt: str | list[int] | None = None,
+               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+        """One id per word (of each message's role and content), like a tokenizer would;
+        with a real tokenizer, what the real client sends."""
+        if not isinstance(self.tokenizer, FakeTokenizer):
+            if messages is not None:
+                return None, render_chat(self.tokenizer, messages)
+            return encode_prompt(self.tokenizer, prompt)
+        if messages is not None:
+            text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)
+            return None, text_to_ids(text, self.tokenizer.vocab_size)
+        if isinstance(prompt, str):
+            return prompt, text_to_ids(prompt, self.tokenizer.vocab_size)
+        if isinstance(prompt, list):
+            return None, list(prompt)
+        raise ValueError("prompt or messages is required")
+
+    def check_request(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        """The real client's admission check (RequestLimits), with its message."""
+        vocab = (self.tokenizer.vocab_size if isinstance(self.tokenizer, FakeTokenizer)
+                 else len(self.tokenizer))
+        RequestLimits(self.max_model_len, vocab).check(prompt_ids, params)
 
     async def _pause(self, request: FakeRequest) -> None:
         """One simulated step; an abort ends the wait at once."""
@@ -268,11 +302,19 @@ class FakeEngineClient:
             block = self._take_block()
             assert block is not None
             if h is not None:
-                self.block_hash[block] = h
-                self.hash_to_block[h] = block
+                request.unregistered.append((h, block))
             request.blocks.append(block)
             self.written.add(block)
         return True
+
+    def _register_prefix(self, request: FakeRequest) -> None:
+        """As the real engine: a full block joins the prefix cache once it is computed, so
+        requests admitted together share nothing."""
+        for h, block in request.unregistered:
+            if h not in self.hash_to_block and self.ref_counts[block] > 0:
+                self.block_hash[block] = h
+                self.hash_to_block[h] = block
+        request.unregistered = []
 
     def _grow(self, request: FakeRequest) -> None:
         if request.num_tokens > len(request.blocks) * self.block_size:

@@ -22,10 +22,12 @@ from kvdeck.tui.engine_factory import real_client_factory
 from kvdeck.tui.load_generator import LoadSpec
 
 REPO = Path(__file__).resolve().parents[2]
-# 48 requests of 18 prompt + 14 output blocks would need 1536 blocks: more than the pool, so
-# the burst shows chunked prefill, prefix sharing and, after some 50 decode steps, preemption.
-ENGINE = dict(num_gpu_blocks_override=1024, max_model_len=512)
-BURST = LoadSpec(num_requests=48, prompt_tokens=288, output_tokens=224, shared_prefix_tokens=64)
+# The TUI's own pool (four full contexts: 128 blocks for the demo model) and its default
+# burst: 16 requests of 8 prompt + 4 output blocks need 192, so the burst shows prefix
+# sharing (a leader goes first) and, as outputs grow, preemption.
+ENGINE = dict(max_model_len=512)
+BURST = LoadSpec(num_requests=16, prompt_tokens=128, output_tokens=64, shared_prefix_tokens=32,
+                 seed=7)
 
 
 async def until(pilot, condition, timeout: float) -> bool:
@@ -37,11 +39,11 @@ async def until(pilot, condition, timeout: float) -> bool:
     return False
 
 
-async def shoot(model: str, out_dir: Path, size: tuple[int, int], prefix: str,
+async def shoot(model: str, name: str, out_dir: Path, size: tuple[int, int], prefix: str,
                 with_latency: bool) -> list[Path]:
     settings = ChatSettings(temperature=0.8, max_tokens=48, seed=1)
     with tempfile.TemporaryDirectory() as chats:
-        app = KvdeckApp(real_client_factory(model, dict(ENGINE)), model_name=Path(model).name,
+        app = KvdeckApp(real_client_factory(model, dict(ENGINE)), name,
                         transcript_dir=Path(chats), chat_settings=settings)
         written = []
         async with app.run_test(size=size) as pilot:
@@ -55,7 +57,7 @@ async def shoot(model: str, out_dir: Path, size: tuple[int, int], prefix: str,
             app._fire_load(BURST)
             state = app.dashboard_state
             if not await until(pilot, lambda: state.stats is not None
-                               and state.stats.num_running >= 24
+                               and state.stats.num_running >= 8
                                and (state.stats.num_preemptions > 0
                                     or state.stats.kv_cache_usage > 0.9), 180):
                 raise RuntimeError("the burst never filled the KV pool")
@@ -93,7 +95,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     for size, prefix, latency in (((160, 48), "kvdeck-160x48", True),
                                   ((80, 24), "kvdeck-80x24", False)):
-        for path in asyncio.run(shoot(model, args.out, size, prefix, latency)):
+        name = "kvdeck-demo" if args.model is None else Path(model).name
+        for path in asyncio.run(shoot(model, name, args.out, size, prefix, latency)):
             print(path)
 
 

@@ -167,3 +167,95 @@ async def test_a_streaming_reply_is_saved_before_it_finishes(make_app):
         assert REPLY.startswith(partial) and len(partial) < len(REPLY)
         await pilot.press("escape")
         assert await wait_for(pilot, lambda: not chat.generating)
+
+
+async def test_a_refused_request_ends_the_reply_at_once_and_says_why(make_app):
+    app, factory = make_app(token_delay=0.0, reject="the engine refused this request")
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        chat = app.screen.chat
+        await send(pilot, "hello")
+        assert await wait_for(pilot, lambda: not chat.generating
+                              and "refused" in replies(app)[0].stats)
+        assert "error" in chat.transcript.turns[-1].stats
+        # The input is usable again at once: the next message goes out.
+        factory.client.reject = None
+        await send(pilot, "again")
+        assert await wait_for(pilot, lambda: len(replies(app)) == 2 and not chat.generating)
+        assert replies(app)[1].content == REPLY
+        await pilot.press("ctrl+n")
+        assert await wait_for(pilot, lambda: not replies(app))
+
+
+async def test_a_message_longer_than_the_context_is_refused_before_sending(make_app):
+    app, factory = make_app(token_delay=0.0, max_model_len=64)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        chat = app.screen.chat
+        long_text = " ".join(f"w{i}" for i in range(70))
+        chat.prompt_input.value = long_text
+        chat.focus_input()
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert factory.client.sent == [] and not chat.generating and not replies(app)
+        assert chat.prompt_input.value == long_text  # kept, to shorten
+        tokens = len(factory.client.encode(None, [
+            {"role": "system", "content": app.chat_settings.system_prompt},
+            {"role": "user", "content": long_text}])[1])
+        status = str(chat.query_one("#chat-status").render())
+        assert f"not sent: {tokens} tokens" in status
+        assert any(f"{tokens} tokens" in n.message and "context is 64" in n.message
+                   for n in app._notifications)
+        chat.prompt_input.value = ""
+        await send(pilot, "short one")
+        assert await wait_for(pilot, lambda: len(replies(app)) == 1 and not chat.generating)
+        prompt, max_tokens = factory.client.sent[0]
+        assert prompt + max_tokens <= 64 and max_tokens == 16  # auto: a quarter of 64
+
+
+async def test_thirty_turns_on_the_demo_model_stay_within_its_context(make_app):
+    from kvdeck.assets import demo_model_dir
+
+    # One plain paragraph per reply: 30 Markdown documents are what costs time here.
+    reply = "json.dumps serialises obj to a JSON formatted string " * 4
+    app, factory = make_app(token_delay=0.0, max_model_len=512, model_dir=demo_model_dir(),
+                            real_tokenizer=True, reply=reply)
+    async with app.run_test(size=(160, 48)) as pilot:
+        # The fake loads the demo tokenizer: transformers' first import takes a while.
+        assert await wait_for(pilot, lambda: app.engine_ready, timeout=60)
+        chat = app.screen.chat
+        for turn in range(30):
+            chat.prompt_input.value = f"question {turn}: what does json.dumps do?"
+            await pilot.press("enter")
+            assert await wait_for(pilot, lambda t=turn: len(chat.transcript.turns) == 2 * t + 2
+                                  and not chat.generating, timeout=10), f"turn {turn} wedged"
+        sent = factory.client.sent
+        assert len(sent) == 30 and all(p + m <= 512 for p, m in sent)
+        assert all(m == 128 for _, m in sent)  # auto max_tokens: a quarter of the context
+        # The early turns were left out of the later requests; the transcript kept them all.
+        assert "question 0:" not in str(factory.client.last_messages)
+        assert factory.client.last_messages[-1]["content"].startswith("question 29:")
+        assert len(chat.transcript.turns) == 60
+        assert "earlier messages left out" in replies(app)[-1].stats
+        assert "question 0:" in app.transcript_store.load(chat.transcript.id).turns[0].content
+
+
+async def test_settings_saved_in_the_dialog_are_there_after_a_restart(tmp_path):
+    from kvdeck.tui.app import KvdeckApp
+    from kvdeck.tui.settings_store import SettingsStore
+    from tests.tui.conftest import FakeFactory
+
+    path = tmp_path / "config" / "chat_settings.json"
+    app = KvdeckApp(FakeFactory(), transcript_dir=tmp_path / "chats",
+                    settings_store=SettingsStore(path))
+    async with app.run_test(size=(100, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await pilot.press("ctrl+s")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        app.screen.query_one("#temperature", Input).value = "0.3"
+        app.screen.query_one("#max-tokens", Input).value = "77"
+        app.screen.action_save()
+        assert await wait_for(pilot, path.exists)
+    again = KvdeckApp(FakeFactory(), transcript_dir=tmp_path / "chats",
+                      settings_store=SettingsStore(path))
+    assert (again.chat_settings.temperature, again.chat_settings.max_tokens) == (0.3, 77)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import time
 
 from textual.widgets import DataTable, Input
 
+from kvdeck.tui.block_cells import SHARED
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.widgets.block_map import BlockMap
 from kvdeck.tui.widgets.dashboard import Dashboard
@@ -140,3 +142,79 @@ async def test_narrow_terminal_switches_panes_and_tabs(make_app):
         assert app.theme == "textual-light"
         await pilot.press("ctrl+t")
         assert app.theme == "textual-dark"
+
+
+async def test_first_burst_shares_its_prefix_and_each_burst_draws_fresh_prompts(make_app):
+    # Slow steps: the followers are still running when the test looks at the map.
+    app, factory = make_app(token_delay=0.1, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=5, prompt_tokens=48, output_tokens=8,
+                        shared_prefix_tokens=32, seed="")
+        block_map = app.screen.query_one(BlockMap)
+        # The leader's two full prefix blocks are cached before the others are sent, so
+        # the first burst already shows them shared (ref count 5) on the map.
+        assert await wait_for(pilot, lambda: block_map.cells is not None
+                              and block_map.cells.kinds.count(SHARED) == 2, timeout=10)
+        assert max(block_map.cells.ref_counts) == 5
+        assert await wait_for(pilot, lambda: not app.activity.is_running("load"), timeout=15)
+        first = [p[:32] for p in factory.client.prompts]
+        await fire_load(pilot, num_requests=5, prompt_tokens=48, output_tokens=8,
+                        shared_prefix_tokens=32, seed="")
+        assert await wait_for(pilot, lambda: len(factory.client.prompts) == 10)
+        assert factory.client.prompts[5][:32] != first[0]  # a new seed: new prompts
+        assert await wait_for(pilot, lambda: not app.activity.is_running("load"), timeout=15)
+
+
+async def test_without_a_leader_a_burst_admitted_at_once_shares_nothing(make_app):
+    """What the engine does (and the fake copies): a block is shared only once computed."""
+    from kvdeck.tui.load_generator import LoadGenerator, LoadSpec
+
+    app, factory = make_app(token_delay=0.05, num_blocks=256)
+    async with app.run_test(size=(80, 24)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        client = factory.client
+        spec = LoadSpec(num_requests=4, prompt_tokens=48, output_tokens=4,
+                        shared_prefix_tokens=0, seed=3)
+        prompts = [[7] * 32 + [i + 10] * 16 for i in range(4)]  # a common 32-token prefix
+        outs = [client.generate(p, _params(), request_id=f"r{i}") for i, p in enumerate(prompts)]
+        await asyncio.gather(*(anext(o) for o in outs))
+        assert max(client.ref_counts) == 1  # admitted together: nothing shared
+        for out in outs:
+            await out.aclose()
+        result = await LoadGenerator(client).run(spec)
+        assert result.completed == 4 and result.seed == 3
+
+
+def _params():
+    from kvdeck.engine.types.sampling_params import SamplingParams
+
+    return SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+async def test_inspector_keeps_finished_requests_dimmed_and_graphs_share_a_window(make_app):
+    app, factory = make_app(token_delay=0.02, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=8, prompt_tokens=32, output_tokens=6,
+                        shared_prefix_tokens=0)
+        inspector = app.screen.query_one(RequestInspector)
+        table = inspector.query_one(DataTable)
+        assert await wait_for(pilot, lambda: not app.activity.is_running("load"), timeout=15)
+        assert await wait_for(pilot, lambda: app.dashboard_state.stats.num_running == 0)
+
+        def states() -> list[str]:
+            return [str(table.get_row_at(i)[1]) for i in range(table.row_count)]
+        # The last six are kept (dimmed) after they ended; the map redraws on its timer.
+        assert await wait_for(pilot, lambda: states() == ["finished"] * 6)
+        table.focus()
+        await pilot.press("down")
+        assert await wait_for(pilot, lambda: inspector.selected_id is not None)
+        detail = str(inspector.query_one("#request-detail").render())
+        assert "finished: its blocks were freed" in detail and "logical→physical" in detail
+        assert "idle" in str(app.screen.query_one("#throughput").render())
+        await pilot.press("f3")
+        await pilot.pause(0.6)
+        plots = [app.screen.query_one(f"#plot-{n}") for n in ("ttft", "itl", "throughput", "kv")]
+        assert all(p._points and max(x for x, _ in p._points) <= 0 for p in plots)
+        assert all(min(x for x, _ in p._points) >= -60 for p in plots)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.screens.deck import DeckScreen
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.help import HelpScreen
@@ -16,6 +17,7 @@ async def test_startup_shows_progress_then_the_deck(make_app):
     async with app.run_test(size=(80, 24)) as pilot:
         assert await wait_for(pilot, lambda: isinstance(app.screen, StartupScreen))
         startup = app.screen
+        assert app.sub_title == "fake-llama"  # one title, before and after the engine is up
         assert await wait_for(pilot, lambda: "loading" in startup.stages_seen)
         assert "loading weights" in str(startup.query_one("#startup-stage", Static).render())
         assert await wait_for(pilot, lambda: app.engine_ready)
@@ -50,7 +52,7 @@ async def test_engine_crash_mid_run_is_reported_not_hung(make_app):
 
 
 async def test_quit_stops_the_engine(make_app):
-    app, factory = make_app(token_delay=0.05)
+    app, factory = make_app(token_delay=0.2)  # still streaming when the answer comes
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready)
         app.screen.query_one("#prompt").focus()
@@ -59,7 +61,9 @@ async def test_quit_stops_the_engine(make_app):
         await pilot.press("enter")
         chat = app.screen.chat
         assert await wait_for(pilot, lambda: chat.generating)
-        await pilot.press("ctrl+c")  # quits from anywhere, saving the partial reply
+        await pilot.press("ctrl+c")  # from anywhere; a reply is streaming, so it asks
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuitScreen))
+        await pilot.press("y")  # quits, saving the partial reply
         assert await wait_for(pilot, lambda: factory.client.shutdown_count == 1)
     assert app.return_code == 0
     assert factory.client.aborted_ids  # the streaming reply was stopped first
@@ -72,11 +76,14 @@ async def test_help_lists_every_binding_and_all_have_ids(make_app):
     from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
     from kvdeck.tui.screens.engine_error import EngineErrorScreen as ErrorScreen
     from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
+    from kvdeck.tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
     from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
     from kvdeck.tui.widgets.chat_message import ChatMessage
+    from kvdeck.tui.widgets.model_tables import LocalModelsTable, RecommendedTable
 
     for owner in (KvdeckApp, DeckScreen, ErrorScreen, HelpScreen, StartupScreen,
-                  ChatSettingsScreen,
+                  ChatSettingsScreen, ConfirmQuitScreen, ModelsScreen, ConfirmDeleteScreen,
+                  LocalModelsTable, RecommendedTable,
                   LoadGeneratorScreen, TranscriptPickerScreen, ChatMessage):
         for binding in owner.BINDINGS:
             assert binding.id, f"{owner.__name__} binding {binding.key} has no id"

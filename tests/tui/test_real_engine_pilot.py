@@ -31,7 +31,8 @@ def make_real_app(model_dir, tmp_path, max_tokens: int, **engine: object) -> Kvd
                      chat_settings=settings)
 
 
-async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tmp_path):
+async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tmp_path,
+                                                              kvdeck_home):
     # The Triton kernels under the interpreter (TRITON_INTERPRET=1 reaches the engine
     # process) make each step slow enough to press esc mid-reply; with the torch kernels
     # the tiny model finishes 400 tokens in well under a second.
@@ -72,6 +73,11 @@ async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tm
     assert app.client.health().status == "stopped"  # quitting stopped the engine process
     with pytest.raises(ProcessLookupError):
         os.kill(engine_pid, 0)  # no orphan left behind
+    # The engine process logged its start-up, model, pool and shutdown.
+    log = (kvdeck_home / "logs" / "engine.log").read_text()
+    for line in (f"engine process {engine_pid} starting", "loading: loading weights",
+                 "KV pool 128 blocks x 16 tokens", "CUDA graphs off", "shut down on request"):
+        assert line in log, log
 
 
 async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llama_dir, tmp_path):
@@ -90,6 +96,8 @@ async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llam
         assert await wait_for(pilot, lambda: state.stats is not None
                               and state.stats.num_running >= 2, timeout=30)
         assert state.stats.kv_cache_usage > 0
+        # The leader went first, so the first burst already shares its two prefix blocks.
+        assert await wait_for(pilot, lambda: max(state.stats.block_ref_counts) > 1, timeout=30)
         # Select a running request: the inspector shows the engine's block table for it.
         inspector = app.screen.query_one(RequestInspector)
         table = inspector.query_one(DataTable)

@@ -76,6 +76,22 @@ def test_dashboard_pane_latency_tab(snap_compare, tmp_path, size):
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_dashboard_pane_with_a_request_selected(snap_compare, tmp_path, size):
+    """The inspector's block table gets the lines it needs, even at 80x24."""
+
+    async def run_before(pilot) -> None:
+        await settle_deck(pilot)
+        if pilot.app.screen.has_class("-narrow"):
+            await pilot.press("f2")
+        table = pilot.app.screen.query_one("#request-table")
+        table.focus()
+        await pilot.press("down", "down", "down")  # load1-2: 16 blocks, the longest table
+        await pilot.pause(0.3)
+
+    assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_help_screen(snap_compare, tmp_path, size):
     async def run_before(pilot) -> None:
         await settle_deck(pilot)
@@ -94,3 +110,29 @@ def test_error_screen(snap_compare, tmp_path, size):
     app = make_app(tmp_path, fail_start="CUDA out of memory: tried to allocate 2.00 GiB "
                    "(the KV pool); lower --gpu-memory-utilization or --max-model-len")
     assert snap_compare(app, terminal_size=size, run_before=run_before)
+
+
+@pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_models_screen_offline(snap_compare, tmp_path, size, monkeypatch):
+    """No network, no GPU: the bundled model and an added folder are listed; Fits explains."""
+    import shutil
+
+    from textual.app import App
+
+    from kvdeck.app.store import local_models
+    from kvdeck.assets import demo_model_dir
+    from kvdeck.tui.screens.models_screen import ModelsScreen
+
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "kvdeck-home"))
+    monkeypatch.setenv("HF_HOME", "/nonexistent/huggingface")  # the same path in every run
+    monkeypatch.setattr(local_models, "free_disk_bytes", lambda path=None: 50 * 10**9)
+    folder = tmp_path / "my-model"
+    shutil.copytree(demo_model_dir(), folder)
+    local_models.add_folder(folder, "my-model")
+
+    class ModelsApp(App):
+        def on_mount(self) -> None:
+            self.push_screen(ModelsScreen(free_gpu_bytes=lambda: None,
+                                          free_ram_bytes=lambda: 16 * 10**9))
+
+    assert snap_compare(ModelsApp(), terminal_size=size)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -50,6 +51,22 @@ def wait_for_screen(session: str, predicate, timeout: float, what: str) -> str:
     raise AssertionError(f"timed out waiting for {what}; the screen was:\n{screen}")
 
 
+def wait_for_file(folder: Path, predicate, timeout: float, what: str) -> dict:
+    """Poll the one transcript in `folder` until predicate(its JSON) holds."""
+    deadline = time.monotonic() + timeout
+    data: dict = {}
+    while time.monotonic() < deadline:
+        for path in folder.glob("*.json"):
+            try:
+                data = json.loads(path.read_text())
+            except (OSError, ValueError):
+                continue  # being replaced: read it again
+            if predicate(data):
+                return data
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}; the transcript was:\n{data}")
+
+
 def reply_lines(screen: str) -> list[str]:
     """The chat pane's text lines of the reply (between "Assistant" and its figures)."""
     lines = [line[:WIDTH * 2 // 5] for line in screen.splitlines()]  # the chat column only
@@ -58,14 +75,14 @@ def reply_lines(screen: str) -> list[str]:
         return []
     text = []
     for line in lines[starts[-1] + 1:]:
-        if "TTFT" in line or line.strip().startswith(("temp ", "generating")):
+        if "TTFT" in line or line.strip().startswith(("max ", "generating")):
             break
         if line.strip(" ▕▎▊"):
             text.append(line)
     return text
 
 
-def test_kvdeck_in_tmux_chat_stop_and_quit(tiny_llama_dir, tmp_path):
+def test_kvdeck_in_tmux_multi_turn_chat_stop_and_quit(tiny_llama_dir, tmp_path):
     session = f"kvdeck-smoke-{uuid.uuid4().hex[:8]}"
     exit_file = tmp_path / "exit_code"
     command = " ".join([
@@ -97,13 +114,26 @@ def test_kvdeck_in_tmux_chat_stop_and_quit(tiny_llama_dir, tmp_path):
                                  timeout=30, what="the reply's figures")
         assert "tokens" in screen and ("stopped" in screen or "finished 1" in screen)
         assert reply_lines(screen), f"no reply text on screen:\n{screen}"
+        # More turns: each one is sent with the history that fits, and answered.
+        transcripts = tmp_path / "data" / "kvdeck" / "transcripts"
+        for turn, text in enumerate(("and a second question", "a third one, please"), start=2):
+            tmux("send-keys", "-t", session, "-l", text)
+            tmux("send-keys", "-t", session, "Enter")
+            wait_for_file(transcripts, lambda data, n=turn: len(data["turns"]) == 2 * n
+                          and bool(data["turns"][-1]["stats"]), timeout=60,
+                          what=f"reply {turn} to finish")
+        screen = wait_for_screen(session, lambda s: "max 128 tok · ctx 512" in s, timeout=10,
+                                 what="the status line to name the reply budget and context")
+        assert "a third one" in screen and "Assistant" in screen
         tmux("send-keys", "-t", session, "C-c")
         deadline = time.monotonic() + 60
         while not exit_file.exists() and time.monotonic() < deadline:
             time.sleep(0.5)
         assert exit_file.exists(), "kvdeck did not exit after ctrl+c"
         assert exit_file.read_text().strip() == "0"
-        transcripts = list((tmp_path / "data" / "kvdeck" / "transcripts").glob("*.json"))
-        assert len(transcripts) == 1
+        saved = list(transcripts.glob("*.json"))
+        assert len(saved) == 1
+        turns = json.loads(saved[0].read_text())["turns"]
+        assert [t["role"] for t in turns] == ["user", "assistant"] * 3
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

@@ -119,17 +119,20 @@ def test_chat_settings_parse_names_the_bad_field():
 def test_load_spec_validation_and_shared_prefix():
     spec = LoadSpec(num_requests=4, prompt_tokens=20, output_tokens=5, shared_prefix_tokens=8)
     spec.validate(max_model_len=64)
-    prompts = synthetic_prompts(spec, vocab_size=100)
+    prompts = synthetic_prompts(spec, 100, seed=5)
     assert len(prompts) == 4 and all(len(p) == 20 for p in prompts)
     assert all(p[:8] == prompts[0][:8] for p in prompts)
     assert len({tuple(p[8:]) for p in prompts}) == 4
     assert all(3 <= t < 100 for p in prompts for t in p)
-    assert synthetic_prompts(spec, 100) == prompts  # seeded: the same burst again
+    assert synthetic_prompts(spec, 100, seed=5) == prompts  # seeded: the same burst again
+    assert synthetic_prompts(spec, 100, seed=6)[0][:8] != prompts[0][:8]  # another: fresh
     for bad, message in ((dict(num_requests=0), "num_requests"),
                          (dict(shared_prefix_tokens=30), "shared_prefix_tokens"),
-                         (dict(prompt_tokens=60), "max_model_len")):
+                         (dict(prompt_tokens=60), "max_model_len"),
+                         (dict(seed=-1), "seed")):
         with pytest.raises(ValueError, match=message):
-            LoadSpec(**{**dict(num_requests=4, prompt_tokens=20, output_tokens=5), **bad}
+            LoadSpec(**{**dict(num_requests=4, prompt_tokens=20, output_tokens=5,
+                            shared_prefix_tokens=8), **bad}
                      ).validate(max_model_len=64)
 
 
@@ -142,3 +145,63 @@ def test_model_text_is_made_displayable():
     from kvdeck.tui.widgets.chat_message import displayable
 
     assert displayable("a\r\nb\x11c\td\x7f") == "a\nb\ufffdc\td\ufffd"
+
+
+def test_widgets_get_their_services_not_the_app():
+    """Issue 14: no widget reaches into the App for its services."""
+    from pathlib import Path
+
+    import kvdeck.tui
+
+    root = Path(kvdeck.tui.__file__).parent
+    offenders = [str(p.relative_to(root)) for p in root.rglob("*.py")
+                 if "type: ignore[attr-defined]" in p.read_text()]
+    assert offenders == []
+
+
+def test_request_colours_keep_neighbours_apart_and_stay_put():
+    from kvdeck.tui.request_colours import RequestColours, palette_colour
+
+    def rgb(colour: str) -> tuple[int, int, int]:
+        return tuple(int(colour[i:i + 2], 16) for i in (1, 3, 5))
+
+    def distance(a: str, b: str) -> float:
+        return sum((x - y) ** 2 for x, y in zip(rgb(a), rgb(b), strict=True)) ** 0.5
+
+    first = [palette_colour(i) for i in range(12)]
+    assert len(set(first)) == 12
+    assert min(distance(a, b) for a, b in zip(first, first[1:])) > 120  # neighbours differ
+    assert min(distance(a, b) for i, a in enumerate(first[:8]) for b in first[i + 1:8]) > 60
+    colours = RequestColours()
+    colours.observe(["a", "b", "c"])
+    assert [colours.index(r) for r in "abc"] == [0, 1, 2]
+    assert colours.colour("b") == palette_colour(1)  # the same request keeps its colour
+
+
+def test_plot_ticks_are_round():
+    from kvdeck.tui.plot_ticks import labelled, nice_ticks
+
+    assert labelled(nice_ticks(3352.7)) == ["0", "1000", "2000", "3000", "4000"]
+    assert labelled(nice_ticks(100)) == ["0", "25", "50", "75", "100"]
+    assert labelled(nice_ticks(0.73)) == ["0.0", "0.2", "0.4", "0.6", "0.8"]
+    assert labelled(nice_ticks(1.0)) == ["0.00", "0.25", "0.50", "0.75", "1.00"]
+    assert labelled(nice_ticks(57, 2)) == ["0", "50", "100"]
+
+
+def test_summary_says_idle_when_nothing_runs():
+    from kvdeck.tui.widgets.engine_summary import throughput_line
+
+    state = DashboardState()
+    stats = demo_stats()
+    state.add_stats(stats)
+    assert "step 256 prefill" in throughput_line(state).plain
+    stats.num_running = stats.num_waiting = 0
+    state.add_stats(stats)
+    assert throughput_line(state).plain.endswith("· idle")
+
+
+def test_the_title_names_the_demo_model_as_the_engine_does():
+    from kvdeck.engine.api.async_client import DEMO_MODEL_NAME
+    from kvdeck.tui.engine_session import display_model_name
+
+    assert display_model_name(None) == DEMO_MODEL_NAME  # not "demo model", then renamed

@@ -8,7 +8,7 @@ from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static, TextArea
 
-from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.chat_settings import ChatSettings, auto_max_tokens
 
 
 class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
@@ -28,9 +28,10 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
     ChatSettingsScreen Button { margin-left: 1; }
     """
 
-    def __init__(self, settings: ChatSettings) -> None:
+    def __init__(self, settings: ChatSettings, max_model_len: int | None = None) -> None:
         super().__init__()
         self.settings = settings
+        self.max_model_len = max_model_len  # the loaded model's context, for the auto hint
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -40,16 +41,22 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
             with Grid():
                 yield Label("temperature")
                 yield Label("top_p")
-                yield Label("max_tokens")
+                yield Label(self._max_tokens_label())
                 yield Label("seed (blank: random)")
                 yield Input(f"{s.temperature:g}", id="temperature")
                 yield Input(f"{s.top_p:g}", id="top-p")
-                yield Input(str(s.max_tokens), id="max-tokens")
+                yield Input("" if s.max_tokens is None else str(s.max_tokens), id="max-tokens",
+                            placeholder="auto")
                 yield Input("" if s.seed is None else str(s.seed), id="seed")
             yield Static("", id="settings-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
                 yield Button("Save", variant="primary", id="save")
+
+    def _max_tokens_label(self) -> str:
+        if self.max_model_len is None:
+            return "max_tokens (blank: auto)"
+        return f"max_tokens (blank: {auto_max_tokens(self.max_model_len)})"
 
     def _value(self, widget_id: str) -> str:
         return self.query_one(f"#{widget_id}", Input).value

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
+from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.key_routing import is_shown, stray_text
+from kvdeck.tui.messages import LoadBurstStarted
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
+from kvdeck.tui.settings_store import SettingsStore
+from kvdeck.tui.transcripts import TranscriptStore
+from kvdeck.tui.widgets.chat_message import ChatMessage
 from kvdeck.tui.widgets.chat_pane import ChatPane
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.mini_stats import MiniStats
+
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
 
 NARROW_BELOW = 120  # columns; below this chat and dashboard take turns (f2)
 
@@ -27,7 +42,7 @@ class DeckScreen(Screen[None]):
         Binding("f2", "toggle_pane", "Chat⇄Dash", id="toggle_pane",
                 tooltip="Switch between chat and dashboard (wide: dashboard full width)"),
         Binding("f3", "toggle_tab", "Blocks⇄Latency", id="toggle_dashboard_tab", show=False,
-                tooltip="Switch the dashboard between the block map and the latency graphs"),
+                tooltip="Next dashboard tab: block map, latency graphs (attached: servers)"),
         Binding("ctrl+s", "chat_settings", "Settings", id="chat_settings",
                 tooltip="System prompt and sampling settings (temperature, top_p, ...)"),
         Binding("ctrl+n", "new_chat", "New", id="new_chat",
@@ -38,12 +53,27 @@ class DeckScreen(Screen[None]):
                 tooltip="Copy the last reply to the clipboard"),
     ]
 
+    HELP_GROUPS = [("A focused chat message", ChatMessage.BINDINGS)]
+
+    def __init__(self, engine: EngineSession, state: DashboardState, settings: SettingsStore,
+                 transcripts: TranscriptStore, activity: ActivityTracker,
+                 servers: AttachedServers | None = None) -> None:
+        super().__init__()
+        self.servers = servers  # attached (`kvdeck attach`): the servers' table
+        self.engine = engine
+        self.state = state
+        self.settings = settings
+        self.transcripts = transcripts
+        self.activity = activity
+        self._was_narrow: bool | None = None
+
     def compose(self) -> ComposeResult:
         yield Header(icon="▦")
-        yield MiniStats(id="mini-stats")
+        yield MiniStats(self.state, id="mini-stats")
         with Horizontal(id="deck-body"):
-            yield ChatPane(id="chat")
-            yield Dashboard(id="dashboard")
+            yield ChatPane(self.engine, self.state, self.settings, self.transcripts,
+                           self.activity, id="chat")
+            yield Dashboard(self.state, self.servers, id="dashboard")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -57,6 +87,35 @@ class DeckScreen(Screen[None]):
     def dashboard(self) -> Dashboard:
         return self.query_one(Dashboard)
 
+    def on_key(self, event: events.Key) -> None:
+        """Text typed while the focus is elsewhere (the map, a table, nothing) is the
+        user's message: it goes to the chat input, bringing the chat into view."""
+        text = stray_text(self, event)
+        if text is None:
+            return
+        event.stop()
+        event.prevent_default()
+        if not is_shown(self.chat.prompt_input):
+            self.show_pane("chat")
+        self.chat.type_into_input(text)
+
+    def on_resize(self, event: events.Resize) -> None:
+        narrow = event.size.width < NARROW_BELOW
+        if self._was_narrow and not narrow:
+            self.set_class(False, "-show-dashboard")  # wide again: both panes in view
+        self._was_narrow = narrow
+        self.call_after_refresh(self._keep_focus_in_view)
+
+    def _keep_focus_in_view(self) -> None:
+        """A layout change may hide the focused widget: keys would go nowhere."""
+        focused = self.focused
+        if focused is not None and is_shown(focused):
+            return
+        if is_shown(self.chat.prompt_input):
+            self.chat.focus_input()
+        elif is_shown(self.dashboard):
+            self.dashboard.focus()
+
     def show_pane(self, pane: str) -> None:
         """In a narrow terminal show "chat" or "dashboard"; in a wide one, "dashboard" hides
         the chat (a full-width map) and "chat" shows both again."""
@@ -69,13 +128,24 @@ class DeckScreen(Screen[None]):
             self.dashboard.focus()
 
     def action_toggle_pane(self) -> None:
-        self.show_pane("chat" if self.has_class("-show-dashboard") else "dashboard")
+        if self.has_class("-show-dashboard"):
+            self.show_pane("chat")
+        elif self.chat.prompt_input.value.strip():
+            self.notify("Your message is still in the input: send it (Enter) or clear it "
+                        "first.", severity="warning", timeout=4)
+        else:
+            self.show_pane("dashboard")
 
     def action_toggle_tab(self) -> None:
-        tabs = self.dashboard
-        current = tabs.query_one("#dashboard-tabs").active  # type: ignore[attr-defined]
-        tabs.show_tab("tab-latency" if current == "tab-blocks" else "tab-blocks")
+        dashboard = self.dashboard
+        tabs = ["tab-blocks", "tab-latency", *(["tab-servers"] if self.servers else [])]
+        current = tabs.index(dashboard.active_tab) if dashboard.active_tab in tabs else -1
+        dashboard.show_tab(tabs[(current + 1) % len(tabs)])
         if self.has_class("-narrow") and not self.has_class("-show-dashboard"):
+            self.show_pane("dashboard")
+
+    def on_load_burst_started(self, message: LoadBurstStarted) -> None:
+        if self.has_class("-narrow") and not self.chat.prompt_input.value.strip():
             self.show_pane("dashboard")
 
     async def action_stop_reply(self) -> None:
@@ -86,30 +156,36 @@ class DeckScreen(Screen[None]):
         self.show_pane("chat")
 
     def action_chat_settings(self) -> None:
-        app = self.app
-
         def apply(settings: ChatSettings | None) -> None:
-            if settings is not None:
-                app.chat_settings = settings  # type: ignore[attr-defined]
-                self.chat.update_status()
+            if settings is None:
+                return
+            try:
+                self.settings.save(settings)
+            except OSError as exc:
+                self.notify(f"Settings apply to this session only; saving failed: {exc}",
+                            severity="warning")
+            else:
                 self.notify("Chat settings saved.", timeout=2)
+            self.chat.update_status()
 
-        app.push_screen(ChatSettingsScreen(app.chat_settings), apply)  # type: ignore[attr-defined]
+        client = self.engine.usable
+        context = client.max_model_len if client is not None else None
+        self.app.push_screen(ChatSettingsScreen(self.settings.current, context), apply)
 
     def action_open_chat(self) -> None:
-        store = self.app.transcript_store  # type: ignore[attr-defined]
-        self.app.push_screen(TranscriptPickerScreen(store.list()), self._open_transcript)
+        self.app.push_screen(TranscriptPickerScreen(self.transcripts.list()), self._open_transcript)
 
     def _open_transcript(self, transcript_id: str | None) -> None:
         if transcript_id is not None:
             self.run_worker(self._reopen(transcript_id), group="reopen", exclusive=True)
 
     async def _reopen(self, transcript_id: str) -> None:
-        transcript = self.app.transcript_store.load(transcript_id)  # type: ignore[attr-defined]
+        transcript = self.transcripts.load(transcript_id)
         await self.chat.stop()
         await self.chat.workers_done()
-        settings = self.app.chat_settings  # type: ignore[attr-defined]
-        settings.system_prompt = transcript.system_prompt
+        # The reopened chat goes on with its own system prompt (for this session).
+        self.settings.current = replace(self.settings.current,
+                                        system_prompt=transcript.system_prompt)
         await self.chat.show_transcript(transcript)
         self.show_pane("chat")
 

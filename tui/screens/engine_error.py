@@ -8,6 +8,8 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Label, Static
 
+from kvdeck.tui.messages import RestartEngineRequested
+
 
 class EngineErrorScreen(Screen[None]):
     BINDINGS = [
@@ -51,4 +53,4 @@ class EngineErrorScreen(Screen[None]):
             await self.app.action_quit()
 
     def action_restart(self) -> None:
-        self.app.restart_engine()  # type: ignore[attr-defined]
+        self.post_message(RestartEngineRequested())

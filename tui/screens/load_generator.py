@@ -15,7 +15,9 @@ FIELDS = (
     ("prompt_tokens", "prompt tokens"),
     ("output_tokens", "output tokens"),
     ("shared_prefix_tokens", "shared prefix tokens"),
+    ("seed", "seed (blank: new prompts each burst)"),
 )
+OPTIONAL = {"seed"}  # blank means None
 
 
 class LoadGeneratorScreen(ModalScreen[LoadSpec | None]):
@@ -44,26 +46,33 @@ class LoadGeneratorScreen(ModalScreen[LoadSpec | None]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Label("Load generator: concurrent requests with random-token prompts "
-                        "(ignore_eos), sharing a common prefix.")
+                        "(ignore_eos). With a shared prefix, one leader goes first and the rest "
+                        "share its cached blocks.")
             with Grid():
                 for name, label in FIELDS:
+                    value = getattr(self.spec, name)
                     yield Label(label)
-                    yield Input(str(getattr(self.spec, name)), id=name, type="integer")
+                    yield Input("" if value is None else str(value), id=name, type="integer")
             yield Static("", id="load-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
                 yield Button("Fire", variant="primary", id="fire")
 
     def action_fire(self) -> None:
-        values = {}
+        values: dict[str, int | None] = {}
         try:
             for name, _ in FIELDS:
                 text = self.query_one(f"#{name}", Input).value.strip()
+                if not text and name in OPTIONAL:
+                    values[name] = None
+                    continue
                 try:
                     values[name] = int(text)
                 except ValueError:
                     raise ValueError(f"{name} must be an integer, got {text!r}") from None
-            spec = LoadSpec(seed=self.spec.seed, **values)
+            spec = LoadSpec()
+            for name, value in values.items():
+                setattr(spec, name, value)
             spec.validate(self.max_model_len)
         except ValueError as exc:
             self.query_one("#load-error", Static).update(str(exc))

@@ -1,98 +1,79 @@
-"""The Models screen: local models, recommended ones, download, quantise, load, delete.
+"""The Models screen: local models (the bundled one, added folders, downloads, quantised
+ones), recommended ones; download, add a folder, quantise, compare, load, delete.
 
-Self-contained: the app passes what it owns (how to load a model into the engine, how much
-GPU memory is free) to the constructor. Downloads run in a thread worker, quantise jobs in
-their own process (kvdeck.app.jobs); both report here through `call_from_thread`.
+Self-contained: the app passes the services it owns (the engine session, the activity
+tracker, where free memory is read) to the constructor; loading a model is a message
+(SwitchModelRequested) the app acts on. The running task lives in a ModelTaskRunner.
+Everything works offline: only "Download" needs the hub.
 """
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen, Screen
+from textual.containers import Horizontal
+from textual.screen import Screen
 from textual.widgets import Button, Footer, Input, Label, Static
 
-from kvdeck.app.jobs.compare import CompareJob, start_compare
-from kvdeck.app.jobs.quantize import QuantizeJob, QuantizeOptions, QuantizeProgress, start_quantize
+from kvdeck.app.jobs.compare import check_eval_text, heldout_text_for
+from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.store import local_models, paths
-from kvdeck.app.store.download import CancelToken, DownloadError, download_model
-from kvdeck.app.store.download_progress import DownloadCancelled, DownloadProgress, format_bytes
+from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError, read_config
-from kvdeck.app.store.local_models import LocalModel
+from kvdeck.app.store.local_models import BUNDLED_NAME, LocalModel
 from kvdeck.app.store.recommended import RECOMMENDED, local_memory_estimate
-from kvdeck.tui.widgets.model_tables import PENDING_PREFIX, LocalModelsTable, RecommendedTable
+from kvdeck.tui.activity import ActivityTracker
+from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.host_memory import available_ram_bytes, nvidia_smi_free_bytes
+from kvdeck.tui.key_routing import stray_text
+from kvdeck.tui.messages import SwitchModelRequested
+from kvdeck.tui.model_task_runner import ModelTaskRunner
+from kvdeck.tui.screens.confirm_delete import ConfirmDeleteScreen
+from kvdeck.tui.screens.path_prompt import PathPromptScreen
+from kvdeck.tui.widgets.model_tables import (
+    PENDING_PREFIX,
+    LocalModelsTable,
+    MemoryBudget,
+    RecommendedTable,
+)
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
-
-def nvidia_smi_free_bytes() -> int | None:
-    """Free memory of GPU 0 without creating a CUDA context in the UI process."""
-    if shutil.which("nvidia-smi") is None:
-        return None
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout  # fmt: skip
-        return int(out.splitlines()[0].strip()) * 1024 * 1024
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return None
+__all__ = ["ConfirmDeleteScreen", "ModelsScreen"]
 
 
-class ConfirmDeleteScreen(ModalScreen[bool]):
-    BINDINGS = [
-        Binding("y", "answer(True)", "Delete", id="confirm_delete_yes"),
-        Binding("n,escape", "answer(False)", "Keep", id="confirm_delete_no"),
-    ]
-    DEFAULT_CSS = """
-    ConfirmDeleteScreen { align: center middle; }
-    ConfirmDeleteScreen > Vertical {
-        width: 64; max-width: 100%; height: auto; border: thick $error; background: $surface;
-        padding: 0 1;
-    }
-    ConfirmDeleteScreen Horizontal { height: auto; align-horizontal: right; }
-    ConfirmDeleteScreen Button { margin-left: 1; }
-    """
+def _looks_like_a_path(text: str) -> bool:
+    return text.startswith(("/", "~", ".")) or Path(text).expanduser().is_dir()
 
-    def __init__(self, what: str) -> None:
-        super().__init__()
-        self.what = what
 
-    def compose(self) -> ComposeResult:
-        with Vertical():
-            yield Static(f"Delete {self.what}?\nThe files are removed from disk.")
-            with Horizontal():
-                yield Button("Keep (n)", id="keep")
-                yield Button("Delete (y)", id="delete", variant="error")
-
-    def action_answer(self, answer: bool) -> None:
-        self.dismiss(answer)
-
-    @on(Button.Pressed)
-    def _pressed(self, event: Button.Pressed) -> None:
-        self.dismiss(event.button.id == "delete")
+def _folder_problem(path: str) -> str | None:
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        return f"{path}: no such folder"
+    if not (folder / "config.json").is_file():
+        return f"{path} has no config.json: not a Hugging Face model folder"
+    return None
 
 
 class ModelsScreen(Screen):
     BINDINGS = [
-        Binding("p", "pull", "Download", id="models_pull"),
-        Binding("a", "quantize", "Quantise AWQ", id="models_quantize"),
-        Binding("l", "load", "Load", id="models_load"),
-        Binding("x,delete", "delete", "Delete", id="models_delete"),
-        Binding("e", "compare", "Compare with original", id="models_compare"),
-        Binding("c", "cancel_task", "Cancel task", id="models_cancel"),
-        Binding("r", "refresh", "Refresh", id="models_refresh"),
+        Binding("ctrl+o", "add_folder", "Add folder…", id="models_add_folder",
+                tooltip="List a model folder from elsewhere on disk (nothing is copied)"),
+        Binding("ctrl+k", "cancel_task", "Cancel task", id="models_cancel",
+                tooltip="Cancel the running download, quantisation or comparison"),
+        Binding("ctrl+r", "refresh", "Refresh", id="models_refresh",
+                tooltip="List the local models again"),
     ]
+    HELP_GROUPS = [("The local models table (focused)", LocalModelsTable.BINDINGS),
+                   ("The recommended table (focused)", RecommendedTable.BINDINGS)]
     DEFAULT_CSS = """
     ModelsScreen { layout: vertical; }
     ModelsScreen #models-title { height: 1; padding: 0 1; background: $boost; }
     ModelsScreen .section { height: 1; padding: 0 1; text-style: bold; margin-top: 1; }
+    ModelsScreen #fits-note { height: auto; padding: 0 1; color: $text-muted; }
     ModelsScreen LocalModelsTable { height: 1fr; min-height: 4; }
     ModelsScreen RecommendedTable { height: 1fr; min-height: 4; }
     ModelsScreen #pull-row { height: 3; }
@@ -101,74 +82,123 @@ class ModelsScreen(Screen):
 
     def __init__(
         self,
-        on_load: Callable[[LocalModel], object] | None = None,
+        engine: EngineSession | None = None,
+        activity: ActivityTracker | None = None,
         free_gpu_bytes: Callable[[], int | None] | None = nvidia_smi_free_bytes,
         quantize_options: QuantizeOptions | None = None,
         context_tokens: int = 8192,
         compare_options: dict | None = None,
+        free_ram_bytes: Callable[[], int | None] | None = available_ram_bytes,
     ) -> None:
         super().__init__()
-        self.on_load = on_load
+        self.engine = engine or EngineSession()  # which model is loaded (None: not in an app)
+        self.activity = activity or ActivityTracker()
         self.free_gpu_bytes = free_gpu_bytes
+        self.free_ram_bytes = free_ram_bytes
         self.quantize_options = quantize_options
         self.context_tokens = context_tokens
         self.compare_options = compare_options or {}  # start_compare's seq_len, max_windows...
-        self.download_cancel: CancelToken | None = None
-        self.quantize_job: QuantizeJob | None = None
-        self.compare_job: CompareJob | None = None
         self.models: list[LocalModel] = []
+        self.tasks: ModelTaskRunner | None = None  # made once the panel exists
 
     def compose(self) -> ComposeResult:
         yield Static("", id="models-title")
-        yield Label("Local models", classes="section")
+        yield Label("Local models (l load · a quantise · e compare · x delete)", classes="section")
         yield LocalModelsTable(id="local-models")
-        yield Label("Recommended for one GPU (p downloads the selected row)", classes="section")
+        yield Label("Recommended (p downloads the selected row)", classes="section")
+        yield Static("", id="fits-note")
         yield RecommendedTable(id="recommended")
         with Horizontal(id="pull-row"):
-            yield Input(placeholder="any hub repo id, e.g. Qwen/Qwen2.5-0.5B-Instruct",
-                        id="repo-input")  # fmt: skip
-            yield Button("Download", id="pull-button", variant="primary")
+            yield Input(placeholder="a hub repo id (org/name) to download, or a model folder "
+                                    "on disk to add", id="repo-input", select_on_focus=False)
+            yield Button("Download / add", id="pull-button", variant="primary")
+            yield Button("Add folder…", id="add-folder-button")
         yield ModelTaskPanel(id="task-panel")
         yield Footer()
 
     def on_mount(self) -> None:
+        self.tasks = ModelTaskRunner(self.query_one(ModelTaskPanel), self.activity,
+                                     self._to_ui, self._task_finished)
+        self._serving = self.engine.serving_dirs()
         self.action_refresh()
+        self.set_interval(1.0, self._follow_engine)
+
+    def on_screen_resume(self) -> None:
+        self.action_refresh()  # a model may have been pulled, quantised or loaded meanwhile
+
+    def _follow_engine(self) -> None:
+        """Mark the model the engine loaded once it has (a switch takes seconds)."""
+        serving = self.engine.serving_dirs()
+        if serving != self._serving:
+            self._serving = serving
+            self.action_refresh()
+
+    def on_key(self, event: events.Key) -> None:
+        """A printable key that no focused table claims is typed into the input: typing a
+        path or a repo id never runs a shortcut."""
+        text = stray_text(self, event)
+        if text is None:
+            return
+        event.stop()
+        event.prevent_default()
+        repo_input = self.query_one("#repo-input", Input)
+        repo_input.focus()
+        repo_input.insert_text_at_cursor(text)
 
     @property
     def busy(self) -> bool:
-        return (self.download_cancel is not None or self.quantize_job is not None
-                or self.compare_job is not None)  # fmt: skip
+        return self.tasks is not None and self.tasks.busy
 
-    def _from_thread(self, callback: Callable[..., object], *args: object) -> None:
+    def _to_ui(self, callback: Callable[..., object], *args: object) -> None:
         """Run `callback` on the UI thread; dropped if the app has already closed."""
         try:
             self.app.call_from_thread(callback, *args)
         except RuntimeError:
             pass
 
+    def _runner(self) -> ModelTaskRunner | None:
+        """The task runner if it is free; else says why not (None)."""
+        if self.tasks is not None and self.tasks.busy:
+            self.notify("A task is already running (ctrl+k cancels it)", severity="warning")
+            return None
+        return self.tasks
+
     # -- listing ---------------------------------------------------------------------------
+
+    def memory_budget(self) -> MemoryBudget:
+        gpu = self.free_gpu_bytes() if self.free_gpu_bytes else None
+        if gpu is not None:
+            return MemoryBudget("cuda", gpu)
+        return MemoryBudget("cpu", self.free_ram_bytes() if self.free_ram_bytes else None)
 
     def action_refresh(self) -> None:
         try:
-            self.models = local_models.list_models()
+            self.models = local_models.list_models(bundled=True)
             pending = local_models.pending_downloads()
         except ValueError as exc:  # an unreadable registry
             self.notify(str(exc), severity="error", timeout=10)
             self.models, pending = [], []
-        free_gpu = self.free_gpu_bytes() if self.free_gpu_bytes else None
-        self.query_one(LocalModelsTable).show(self.models, pending, free_gpu, self.context_tokens)
-        self.query_one(RecommendedTable).show(RECOMMENDED, free_gpu, self.context_tokens)
-        gpu = f"GPU free {format_bytes(free_gpu)}" if free_gpu is not None else "no GPU seen"
+        budget = self.memory_budget()
+        loaded = {m.name for m in self.models if self.engine.serves(m.path)}
+        self.query_one(LocalModelsTable).show(self.models, pending, budget, self.context_tokens,
+                                              loaded)
+        self.query_one(RecommendedTable).show(RECOMMENDED, budget, self.context_tokens)
+        self.query_one("#fits-note", Static).update(budget.explain(self.context_tokens))
         self.query_one("#models-title", Static).update(
             f"Models · disk free {format_bytes(local_models.free_disk_bytes())}"
-            f" · {gpu} · cache {paths.hf_hub_cache()}"
+            f" · {budget.headline()} · cache {paths.hf_hub_cache()}"
         )
 
     def selected_local(self) -> LocalModel | None:
         key = self.query_one(LocalModelsTable).selected_key()
         return next((m for m in self.models if m.name == key), None)
 
-    # -- download --------------------------------------------------------------------------
+    def _select(self, name: str) -> None:
+        table = self.query_one(LocalModelsTable)
+        table.focus()
+        table.select_key(name)
+
+    # -- download, add a folder ------------------------------------------------------------
 
     @on(Input.Submitted, "#repo-input")
     @on(Button.Pressed, "#pull-button")
@@ -176,7 +206,11 @@ class ModelsScreen(Screen):
         self.action_pull()
 
     def action_pull(self) -> None:
-        repo_id = self.query_one("#repo-input", Input).value.strip()
+        text = self.query_one("#repo-input", Input).value.strip()
+        if text and _looks_like_a_path(text):  # offline use: a folder on disk, not the hub
+            self.add_folder(text)
+            return
+        repo_id = text
         if not repo_id:
             focused = self.focused
             if isinstance(focused, LocalModelsTable):
@@ -185,132 +219,103 @@ class ModelsScreen(Screen):
             else:
                 repo_id = self.query_one(RecommendedTable).selected_key() or ""
         if not repo_id:
-            self.notify("Type a hub repo id or select a recommended model", severity="warning")
+            self.notify("Type a hub repo id or a model folder, or select a recommended model",
+                        severity="warning")  # fmt: skip
             return
         self.start_download(repo_id)
 
     def start_download(self, repo_id: str) -> None:
-        if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
-            return
-        self.download_cancel = CancelToken()
-        self.query_one(ModelTaskPanel).start(f"Downloading {repo_id}")
-        cancel = self.download_cancel
-        self.run_worker(lambda: self._download_thread(repo_id, cancel), thread=True,
-                        group="model-download", exit_on_error=False)  # fmt: skip
+        runner = self._runner()
+        if runner is not None:
+            runner.download(repo_id)
 
-    def _download_thread(self, repo_id: str, cancel: CancelToken) -> None:
-        def report(p: DownloadProgress) -> None:
-            self._from_thread(self._show_download, p)
+    @on(Button.Pressed, "#add-folder-button")
+    def action_add_folder(self) -> None:
+        typed = self.query_one("#repo-input", Input).value.strip()
 
+        def chosen(path: str | None) -> None:
+            if path is not None:
+                self.add_folder(path)
+
+        self.app.push_screen(PathPromptScreen(
+            "Add a model folder",
+            "A folder with config.json and safetensors weights (a Hugging Face model). It is "
+            "listed, not copied; deleting it here only takes it off the list.",
+            _folder_problem, value=typed if _looks_like_a_path(typed) else "",
+            placeholder="/path/to/model", action="Add"), chosen)
+
+    def add_folder(self, path: str) -> None:
         try:
-            model = download_model(repo_id, on_progress=report, cancel=cancel)
-            outcome = (f"{model.name} verified and added ({format_bytes(model.size_bytes)})", False)
-        except DownloadCancelled:
-            outcome = (f"Download of {repo_id} cancelled; p resumes it", False)
-        except (DownloadError, ValueError) as exc:
-            outcome = (str(exc), True)
-        except Exception as exc:  # noqa: BLE001 - show the unexpected too, never crash the UI
-            outcome = (f"{type(exc).__name__}: {exc}", True)
-        self._from_thread(self._task_finished, *outcome)
-
-    def _show_download(self, p: DownloadProgress) -> None:
-        self.query_one(ModelTaskPanel).show_download(p)
-
-    # -- quantise --------------------------------------------------------------------------
-
-    def action_quantize(self) -> None:
-        model = self.selected_local()
-        if model is None:
-            self.notify("Select a local model to quantise", severity="warning")
-            return
-        if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
-            return
-        try:
-            job = start_quantize(model, options=self.quantize_options,
-                                 on_progress=self._quantize_progress_from_thread)  # fmt: skip
+            model = local_models.add_folder(path)
         except ValueError as exc:
             self.notify(str(exc), severity="error", timeout=8)
             return
-        self.quantize_job = job
-        self.query_one(ModelTaskPanel).start(f"Quantising {model.name} to AWQ INT4 → {job.name}")
+        self.query_one("#repo-input", Input).value = ""
+        self.notify(f"Added {model.name} ({format_bytes(model.size_bytes)}) from {model.path}")
+        self.action_refresh()
+        self._select(model.name)
 
-    def _quantize_progress_from_thread(self, p: QuantizeProgress) -> None:
-        self._from_thread(self._quantize_progress, p)
+    # -- quantise, compare -----------------------------------------------------------------
 
-    def _quantize_progress(self, p: QuantizeProgress) -> None:
-        job = self.quantize_job
-        if job is None:
-            return
-        if p.phase in ("done", "failed", "cancelled"):
-            self.quantize_job = None
-            if p.phase == "done" and job.result is not None:
-                src, out = job.source, job.result
-                ratio = src.size_bytes / out.size_bytes if out.size_bytes else 0.0
-                self._task_finished(
-                    f"{out.name} added: {format_bytes(out.size_bytes)} vs"
-                    f" {format_bytes(src.size_bytes)} for {src.name} ({ratio:.1f}x smaller)", False
-                )
-            elif p.phase == "cancelled":
-                self._task_finished("Quantisation cancelled; nothing was kept", False)
-            else:
-                self._task_finished(f"Quantisation failed: {p.message}", True)
-            return
-        self.query_one(ModelTaskPanel).show_quantize(p)
-
-    # -- compare ---------------------------------------------------------------------------
+    def action_quantize(self) -> None:
+        model = self.selected_local()
+        runner = self._runner()
+        if model is None:
+            self.notify("Select a local model to quantise", severity="warning")
+        elif runner is not None:
+            try:
+                runner.quantize(model, self.quantize_options)
+            except ValueError as exc:
+                self.notify(str(exc), severity="error", timeout=8)
 
     def action_compare(self) -> None:
         model = self.selected_local()
-        origin = next((m for m in self.models if model and m.name == model.origin), None)
+        origin = self._origin_of(model) if model is not None else None
         if model is None or origin is None:
-            self.notify("Select a model quantised here (its original must still be listed)",
+            self.notify("Select a model quantised here (its original must still be there)",
                         severity="warning")  # fmt: skip
             return
-        if self.busy:
-            self.notify("A task is already running (c cancels it)", severity="warning")
+        if self._runner() is None:
+            return
+        heldout = heldout_text_for(origin, model)
+        if heldout is not None:
+            self._start_compare(origin, model, str(heldout))
+            return
+
+        def chosen(path: str | None) -> None:
+            if path is not None:
+                self._start_compare(origin, model, str(Path(path).expanduser()))
+
+        self.app.push_screen(PathPromptScreen(
+            f"Compare {model.name} with {origin.name}",
+            f"{origin.name} ships no heldout.txt. Perplexity needs text neither model was "
+            "tuned on: not the calibration text AWQ fitted its scales to.",
+            lambda p: check_eval_text(p, model.calibration_file),
+            placeholder="/path/to/text.txt", action="Compare"), chosen)
+
+    def _origin_of(self, model: LocalModel) -> LocalModel | None:
+        origin = next((m for m in self.models if m.name == model.origin), None)
+        if origin is None and model.origin_path:  # quantised from a folder kvdeck does not list
+            origin = local_models.describe_folder(model.origin_path)
+        return origin
+
+    def _start_compare(self, origin: LocalModel, model: LocalModel, text_file: str) -> None:
+        runner = self._runner()
+        if runner is None:
             return
         try:
-            self.compare_job = start_compare(
-                origin, model, on_message=lambda m: self._from_thread(self._compare_message, m),
-                on_end=lambda job: self._from_thread(self._compare_finished, job),
-                **self.compare_options,
-            )  # fmt: skip
+            runner.compare(origin, model, text_file, self.compare_options)
         except ValueError as exc:
-            self.notify(str(exc), severity="error")
-            return
-        self.query_one(ModelTaskPanel).start(f"Perplexity: {model.name} vs {origin.name}")
-
-    def _compare_message(self, message: str) -> None:
-        if self.compare_job is not None:
-            self.query_one(ModelTaskPanel).show_message(message)
-
-    def _compare_finished(self, job: CompareJob) -> None:
-        self.compare_job = None
-        background = job.background
-        if background is not None and background.cancelled:
-            self._task_finished("Comparison cancelled", False)
-        elif background is not None and background.error is not None:
-            self._task_finished(f"Comparison failed: {background.error}", True)
-        elif job.result is not None:
-            self._task_finished(job.result.summary(), False)
+            self.notify(str(exc), severity="error", timeout=8)
 
     # -- cancel, finish --------------------------------------------------------------------
 
     @on(Button.Pressed, "#task-cancel")
     def action_cancel_task(self) -> None:
-        if self.download_cancel is not None:
-            self.download_cancel.cancel()
-        elif self.quantize_job is not None or self.compare_job is not None:
-            job = self.quantize_job or self.compare_job
-            self.run_worker(job.cancel, thread=True, group="model-cancel", exit_on_error=False)
-        else:
+        if self.tasks is None or not self.tasks.cancel():
             self.notify("No task is running")
 
     def _task_finished(self, message: str, error: bool) -> None:
-        self.download_cancel = None
-        self.query_one(ModelTaskPanel).finish(message, error)
         if error:
             self.notify(message, severity="error", timeout=10)
         self.action_refresh()
@@ -318,6 +323,10 @@ class ModelsScreen(Screen):
     # -- load, delete ----------------------------------------------------------------------
 
     def action_load(self) -> None:
+        key = self.query_one(LocalModelsTable).selected_key() or ""
+        if key.startswith(PENDING_PREFIX):  # an incomplete download: go on with it
+            self.start_download(key[len(PENDING_PREFIX):])
+            return
         model = self.selected_local()
         if model is None:
             self.notify("Select a local model to load", severity="warning")
@@ -326,20 +335,18 @@ class ModelsScreen(Screen):
             self.notify(f"kvdeck cannot run {model.architecture}", severity="error")
             return
         try:
-            est = local_memory_estimate(read_config(Path(model.path)), model.size_bytes,
-                                        self.context_tokens)  # fmt: skip
+            config = read_config(Path(model.path))
         except InvalidModelError as exc:
             self.notify(str(exc), severity="error")
             return
-        free = self.free_gpu_bytes() if self.free_gpu_bytes else None
+        budget = self.memory_budget()
+        est = local_memory_estimate(config, model.size_bytes, self.context_tokens, budget.device)
         needs = f"needs about {format_bytes(est.total_bytes)}"
-        if free is not None and est.total_bytes > free:
-            self.notify(f"{model.name} {needs}, only {format_bytes(free)} free on the GPU",
+        if budget.free_bytes is not None and est.total_bytes > budget.free_bytes:
+            self.notify(f"{model.name} {needs}, only {format_bytes(budget.free_bytes)} free",
                         severity="warning", timeout=8)  # fmt: skip
-        if self.on_load is None:
-            self.notify(f"{model.name} ({needs}): start kvdeck --model {model.path}")
-            return
-        self.on_load(model)
+        bundled = model.source == "bundled"  # the engine's own default: no --model
+        self.post_message(SwitchModelRequested(None if bundled else str(model.path), model.name))
         self.notify(f"Loading {model.name} ({needs})")
 
     def action_delete(self) -> None:
@@ -351,18 +358,47 @@ class ModelsScreen(Screen):
         if self.busy:
             self.notify("Wait for the running task (or cancel it) first", severity="warning")
             return
+        if model is not None and model.source == "bundled":
+            self.notify(f"{model.name} is part of kvdeck and cannot be deleted",
+                        severity="warning")
+            return
         name = model.name if model else key[len(PENDING_PREFIX):]
-        what = f"{name} ({format_bytes(model.size_bytes)})" if model else f"incomplete {name}"
+        if model is not None and not model.deletable:  # an added folder: only unlisted
+            question = f"Take {name} off the list?"
+            detail, action = f"{model.path} is left on disk as it is.", "Remove"
+        else:
+            size = f" ({format_bytes(model.size_bytes)})" if model else ""
+            question = f"Delete {name}{size}?" if model else f"Delete incomplete {name}?"
+            detail, action = "The files are removed from disk.", "Delete"
+        loaded = model is not None and model.deletable and self.engine.serves(model.path)
+        if loaded:
+            detail = (f"{name} is loaded in the engine: the engine switches to {BUNDLED_NAME} "
+                      f"first. {detail}")
 
         def confirmed(answer: bool | None) -> None:
             if not answer:
                 return
-            try:
-                local_models.delete_model(name)
-            except (KeyError, OSError) as exc:
-                self.notify(f"Could not delete {name}: {exc}", severity="error")
+            if loaded and model is not None:
+                self.post_message(SwitchModelRequested(None, BUNDLED_NAME))
+                self.run_worker(self._delete_once_released(name, model.path),
+                                group="models-delete")
             else:
-                self.notify(f"Deleted {name}")
-            self.action_refresh()
+                self._delete(name)
 
-        self.app.push_screen(ConfirmDeleteScreen(what), confirmed)
+        self.app.push_screen(ConfirmDeleteScreen(question, detail, action), confirmed)
+
+    async def _delete_once_released(self, name: str, path: Path) -> None:
+        if not await self.engine.wait_released(path):
+            self.notify(f"The engine still holds {name}; not deleted", severity="error")
+            return
+        self._delete(name)
+
+    def _delete(self, name: str) -> None:
+        try:
+            removed = local_models.delete_model(name)
+        except (KeyError, OSError, ValueError) as exc:
+            self.notify(f"Could not delete {name}: {exc}", severity="error")
+        else:
+            gone = "taken off the list" if removed.exists() else "deleted"
+            self.notify(f"{name} {gone}")
+        self.action_refresh()

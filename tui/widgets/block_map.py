@@ -23,13 +23,12 @@ from kvdeck.tui.block_cells import (
     FREE,
     KIND_NAMES,
     OWNED,
-    PALETTE,
     SHARED,
     WRITING,
     BlockCells,
     classify_blocks,
-    request_colour_index,
 )
+from kvdeck.tui.request_colours import RequestColours, palette_colour
 
 if TYPE_CHECKING:
     from kvdeck.engine.types.stats import EngineStats
@@ -62,12 +61,12 @@ def cell_style(kind: int, colour: str | None, muted: bool) -> Style:
     return Style(color=base, bold=kind == SHARED)
 
 
-def legend_text() -> Text:
+def legend_text(block_size: int | None = None) -> Text:
     text = Text()
     entries = (
-        ("█", Style(color=PALETTE[2]), "owned (colour: request)"),
-        ("▓", Style(color=PALETTE[0], bold=True), "shared"),
-        ("+", cell_style(WRITING, PALETTE[1], False), "written"),
+        ("█", Style(color=palette_colour(2)), "owned (colour: request)"),
+        ("▓", Style(color=palette_colour(0), bold=True), "shared"),
+        ("+", cell_style(WRITING, palette_colour(1), False), "written"),
         ("○", cell_style(CACHED, None, False), "cached"),
         ("·", cell_style(FREE, None, False), "free"),
     )
@@ -76,6 +75,8 @@ def legend_text() -> Text:
             text.append("  ")
         text.append(glyph, style)
         text.append(f" {label}")
+    if block_size is not None:
+        text.append(f"  · a cell is {block_size} tokens")
     return text
 
 
@@ -94,15 +95,17 @@ class BlockMap(ScrollView, can_focus=True):
             self.owner = owner
             super().__init__()
 
-    def __init__(self, *, name: str | None = None, id: str | None = None,
-                 classes: str | None = None) -> None:
+    def __init__(self, colours: RequestColours | None = None, *, name: str | None = None,
+                 id: str | None = None, classes: str | None = None) -> None:
         super().__init__(name=name, id=id, classes=classes)
+        self.colours = colours or RequestColours()  # shared with the inspector
         self.cells: BlockCells | None = None
         self._styles: dict[tuple[int, int, bool], Style] = {}
         self._columns = 1  # blocks per row
         self._cell_width = 1  # terminal columns per block
 
     def update_stats(self, stats: EngineStats) -> None:
+        self.colours.observe([r.request_id for r in stats.requests])
         self.cells = classify_blocks(stats)
         self._update_virtual_size()
         self.refresh()
@@ -123,13 +126,15 @@ class BlockMap(ScrollView, can_focus=True):
         self.virtual_size = Size(region.width, rows)
 
     def _style_for(self, kind: int, owner: str | None) -> Style:
-        colour_index = request_colour_index(owner) if owner is not None else -1
+        colour_index = self.colours.index(owner) if owner is not None else -1
         selected = self.selected_request
         muted = selected is not None and owner != selected and kind >= OWNED
         key = (kind, colour_index, muted)
         style = self._styles.get(key)
         if style is None:
-            colour = PALETTE[colour_index] if colour_index >= 0 else None
+            colour = palette_colour(colour_index) if colour_index >= 0 else None
+            if len(self._styles) > 4096:  # many bursts later: old requests' styles
+                self._styles.clear()
             style = self._styles[key] = cell_style(kind, colour, muted)
         return style
 

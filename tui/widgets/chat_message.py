@@ -28,10 +28,11 @@ class ChatMessage(Vertical, can_focus=True):
     ChatMessage .role { text-style: bold; height: 1; }
     ChatMessage Markdown { margin: 0; padding: 0; }
     ChatMessage .reply-stats { color: $text-muted; height: auto; }
+    ChatMessage.-error .reply-stats { color: $error; }
     """
 
     def __init__(self, role: str, content: str = "", stats: str = "") -> None:
-        super().__init__(classes=f"-{role}")
+        super().__init__(classes=f"-{role}" + (" -error" if "· error:" in stats else ""))
         self.role = role
         self.content = content
         self.stats = stats
@@ -46,8 +47,10 @@ class ChatMessage(Vertical, can_focus=True):
     def markdown(self) -> Markdown:
         return self.query_one(Markdown)
 
-    def set_stats(self, stats: str) -> None:
+    def set_stats(self, stats: str, error: bool = False) -> None:
+        """The figures under a reply; `error`: it ended in an error, shown as one."""
         self.stats = stats
+        self.set_class(error, "-error")
         self.query_one(".reply-stats", Static).update(stats)
 
     def action_copy(self) -> None:

@@ -1,27 +1,37 @@
-"""The chat: messages streamed as Markdown, an input line, the transcript saved as it grows."""
+"""The chat: messages streamed as Markdown, an input line, the transcript saved as it grows.
+
+Its services come in through the constructor: the engine session (the current client),
+the dashboard state (it records each reply's latencies), the settings and transcript
+stores, and the activity tracker (a streaming reply is something quitting would cut).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 import uuid
-from typing import TYPE_CHECKING
 
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Input, Markdown, Static
+from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
+from kvdeck.tui.activity import ActivityTracker
+from kvdeck.tui.chat_context import FittedRequest, MessageTooLong, fit_to_context
+from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.engine_protocol import EngineClientProtocol
+from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.messages import EngineHealthCheck
 from kvdeck.tui.reply_meter import ReplyMeter
-from kvdeck.tui.transcripts import ChatTurn, Transcript
+from kvdeck.tui.settings_store import SettingsStore
+from kvdeck.tui.transcripts import ChatTurn, Transcript, TranscriptStore
 from kvdeck.tui.widgets.chat_message import ChatMessage, displayable
 
-if TYPE_CHECKING:
-    from kvdeck.tui.app import KvdeckApp
-
-
 SAVE_EVERY_S = 2.0  # how often a streaming reply is saved to the transcript
+REPLY_ACTIVITY = "chat-reply"
 
 WELCOME = (
     "Type a message and press Enter. Esc stops a reply; ctrl+s sets the system prompt and "
@@ -38,40 +48,83 @@ class ChatPane(Vertical):
     ChatPane #chat-welcome { color: $text-muted; padding: 1 1; }
     """
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, engine: EngineSession, state: DashboardState, settings: SettingsStore,
+                 transcripts: TranscriptStore, activity: ActivityTracker, *,
+                 id: str | None = None) -> None:
         super().__init__(id=id)
+        self.engine = engine
+        self.state = state
+        self.settings = settings
+        self.transcripts = transcripts
+        self.activity = activity
         self.transcript = Transcript()
         self.active_request_id: str | None = None
         self.last_reply: ChatMessage | None = None
         self.reply_worker: Worker | None = None
-
-    @property
-    def kvdeck(self) -> KvdeckApp:
-        return self.app  # type: ignore[return-value]
+        self._told_about_trimming: str | None = None  # the transcript last told
+        self._note = ""  # what the status line says before the settings ("generating"...)
+        self._fitting = False  # a message is being measured against the context
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="messages"):
             yield Static(WELCOME, id="chat-welcome")
         yield Static(id="chat-status")
-        yield Input(placeholder="Message · Enter sends · Esc stops", id="prompt")
+        # No select-on-focus: keys typed elsewhere are appended here, never a selection.
+        yield Input(placeholder="Message · Enter sends · Esc stops", id="prompt",
+                    select_on_focus=False)
 
     def on_mount(self) -> None:
-        self.transcript.system_prompt = self.kvdeck.chat_settings.system_prompt
+        self.transcript.system_prompt = self.settings.current.system_prompt
         self.query_one("#messages", VerticalScroll).anchor()
         self.update_status()
+        self._engine_seen: tuple[int, bool] = (id(self.engine.client), self.engine.ready)
+        self.set_interval(0.5, self._follow_engine)
+
+    def _follow_engine(self) -> None:
+        """The status line names the context and reply budget of the engine now loaded."""
+        seen = (id(self.engine.client), self.engine.ready)
+        if seen != self._engine_seen:
+            self._engine_seen = seen
+            self.update_status(self._note)  # the same note, the new engine's figures
 
     @property
     def generating(self) -> bool:
         return self.active_request_id is not None
 
+    @property
+    def prompt_input(self) -> Input:
+        return self.query_one("#prompt", Input)
+
+    @property
+    def has_draft(self) -> bool:
+        """A message is being typed or a reply is streaming: the chat must stay in view."""
+        return bool(self.prompt_input.value.strip()) or self.generating
+
     def update_status(self, note: str = "") -> None:
-        settings = self.kvdeck.chat_settings
+        self._note = note
+        settings = self.settings.current
         seed = "random" if settings.seed is None else str(settings.seed)
-        text = (f"temp {settings.temperature:g} · top_p {settings.top_p:g} · "
-                f"max {settings.max_tokens} tok · seed {seed}")
+        client = self.engine.usable
+        if client is not None:
+            max_tokens = f"max {settings.reply_budget(client.max_model_len)} tok"
+        else:
+            max_tokens = f"max {settings.max_tokens or 'auto'} tok"
+        # The reply budget and the context first: what decides how much history fits.
+        if client is not None:
+            max_tokens += f" · ctx {client.max_model_len}"
+        text = (f"{max_tokens} · temp {settings.temperature:g} · top_p {settings.top_p:g} · "
+                f"seed {seed}")
         if note:
             text = f"{note} · {text}"
         self.query_one("#chat-status", Static).update(text)
+
+    def _save(self) -> None:
+        if not self.transcript.turns:
+            return
+        try:
+            self.transcripts.save(self.transcript)
+        except OSError as exc:
+            self.notify(f"Could not save the chat: {exc}", severity="error")
 
     async def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -81,17 +134,45 @@ class ChatPane(Vertical):
         if self.generating:
             self.notify("A reply is still streaming: press Esc to stop it.", severity="warning")
             return
-        if not self.kvdeck.engine_ready:
+        client = self.engine.usable
+        if client is None:
             self.notify("The engine is not ready yet.", severity="warning")
             return
+        if self._fitting:
+            return  # Enter pressed again while the last one is being measured
+        self._fitting = True
+        try:
+            # In a thread: counting tokens may ask an attached server (HTTP), and a slow
+            # one must not freeze the UI.
+            fitted = await asyncio.to_thread(self._fit, client, text)
+        except MessageTooLong as exc:  # the text stays in the input, to shorten
+            self.notify(str(exc), severity="error", timeout=10)
+            self.update_status(f"not sent: {exc.prompt_tokens} tokens")
+            return
+        except ValueError as exc:  # the chat template refused the messages
+            self.notify(f"Not sent: {exc}", severity="error", timeout=10)
+            return
+        except Exception as exc:  # the engine or server could not count the tokens
+            self.notify(f"Not sent: {type(exc).__name__}: {exc}", severity="error", timeout=10)
+            return
+        finally:
+            self._fitting = False
         event.input.value = ""
-        await self.send(text)
+        await self.send(text, client, fitted)
 
-    async def send(self, text: str) -> None:
-        self.transcript.system_prompt = self.kvdeck.chat_settings.system_prompt
-        self.transcript.model = self.kvdeck.model_name
+    def _fit(self, client: EngineClientProtocol, text: str) -> FittedRequest:
+        settings = self.settings.current
+        return fit_to_context(
+            lambda messages: len(client.encode(None, messages)[1]), client.max_model_len,
+            settings.system_prompt, self.transcript.turns, text,
+            settings.reply_budget(client.max_model_len),
+        )
+
+    async def send(self, text: str, client: EngineClientProtocol, fitted: FittedRequest) -> None:
+        self.transcript.system_prompt = self.settings.current.system_prompt
+        self.transcript.model = self.engine.name
         self.transcript.turns.append(ChatTurn("user", text))
-        self.kvdeck.save_transcript(self.transcript)
+        self._save()
         messages = self.query_one("#messages", VerticalScroll)
         await messages.query("#chat-welcome").remove()
         await messages.mount(ChatMessage("user", text))
@@ -99,61 +180,72 @@ class ChatPane(Vertical):
         await messages.mount(reply)
         messages.anchor()
         self.last_reply = reply
-        self.active_request_id = f"chat-{uuid.uuid4().hex[:8]}"
+        self.active_request_id = request_id = f"chat-{uuid.uuid4().hex[:8]}"
+        self.activity.begin(REPLY_ACTIVITY, "a chat reply is streaming", self.stop)
         self.update_status("generating")
-        messages_so_far = self.transcript.messages()
+        if fitted.dropped and self._told_about_trimming != self.transcript.id:
+            self._told_about_trimming = self.transcript.id
+            self.notify(f"The conversation no longer fits the {client.max_model_len}-token "
+                        "context: the oldest turns are left out of what the model sees (the "
+                        "transcript keeps them). ctrl+n starts a new chat.", timeout=8)
         turn = ChatTurn("assistant", "")  # filled in as the reply streams, saved as it grows
         self.transcript.turns.append(turn)
-        self.reply_worker = self._stream_reply(reply, self.transcript, turn, messages_so_far,
-                                               self.active_request_id)
+        self.reply_worker = self._stream_reply(reply, client, turn, fitted, request_id)
 
     @work(group="chat", exclusive=True)
-    async def _stream_reply(self, reply: ChatMessage, transcript: Transcript, turn: ChatTurn,
-                            messages: list[dict], request_id: str) -> None:
-        app = self.kvdeck
-        meter = ReplyMeter(app.dashboard_state)
-        stream = Markdown.get_stream(reply.markdown)
+    async def _stream_reply(self, reply: ChatMessage, client: EngineClientProtocol,
+                            turn: ChatTurn, fitted: FittedRequest, request_id: str) -> None:
+        meter = ReplyMeter(self.state)
+        # Made at the first delta: a MarkdownStream stopped before its task ever ran raises
+        # CancelledError into the caller, which would end this worker before its cleanup.
+        stream: MarkdownStream | None = None
         text = ""
         error = ""
         last_save = time.monotonic()
         try:
-            params = app.chat_settings.sampling_params()
-            async for out in app.client.generate(None, params, request_id=request_id,
-                                                 messages=messages):
+            params = self.settings.current.sampling_params(fitted.max_tokens)
+            async for out in client.generate(None, params, request_id=request_id,
+                                             messages=fitted.messages):
                 meter.observe(out)
                 if out.outputs:
                     text = out.outputs[0].text
                 if out.delta_text:
+                    if stream is None:
+                        stream = Markdown.get_stream(reply.markdown)
                     await stream.write(displayable(out.delta_text))
                 if time.monotonic() - last_save > SAVE_EVERY_S:  # a crash loses little
                     turn.content = text
-                    app.save_transcript(transcript)
+                    self._save()
                     last_save = time.monotonic()
-        except Exception as exc:  # engine died or bad input: keep what arrived, say why
+        except Exception as exc:  # engine died or refused: keep what arrived, say why
             error = f"error: {exc}"
-            app.check_engine_health()
+            self.post_message(EngineHealthCheck())
         finally:
-            await stream.stop()
             self.active_request_id = None
+            self.activity.end(REPLY_ACTIVITY)
+            if stream is not None:
+                await stream.stop()
         reply.content = text
         stats = meter.result().describe()
+        if fitted.dropped:
+            stats += f" · {fitted.dropped} earlier messages left out"
         if error:
             stats = f"{stats} · {error}"
-        reply.set_stats(stats)
+        reply.set_stats(stats, error=bool(error))
         turn.content, turn.stats = text, stats
-        app.save_transcript(transcript)
+        self._save()
         self.update_status()
 
     async def stop(self) -> None:
         """Stop the streaming reply; the partial text stays in the chat and the transcript."""
-        if self.active_request_id is not None:
-            await self.kvdeck.client.abort(self.active_request_id)
+        client = self.engine.client
+        if self.active_request_id is not None and client is not None:
+            await client.abort(self.active_request_id)
 
     async def new_chat(self) -> None:
         await self.stop()
         await self.workers_done()
-        system_prompt = self.kvdeck.chat_settings.system_prompt
-        await self.show_transcript(Transcript(system_prompt=system_prompt))
+        await self.show_transcript(Transcript(system_prompt=self.settings.current.system_prompt))
 
     async def workers_done(self) -> None:
         """Wait until the streaming reply (if any) has ended and been saved."""
@@ -182,4 +274,9 @@ class ChatPane(Vertical):
         self.last_reply.action_copy()
 
     def focus_input(self) -> None:
-        self.query_one("#prompt", Input).focus()
+        self.prompt_input.focus()
+
+    def type_into_input(self, text: str) -> None:
+        """Keys typed while nothing that takes text had focus: they belong to the message."""
+        self.prompt_input.focus()
+        self.prompt_input.insert_text_at_cursor(text)

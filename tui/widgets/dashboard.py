@@ -2,39 +2,71 @@
 
 It redraws from the app's DashboardState on its own timer (REFRESH_HZ), independent of how
 fast snapshots arrive; the engine runs in another process, so drawing never slows it.
+Attached to servers (`kvdeck attach`) it adds a Servers tab; on a server that exports no
+block table (vLLM) the Blocks tab says so instead of drawing an empty map, and while the
+server is unreachable the last figures stay, greyed.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
 from textual.widgets import Static, TabbedContent, TabPane
 
 from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.request_colours import RequestColours
 from kvdeck.tui.widgets.block_map import BlockMap, legend_text
 from kvdeck.tui.widgets.engine_summary import EngineSummary
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
 from kvdeck.tui.widgets.request_inspector import RequestInspector
+from kvdeck.tui.widgets.server_table import ServerTable
+
+if TYPE_CHECKING:
+    from kvdeck.tui.attached_servers import AttachedServers
 
 REFRESH_HZ = 12
 PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
+NO_BLOCK_MAP = ("{label} exports no block table: the block map and the request inspector "
+                "need a kvdeck engine (kvdeck --serve, or kvdeck itself). What its /metrics "
+                "say is above, in the Latency tab and in the Servers tab.")
+
+
 class Dashboard(Vertical):
-    def __init__(self, *, id: str | None = None) -> None:
+    DEFAULT_CSS = """
+    Dashboard #no-block-map { display: none; padding: 1 2; }
+    Dashboard.-no-block-map #no-block-map { display: block; }
+    Dashboard.-no-block-map #block-map, Dashboard.-no-block-map #legend,
+    Dashboard.-no-block-map #inspector { display: none; }
+    Dashboard.-disconnected EngineSummary, Dashboard.-disconnected #block-map,
+    Dashboard.-disconnected #inspector, Dashboard.-disconnected #plots { text-opacity: 45%; }
+    """
+
+    def __init__(self, state: DashboardState, servers: AttachedServers | None = None, *,
+                 id: str | None = None) -> None:
         super().__init__(id=id)
+        self.state = state
+        self.servers = servers
+        self._servers_version = -1
+        self.colours = RequestColours()  # one colour per request, in the map and the table
         self._seen_version = -1
         self._plotted: tuple[int, int] = (-1, -1)
         self._plot_age = 0.0
         self.redraws = 0  # how many times new stats were drawn (tests check the refresh rate)
+        self.ticks = 0  # refresh timer ticks: they keep coming while a server stalls
+        self._legend_block_size: int | None = None
 
     def compose(self) -> ComposeResult:
         yield EngineSummary(id="summary")
         with TabbedContent(id="dashboard-tabs"):
             with TabPane("Blocks", id="tab-blocks"):
-                yield BlockMap(id="block-map")
+                yield BlockMap(self.colours, id="block-map")
                 yield Static(legend_text(), id="legend")
-                yield RequestInspector(id="inspector")
+                yield RequestInspector(self.colours, id="inspector")
+                yield Static(id="no-block-map")
             with TabPane("Latency", id="tab-latency"):
                 with Grid(id="plots"):
                     yield TimeSeriesPlot("TTFT", "ms", id="plot-ttft")
@@ -43,17 +75,26 @@ class Dashboard(Vertical):
                                          id="plot-throughput")
                     yield TimeSeriesPlot("KV cache usage", "%", lines=True, y_max=100.0,
                                          id="plot-kv")
+            if self.servers is not None:
+                with TabPane("Servers", id="tab-servers"):
+                    yield ServerTable(self.servers, id="server-table")
 
     def on_mount(self) -> None:
         self.set_interval(1 / REFRESH_HZ, self.redraw)
         self.redraw()
 
-    @property
-    def state(self) -> DashboardState:
-        return self.app.dashboard_state  # type: ignore[attr-defined]
-
     def redraw(self) -> None:
         state = self.state
+        self.ticks += 1
+        self.set_class(not state.connected, "-disconnected")
+        no_map = state.source == "openai"
+        if no_map != self.has_class("-no-block-map"):
+            self.set_class(no_map, "-no-block-map")
+            self.query_one("#no-block-map", Static).update(
+                NO_BLOCK_MAP.format(label=state.source_label or "This server"))
+        if self.servers is not None and self.servers.version != self._servers_version:
+            self._servers_version = self.servers.version
+            self.query_one(ServerTable).show()
         if state.version != self._seen_version:
             self._seen_version = state.version
             self.redraws += 1
@@ -61,6 +102,9 @@ class Dashboard(Vertical):
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
+                if state.stats.block_size != self._legend_block_size:
+                    self._legend_block_size = state.stats.block_size
+                    self.query_one("#legend", Static).update(legend_text(state.stats.block_size))
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
         if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:
@@ -73,11 +117,13 @@ class Dashboard(Vertical):
             return
         self._plotted = key
         self._plot_age = 0.0
-        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points)
-        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points)
-        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history)
+        now = state.latest_time()  # one window for all four: events line up
+        self.query_one("#plot-ttft", TimeSeriesPlot).set_points(state.ttft_points, now)
+        self.query_one("#plot-itl", TimeSeriesPlot).set_points(state.itl_points, now)
+        self.query_one("#plot-throughput", TimeSeriesPlot).set_points(state.throughput_history,
+                                                                      now)
         self.query_one("#plot-kv", TimeSeriesPlot).set_points(
-            (t, v * 100) for t, v in state.kv_history
+            ((t, v * 100) for t, v in state.kv_history), now
         )
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
@@ -89,6 +135,10 @@ class Dashboard(Vertical):
 
     def on_block_map_block_clicked(self, event: BlockMap.BlockClicked) -> None:
         self.query_one(RequestInspector).select(event.owner)
+
+    @property
+    def active_tab(self) -> str:
+        return self.query_one(TabbedContent).active
 
     def show_tab(self, tab_id: str) -> None:
         self.query_one(TabbedContent).active = tab_id

@@ -34,9 +34,32 @@ def history_text(history: Iterable[float], width: int) -> Text:
     return Text(bars.rjust(max(width, 0), " "), style="#4363d8")
 
 
+def metrics_queue_line(state: DashboardState) -> Text:
+    """A server seen only through /metrics: its queues (vLLM's gauges)."""
+    view = state.metrics
+    text = Text()
+    if view is None:
+        text.append(f"waiting for {state.source_label or 'the server'}'s /metrics…",
+                    style="italic")
+        return text
+    for label, value, style in (("running", view.num_running, "bold #3cb44b"),
+                                ("waiting", view.num_waiting, "bold #f58231")):
+        text.append(f"{label} ")
+        text.append("–" if value is None else f"{value:.0f}", style=style)
+        text.append("  ")
+    if view.preemptions_per_s is not None:
+        text.append(f"preemptions {view.preemptions_per_s:.2f}/s")
+    return text
+
+
 def queue_line(state: DashboardState) -> Text:
     stats = state.stats
     text = Text()
+    if not state.connected:
+        text.append("disconnected: ", style="bold #e6194b")
+        text.append("the last figures, greyed; reconnecting…  ", style="italic")
+    if stats is None and state.source == "openai":
+        return text.append_text(metrics_queue_line(state))
     if stats is None:
         text.append("waiting for engine statistics…", style="italic")
         return text
@@ -55,12 +78,19 @@ def queue_line(state: DashboardState) -> Text:
 
 def kv_line(state: DashboardState) -> Text:
     stats = state.stats
+    if stats is None and state.metrics is not None:
+        usage = state.metrics.kv_cache_usage
+        text = kv_gauge(usage or 0.0)
+        text.append(" (vllm:kv_cache_usage_perc; blocks are not exported)")
+        return text
     if stats is None:
         return kv_gauge(0.0)
     text = kv_gauge(stats.kv_cache_usage)
     used = stats.num_blocks - stats.num_free_blocks
-    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached"
-                f" · {stats.block_size} tok/blk")
+    text.append(f" {used}/{stats.num_blocks} blocks · {stats.num_cached_blocks} cached")
+    if state.max_model_len:  # the pool's size in the unit a user thinks in
+        fits = stats.num_blocks * stats.block_size // state.max_model_len
+        text.append(f" · fits {fits}×{state.max_model_len} tok")
     return text
 
 
@@ -71,7 +101,10 @@ def throughput_line(state: DashboardState) -> Text:
     text.append(" tok/s · prefix hit ")
     rate = state.prefix_hit_rate
     text.append("n/a" if rate is None else f"{rate * 100:.1f}%", style="bold")
-    if stats is not None:
+    if stats is not None and stats.num_running == 0 and stats.num_waiting == 0:
+        text.append(" · ")
+        text.append("idle", style="bold")  # not the last step's figures, long gone
+    elif stats is not None:
         text.append(" · step ")
         text.append(f"{stats.last_step_prefill_tokens}", style="bold #4363d8")
         text.append(" prefill + ")

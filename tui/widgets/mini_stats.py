@@ -24,8 +24,9 @@ def mini_line(state: DashboardState) -> Text:
 
 
 class MiniStats(Static):
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, state: DashboardState, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.state = state
         self._seen = -1
 
     def on_mount(self) -> None:
@@ -33,7 +34,7 @@ class MiniStats(Static):
         self.redraw()
 
     def redraw(self) -> None:
-        state: DashboardState = self.app.dashboard_state  # type: ignore[attr-defined]
+        state = self.state
         if state.version != self._seen:
             self._seen = state.version
             self.update(mini_line(state))

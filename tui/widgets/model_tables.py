@@ -1,17 +1,27 @@
 """Tables of the models screen: local models (with incomplete downloads) and recommended ones.
 
 Rows are keyed by the model's name / repo id, so the screen acts on `selected_key()`.
+"Needs" is what the model itself takes (weights and the KV cache of one full sequence);
+"Fits" compares that plus the runtime with the free memory where it would run: the GPU,
+or on a machine without one, the RAM the CPU engine uses (in float32).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from rich.text import Text
+from textual.binding import Binding
 from textual.widgets import DataTable
 
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError, read_config
 from kvdeck.app.store.local_models import LocalModel, PendingDownload
 from kvdeck.app.store.recommended import (
+    CPU_RUNTIME_OVERHEAD_BYTES,
+    RUNTIME_OVERHEAD_BYTES,
+    GiB,
+    MemoryEstimate,
     RecommendedModel,
     format_params,
     local_memory_estimate,
@@ -22,6 +32,32 @@ from kvdeck.app.store.recommended import (
 PENDING_PREFIX = "pending:"
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryBudget:
+    device: str  # "cuda": free GPU memory; "cpu": no GPU seen, free RAM
+    free_bytes: int | None  # None: unknown
+
+    def fits(self, estimate: MemoryEstimate) -> Text:
+        if self.free_bytes is None:
+            return Text("?", style="dim")
+        if estimate.total_bytes <= self.free_bytes:
+            return Text("yes" if self.device == "cuda" else "yes (CPU)", style="green")
+        return Text("no" if self.device == "cuda" else "no (CPU)", style="red")
+
+    def headline(self) -> str:
+        free = format_bytes(self.free_bytes) if self.free_bytes is not None else "unknown"
+        return f"GPU free {free}" if self.device == "cuda" else f"no GPU seen · RAM free {free}"
+
+    def explain(self, context_tokens: int) -> str:
+        if self.device == "cuda":
+            where = f"free GPU memory, with {RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for CUDA"
+        else:
+            where = (f"free RAM, with {CPU_RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for torch (no GPU "
+                     "seen: kvdeck runs on the CPU, in float32)")
+        return (f"Needs: weights + KV of one {context_tokens}-token sequence (or the model's "
+                f"context). Fits: in {where}.")
+
+
 class _KeyedTable(DataTable):
     def selected_key(self) -> str | None:
         if self.row_count == 0:
@@ -29,7 +65,7 @@ class _KeyedTable(DataTable):
         row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
         return row_key.value
 
-    def _restore_cursor(self, key: str | None) -> None:
+    def select_key(self, key: str | None) -> None:
         if key is None:
             return
         try:
@@ -39,6 +75,14 @@ class _KeyedTable(DataTable):
 
 
 class LocalModelsTable(_KeyedTable):
+    # Single letters act only here, where the table has focus: typed elsewhere they are
+    # text (the screen sends stray keys to its input).
+    BINDINGS = [
+        Binding("l,enter", "screen.load", "Load (or resume a download)", id="models_load"),
+        Binding("a", "screen.quantize", "Quantise AWQ", id="models_quantize"),
+        Binding("e", "screen.compare", "Compare", id="models_compare"),
+        Binding("x,delete", "screen.delete", "Delete", id="models_delete"),
+    ]
     COLUMNS = ("Name", "Architecture", "Params", "Dtype", "Quant", "Size", "Needs", "kvdeck",
                "Source")  # fmt: skip
 
@@ -47,54 +91,59 @@ class LocalModelsTable(_KeyedTable):
         self.add_columns(*self.COLUMNS)
 
     def show(self, models: list[LocalModel], pending: list[PendingDownload],
-             free_gpu_bytes: int | None = None, context_tokens: int = 8192) -> None:  # fmt: skip
+             budget: MemoryBudget | None = None, context_tokens: int = 8192,
+             loaded: set[str] | None = None) -> None:  # fmt: skip
         keep = self.selected_key()
+        budget = budget or MemoryBudget("cuda", None)
         self.clear()
         for m in models:
             supported = Text("yes", style="green") if m.supported else Text("no", style="red")
+            # Verified: hashes checked on download, or made here; a folder is the user's own.
+            checked = m.verified or m.source == "folder"
+            source = Text(m.source + ("" if checked else " (unverified)"))
+            if loaded and m.name in loaded:
+                source.append(" · loaded", style="bold")
             self.add_row(m.name, m.architecture, format_params(m.num_params), m.dtype,
                          m.quantization or "-", format_bytes(m.size_bytes),
-                         _needs(m, free_gpu_bytes, context_tokens), supported,
-                         m.source + ("" if m.verified else " (unverified)"),
+                         _needs(m, budget, context_tokens), supported, source,
                          key=m.name)  # fmt: skip
         for p in pending:
             self.add_row(Text(p.repo_id, style="dim"), "", "", "", "", format_bytes(p.bytes_on_disk),
-                         "", "", Text("incomplete: p resumes", style="yellow"),
+                         "", "", Text("incomplete: enter resumes", style="yellow"),
                          key=PENDING_PREFIX + p.repo_id)  # fmt: skip
-        self._restore_cursor(keep)
+        self.select_key(keep)
 
 
-def _needs(model: LocalModel, free_gpu_bytes: int | None, context_tokens: int) -> Text:
-    """GPU memory to serve one `context_tokens` sequence; red when more than is free."""
+def _needs(model: LocalModel, budget: MemoryBudget, context_tokens: int) -> Text:
+    """Weights + KV of one sequence; red when it (with the runtime) will not fit."""
     try:
         config = read_config(model.path)
     except InvalidModelError:
         return Text("?", style="dim")
-    total = local_memory_estimate(config, model.size_bytes, context_tokens).total_bytes
-    style = "red" if free_gpu_bytes is not None and total > free_gpu_bytes else ""
-    return Text(format_bytes(total), style=style)
+    device = "cuda" if budget.device == "cuda" else "cpu"
+    estimate = local_memory_estimate(config, model.size_bytes, context_tokens, device)
+    too_big = budget.free_bytes is not None and estimate.total_bytes > budget.free_bytes
+    return Text(format_bytes(estimate.model_bytes), style="red" if too_big else "")
 
 
 class RecommendedTable(_KeyedTable):
+    BINDINGS = [
+        Binding("p,enter", "screen.pull", "Download", id="recommended_pull"),
+    ]
     COLUMNS = ("Repo", "Params", "Quant", "Weights", "Needs", "Fits", "")
 
     def on_mount(self) -> None:
         self.cursor_type = "row"
         self.add_columns(*self.COLUMNS)
 
-    def show(self, models: tuple[RecommendedModel, ...], free_gpu_bytes: int | None,
+    def show(self, models: tuple[RecommendedModel, ...], budget: MemoryBudget,
              context_tokens: int) -> None:  # fmt: skip
         keep = self.selected_key()
         self.clear()
+        device = "cuda" if budget.device == "cuda" else "cpu"
         for r in models:
-            est = memory_estimate(r, context_tokens)
-            if free_gpu_bytes is None:
-                fits = Text("?", style="dim")
-            elif est.total_bytes <= free_gpu_bytes:
-                fits = Text("yes", style="green")
-            else:
-                fits = Text("no", style="red")
+            est = memory_estimate(r, context_tokens, device)
             self.add_row(r.repo_id, format_params(num_parameters(r.arch)), r.quantization or "-",
-                         format_bytes(est.weight_bytes), format_bytes(est.total_bytes), fits,
-                         "gated" if r.gated else "", key=r.repo_id)  # fmt: skip
-        self._restore_cursor(keep)
+                         format_bytes(est.weight_bytes), format_bytes(est.model_bytes),
+                         budget.fits(est), "gated" if r.gated else "", key=r.repo_id)  # fmt: skip
+        self.select_key(keep)

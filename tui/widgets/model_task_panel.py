@@ -10,8 +10,10 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Label, ProgressBar, Static
 
+from kvdeck.app.jobs.compare import CompareProgress
 from kvdeck.app.jobs.quantize import QuantizeProgress
 from kvdeck.app.store.download_progress import DownloadProgress, format_bytes, format_eta
+from kvdeck.quant.progress_text import format_duration, format_remaining
 
 
 class ModelTaskPanel(Vertical):
@@ -61,18 +63,30 @@ class ModelTaskPanel(Vertical):
     def show_quantize(self, p: QuantizeProgress) -> None:
         self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
         if p.phase == "quantizing":
-            self._status(f"layer {p.layer} of {p.num_layers} · {p.elapsed_s:.0f}s elapsed"
-                         f" · ETA {format_eta(p.eta_s)}")  # fmt: skip
+            self._status(f"{p.message or 'starting'} · {format_duration(p.elapsed_s)} elapsed"
+                         f" · {format_remaining(p.eta_s)}")  # fmt: skip
         else:
             self._status(p.message or p.phase)
+
+    def show_compare(self, p: CompareProgress) -> None:
+        self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
+        self._status(p.message)
 
     def show_message(self, message: str) -> None:
         self._status(message)
 
-    def finish(self, message: str, error: bool = False) -> None:
+    def finish(self, message: str, error: bool = False, complete: bool = False) -> None:
+        """The outcome; `complete`: the task did all its work, so the bar ends full."""
         self.set_classes("-outcome -error" if error else "-outcome")
         self.query_one("#task-cancel", Button).display = False
+        if complete:
+            self.query_one("#task-bar", ProgressBar).update(total=100, progress=100)
         self._status(message)
+
+    @property
+    def percent(self) -> float:
+        bar = self.query_one("#task-bar", ProgressBar)
+        return 100 * (bar.progress / bar.total) if bar.total else 0.0
 
     @property
     def status_text(self) -> str:

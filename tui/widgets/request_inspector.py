@@ -1,4 +1,9 @@
-"""The request inspector: the engine's requests in a table; the selected one in detail."""
+"""The request inspector: the engine's requests in a table; the selected one in detail.
+
+Requests that finished stay listed (dimmed, newest first among them) for a while, so one
+that ended between two looks can still be selected; the detail gives the block table all
+the lines it needs (it scrolls beyond that).
+"""
 
 from __future__ import annotations
 
@@ -6,26 +11,33 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Static
 
-from kvdeck.tui.block_cells import PALETTE, request_colour_index
+from kvdeck.tui.request_colours import RequestColours
 
 if TYPE_CHECKING:
     from kvdeck.engine.types.stats import EngineStats, RequestStats
 
-COLUMNS = (("id", "request"), ("state", "state"), ("prompt", "prompt"), ("done", "computed"),
-           ("out", "output"), ("cached", "cached"), ("blocks", "blocks"))
+COLUMNS = (("id", "request", None), ("state", "state", 10), ("prompt", "prompt", None),
+           ("done", "computed", None), ("out", "output", None), ("cached", "cached", None),
+           ("blocks", "blocks", None))
+KEEP_FINISHED = 6  # finished requests still listed
+FINISHED = "finished"
 
 
-def block_table_text(request: RequestStats) -> Text:
+def block_table_text(request: RequestStats, colour: str, finished: bool = False) -> Text:
     text = Text()
-    text.append(f"{request.request_id}", style=PALETTE[request_colour_index(request.request_id)])
-    text.append(f"  {request.state} · prompt {request.num_prompt_tokens} tok · computed "
+    text.append(f"{request.request_id}", style=colour)
+    state = FINISHED if finished else request.state
+    text.append(f"  {state} · prompt {request.num_prompt_tokens} tok · computed "
                 f"{request.num_computed_tokens} · output {request.num_output_tokens} · "
                 f"prefix-cached {request.num_cached_tokens} tok\n")
-    if not request.block_table:
+    if finished:
+        text.append("finished: its blocks were freed (full ones stay in the prefix cache); "
+                    "its last block table was:\n", style="italic")
+    elif not request.block_table:
         text.append("no blocks (not scheduled, or preempted)", style="italic")
         return text
     text.append("logical→physical: ", style="bold")
@@ -37,7 +49,8 @@ class RequestInspector(Vertical):
     DEFAULT_CSS = """
     RequestInspector { height: 1fr; }
     RequestInspector DataTable { height: 1fr; min-height: 3; }
-    RequestInspector #request-detail { height: auto; max-height: 8; overflow-y: auto; }
+    RequestInspector #request-detail-scroll { height: auto; max-height: 10; min-height: 3; }
+    RequestInspector #request-detail { height: auto; }
     """
 
     class Selected(Message):
@@ -45,45 +58,72 @@ class RequestInspector(Vertical):
             self.request_id = request_id
             super().__init__()
 
-    def __init__(self, *, id: str | None = None) -> None:
+    def __init__(self, colours: RequestColours | None = None, *, id: str | None = None) -> None:
         super().__init__(id=id)
+        self.colours = colours or RequestColours()  # shared with the block map
         self.selected_id: str | None = None
         self._requests: dict[str, RequestStats] = {}
+        self._finished: dict[str, RequestStats] = {}  # last seen state, oldest first
         self._rows: dict[str, tuple] = {}  # the values drawn per row: redraw only what changed
 
     def compose(self) -> ComposeResult:
         table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="request-table")
-        for key, label in COLUMNS:
-            table.add_column(label, key=key)
+        for key, label, width in COLUMNS:
+            table.add_column(label, key=key, width=width)
         yield table
-        yield Static("Select a request to see its block table.", id="request-detail")
+        with VerticalScroll(id="request-detail-scroll"):
+            yield Static("Select a request to see its block table.", id="request-detail")
 
     def show(self, stats: EngineStats) -> None:
         table = self.query_one(DataTable)
         current = {r.request_id: r for r in stats.requests}
-        for gone in [rid for rid in self._rows if rid not in current]:
+        for rid, request in self._requests.items():  # just finished: kept, dimmed
+            if rid not in current:
+                self._finished.pop(rid, None)
+                self._finished[rid] = request
+        for rid in [rid for rid in self._finished if rid in current]:
+            del self._finished[rid]  # the same id again (a restarted engine)
+        while len(self._finished) > KEEP_FINISHED:
+            self._finished.pop(next(iter(self._finished)))
+        for gone in [rid for rid in self._rows if rid not in current and rid not in self._finished]:
             table.remove_row(gone)
             del self._rows[gone]
+        rows_before = table.row_count
+        added = any(rid not in self._rows for rid in current)
         for rid, request in current.items():
-            values = (request.state, request.num_prompt_tokens, request.num_computed_tokens,
-                      request.num_output_tokens, request.num_cached_tokens,
-                      len(request.block_table))
-            drawn = self._rows.get(rid)
-            if drawn is None:
-                table.add_row(Text(rid, style=PALETTE[request_colour_index(rid)]), *values,
-                              key=rid)
-            elif drawn != values:
-                for (key, _), value, old in zip(COLUMNS[1:], values, drawn, strict=True):
-                    if value != old:
-                        table.update_cell(rid, key, value)
-            self._rows[rid] = values
+            self._draw_row(table, rid, request, finished=False)
+        for rid, request in self._finished.items():
+            self._draw_row(table, rid, request, finished=True)
+        if added or table.row_count != rows_before:  # running requests above finished ones
+            table.sort("state", key=lambda state: str(state) == FINISHED)
         self._requests = current
         self._show_detail()
+
+    def _draw_row(self, table: DataTable, rid: str, request: RequestStats, finished: bool) -> None:
+        state = FINISHED if finished else request.state
+        values = (state, request.num_prompt_tokens, request.num_computed_tokens,
+                  request.num_output_tokens, request.num_cached_tokens, len(request.block_table))
+        drawn = self._rows.get(rid)
+        if drawn == values:
+            return
+        if drawn is not None and finished != (drawn[0] == FINISHED):
+            table.remove_row(rid)  # restyled as a whole when it finishes
+            drawn = None
+        style = "dim" if finished else ""
+        if drawn is None:
+            cells = [Text(str(v), style=style) for v in values]
+            table.add_row(Text(rid, style=f"{self.colours.colour(rid)} {style}".strip()), *cells,
+                          key=rid)
+        else:
+            for (key, _, _), value, old in zip(COLUMNS[1:], values, drawn, strict=True):
+                if value != old:
+                    table.update_cell(rid, key, Text(str(value), style=style), update_width=True)
+        self._rows[rid] = values
 
     def select(self, request_id: str | None) -> None:
         """Select a request (e.g. clicked in the map); None clears the selection."""
         table = self.query_one(DataTable)
-        if request_id is not None and request_id in self._requests:
+        if request_id is not None and request_id in self._rows:
             table.move_cursor(row=table.get_row_index(request_id))
         self._set_selected(request_id)
 
@@ -95,14 +135,17 @@ class RequestInspector(Vertical):
 
     def _show_detail(self) -> None:
         detail = self.query_one("#request-detail", Static)
-        request = self._requests.get(self.selected_id) if self.selected_id else None
-        if request is None:
-            if self.selected_id is not None:
-                detail.update(Text(f"{self.selected_id} has finished.", style="italic"))
-            else:
-                detail.update("Select a request to see its block table.")
+        rid = self.selected_id
+        if rid is None:
+            detail.update("Select a request to see its block table.")
             return
-        detail.update(block_table_text(request))
+        request = self._requests.get(rid)
+        if request is not None:
+            detail.update(block_table_text(request, self.colours.colour(rid)))
+        elif rid in self._finished:
+            detail.update(block_table_text(self._finished[rid], self.colours.colour(rid), True))
+        else:
+            detail.update(Text(f"{rid} has finished.", style="italic"))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         event.stop()

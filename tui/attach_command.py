@@ -1,0 +1,47 @@
+"""`kvdeck attach URL [URL...] [--api-key KEY]`: the TUI on servers instead of a local engine.
+
+The chat talks to the first server through its OpenAI API (f6: the next one); the dashboard
+draws a kvdeck server's own snapshots (block map, requests, latencies), or what a vLLM
+server's /metrics say; with several URLs, a Servers tab shows each and their sum. No engine
+is started and no model is loaded here, so it runs on a laptop watching a workstation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+API_KEY_ENV = "KVDECK_API_KEY"
+
+
+def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("urls", nargs="+", metavar="URL",
+                        help="a server: http://HOST:PORT (kvdeck --serve, vLLM, or any OpenAI-"
+                             "compatible server); several for the replicas of a deployment")
+    parser.add_argument("--api-key", default=None,
+                        help=f"the servers' bearer token (default: ${API_KEY_ENV}, then "
+                             "$OPENAI_API_KEY)")
+
+
+def run_attach(args: argparse.Namespace) -> int:
+    from kvdeck.app.attach.connection import normalise_url
+    from kvdeck.tui.app import KvdeckApp
+    from kvdeck.tui.attached_servers import AttachedServers
+    from kvdeck.tui.settings_store import SettingsStore, default_settings_path
+
+    try:
+        urls = [normalise_url(url) for url in args.urls]
+    except ValueError as exc:
+        print(f"kvdeck attach: error: {exc}", file=sys.stderr)
+        return 2
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
+    servers = AttachedServers(urls, api_key)
+    app = KvdeckApp(servers.client_factory(), urls[0], model=None,
+                    settings_store=SettingsStore(default_settings_path()), servers=servers)
+    return int(app.run() or 0)
+
+
+COMMANDS = {  # name: (add_arguments, run); the help text is in kvdeck.app.cli
+    "attach": (add_attach_arguments, run_attach),
+}
