@@ -12,8 +12,10 @@ import triton.language as tl
 from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
-SILU, GELU_TANH = 0, 1
-SQRT_2_OVER_PI = 0.7978845608028654
+SILU, GELU_TANH = 0, 1  # the ACT argument
+# Globals a jitted kernel reads must be constexpr objects (the interpreter does not check).
+_SILU = tl.constexpr(SILU)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
@@ -28,10 +30,10 @@ def _act_and_mul_kernel(
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + d, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    if ACT == SILU:
+    if ACT == _SILU:
         act = g / (1.0 + tl.exp(-g))
     else:  # tanh(u) = 2 sigmoid(2u) - 1: Triton has no tanh of its own
-        u = SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        u = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
         act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * u)))
     act = act.to(gate.dtype).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],

@@ -209,11 +209,12 @@ def build_variants() -> dict[str, Variant]:
         dict(HALF=12, HALF_PAD=16, ROWS=gpu_rows(16), IS_NEOX=False),
         dict(num_warps=num_warps_for(gpu_rows(16) * 16)), decode=True,
     )
-    variants["silu_and_mul_bf16"] = Variant(
-        activation_triton._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
-        dict(ROWS=gpu_rows(1024), BLOCK=1024),
-        dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
-    )
+    for act, name in ((activation_triton.SILU, "silu"), (activation_triton.GELU_TANH, "gelu_tanh")):
+        variants[f"{name}_and_mul_bf16"] = Variant(
+            activation_triton._act_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
+            dict(ACT=act, ROWS=gpu_rows(1024), BLOCK=1024),
+            dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
+        )
     return variants
 
 
