@@ -215,22 +215,25 @@ def _paged_attention_kernel(
     ks_head_ptr = k_scales_ptr + kv_head  # int8 scales: [num_blocks, block_size, num_kv_heads]
     vs_head_ptr = v_scales_ptr + kv_head
     for phase in tl.static_range(3):
-        if phase == 0:
-            lo = tile_begin
-            hi = low_end
-        elif phase == 1:
-            lo = low_end
-            hi = high_begin
-        else:
-            lo = high_begin
-            hi = tile_stop
-        acc, l_i, m_i = _attend_tiles(
-            acc, l_i, m_i, q, query_pos, lo, hi, kv_end, bt_row, k_head_ptr, v_head_ptr,
-            ks_head_ptr, vs_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk, stride_v_slot,
-            stride_s_blk, stride_s_slot, qk_scale, window, soft_cap,
-            HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, COMPUTE_F32, DOT_PRECISION,
-            phase != 1, SLIDING, SOFT_CAP, FP8_MANT, TOKEN_SCALES,
-        )
+        # Without a window phase 0 is empty: not compiled at all (a third inlined tile loop
+        # costs registers; the fp32 decode tiles spilled with it).
+        if SLIDING or phase != 0:
+            if phase == 0:
+                lo = tile_begin
+                hi = low_end
+            elif phase == 1:
+                lo = low_end
+                hi = high_begin
+            else:
+                lo = high_begin
+                hi = tile_stop
+            acc, l_i, m_i = _attend_tiles(
+                acc, l_i, m_i, q, query_pos, lo, hi, kv_end, bt_row, k_head_ptr, v_head_ptr,
+                ks_head_ptr, vs_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk,
+                stride_v_slot, stride_s_blk, stride_s_slot, qk_scale, window, soft_cap,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, COMPUTE_F32, DOT_PRECISION,
+                phase != 1, SLIDING, SOFT_CAP, FP8_MANT, TOKEN_SCALES,
+            )
     acc = acc * v_mult  # fp8's per-tensor V scale (1 otherwise)
 
     if NUM_SEGMENTS == 1:
