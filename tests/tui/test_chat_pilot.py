@@ -122,6 +122,47 @@ async def test_settings_modal_validates_and_applies_sampling_and_system_prompt(m
         assert "max tokens" in chat.transcript.turns[1].stats  # finished by max_tokens=5
 
 
+async def test_response_format_schema_from_a_file_reaches_the_request(make_app, tmp_path):
+    """Issue 18.4: a JSON schema from a file holds the reply; a bad file is refused in the
+    form with its reason, and the status line says which format is on."""
+    from textual.widgets import Select
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    good = tmp_path / "city.json"
+    good.write_text(json.dumps(schema))
+    bad = tmp_path / "broken.json"
+    bad.write_text("{not json")
+    invalid = tmp_path / "invalid.json"
+    invalid.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "nonsense"}}}))
+    app, factory = make_app(token_delay=0.0)
+    async with app.run_test(size=(120, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await pilot.press("ctrl+s")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        modal = app.screen
+        modal.query_one("#response-format", Select).value = "schema"
+        modal.action_save()
+        await pilot.pause()
+        assert "needs the schema's file" in str(modal.query_one("#settings-error").render())
+        for path, reason in ((bad, "is not JSON"), (tmp_path / "missing.json", "cannot read"),
+                             (invalid, "is not valid")):
+            modal.query_one("#schema-file", Input).value = str(path)
+            modal.action_save()
+            await pilot.pause()
+            assert reason in str(modal.query_one("#settings-error").render()), reason
+        modal.query_one("#schema-file", Input).value = str(good)
+        modal.action_save()
+        assert await wait_for(pilot, lambda: app.chat_settings.response_format == "schema")
+        chat = app.screen.chat
+        assert "schema city.json" in str(chat.query_one("#chat-status").render())
+        await send(pilot, "where?")
+        assert await wait_for(pilot, lambda: len(chat.transcript.turns) == 2)
+        constraint = factory.client.last_params.structured_outputs
+        assert constraint.kind == "json" and json.loads(constraint.json) == schema
+    # The format is kept with the other settings.
+    assert app.settings.current.schema_file == str(good)
+
+
 async def test_new_chat_then_reopen_the_saved_transcript_and_copy(make_app):
     app, factory = make_app(token_delay=0.0)
     async with app.run_test(size=(160, 48)) as pilot:

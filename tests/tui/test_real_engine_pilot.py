@@ -125,3 +125,41 @@ async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llam
             f"cached flags: {sum(state.stats.block_is_cached)}, refs: "
             f"{sum(state.stats.block_ref_counts)}")
         assert len(state.ttft_points) == 6 and state.itl_points
+
+
+async def test_schema_held_reply_parses_and_the_inspector_says_constrained(tiny_llama_dir,
+                                                                           tmp_path):
+    """Issue 18.4 with the real engine: a random tiny model's reply, held to a schema from a
+    file, parses and validates; the inspector names the grammar and its compile time."""
+    import json
+
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                               "score": {"type": "integer", "minimum": 0,
+                                                         "maximum": 9}},
+              "required": ["answer", "score"], "additionalProperties": False}
+    schema_file = tmp_path / "verdict.json"
+    schema_file.write_text(json.dumps(schema))
+    settings = ChatSettings(temperature=1.0, max_tokens=64, seed=5, response_format="schema",
+                            schema_file=str(schema_file))
+    app = KvdeckApp(real_client_factory(str(tiny_llama_dir), dict(ENGINE)),
+                    model_name="tiny-llama", transcript_dir=tmp_path / "chats",
+                    chat_settings=settings)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT)
+        chat = app.screen.chat
+        chat.query_one("#prompt", Input).focus()
+        await pilot.press(*"verdict?")
+        await pilot.press("enter")
+        assert await wait_for(pilot, lambda: len(chat.transcript.turns) == 2
+                              and not chat.generating, timeout=60)
+        reply = json.loads(chat.transcript.turns[1].content)
+        assert reply["answer"] in ("yes", "no") and 0 <= reply["score"] <= 9
+        assert set(reply) == {"answer", "score"}
+        inspector = app.screen.query_one(RequestInspector)
+        assert await wait_for(pilot, lambda: inspector._requests or inspector._finished, timeout=10)
+        request = next(iter({**inspector._finished, **inspector._requests}.values()))
+        assert request.constrained and request.grammar_compile_s is not None
+        inspector.select(request.request_id)
+        await pilot.pause(0.2)
+        detail = str(inspector.query_one("#request-detail").render())
+        assert "constrained, grammar compiled in" in detail

@@ -1,4 +1,4 @@
-"""Modal: the system prompt and sampling settings of the chat."""
+"""Modal: the system prompt, sampling settings and response format of the chat."""
 
 from __future__ import annotations
 
@@ -6,9 +6,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
 from textual.screen import ModalScreen
-from textual.widgets import Button, Input, Label, Static, TextArea
+from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from kvdeck.tui.chat_settings import ChatSettings, auto_max_tokens
+
+FORMAT_CHOICES = [("free text", "text"), ("any JSON object", "json"),
+                  ("JSON schema (file)", "schema")]
 
 
 class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
@@ -23,6 +26,9 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
     ChatSettingsScreen TextArea { height: 5; }
     ChatSettingsScreen Grid { grid-size: 4; grid-columns: 1fr; height: auto; grid-gutter: 0 1; }
     ChatSettingsScreen Grid Label { margin-top: 1; }
+    ChatSettingsScreen #format-row { height: auto; margin-top: 1; align-horizontal: left; }
+    ChatSettingsScreen #response-format { width: 26; }
+    ChatSettingsScreen #schema-file { width: 1fr; }
     ChatSettingsScreen #settings-error { color: $error; height: auto; }
     ChatSettingsScreen Horizontal { height: auto; align-horizontal: right; }
     ChatSettingsScreen Button { margin-left: 1; }
@@ -48,6 +54,12 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
                 yield Input("" if s.max_tokens is None else str(s.max_tokens), id="max-tokens",
                             placeholder="auto")
                 yield Input("" if s.seed is None else str(s.seed), id="seed")
+            yield Label("Response format (the reply is held to it by a grammar)")
+            with Horizontal(id="format-row"):
+                yield Select(FORMAT_CHOICES, value=s.response_format, allow_blank=False,
+                             id="response-format")
+                yield Input(s.schema_file or "", id="schema-file",
+                            placeholder="path/to/schema.json (with JSON schema)")
             yield Static("", id="settings-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
@@ -67,7 +79,14 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
                 self.query_one("#system-prompt", TextArea).text,
                 self._value("temperature"), self._value("top-p"),
                 self._value("max-tokens"), self._value("seed"),
+                str(self.query_one("#response-format", Select).value),
+                self._value("schema-file"),
             )
+            constraint = settings.structured_outputs()
+            if constraint is not None:  # a schema llguidance cannot compile: said here
+                from kvdeck.engine.grammar.compile import check_grammar
+
+                check_grammar(constraint)
         except ValueError as exc:
             self.query_one("#settings-error", Static).update(str(exc))
             return

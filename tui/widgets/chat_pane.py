@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from pathlib import Path
 
 from textual import work
 from textual.app import ComposeResult
@@ -114,6 +115,10 @@ class ChatPane(Vertical):
             max_tokens += f" · ctx {client.max_model_len}"
         text = (f"{max_tokens} · temp {settings.temperature:g} · top_p {settings.top_p:g} · "
                 f"seed {seed}")
+        if settings.response_format == "json":
+            text += " · JSON"
+        elif settings.response_format == "schema":
+            text += f" · schema {Path(settings.schema_file or '').name}"
         if note:
             text = f"{note} · {text}"
         self.query_one("#chat-status", Static).update(text)

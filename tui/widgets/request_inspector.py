@@ -33,7 +33,12 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
     state = FINISHED if finished else request.state
     text.append(f"  {state} · prompt {request.num_prompt_tokens} tok · computed "
                 f"{request.num_computed_tokens} · output {request.num_output_tokens} · "
-                f"prefix-cached {request.num_cached_tokens} tok\n")
+                f"prefix-cached {request.num_cached_tokens} tok")
+    if request.constrained:  # structured outputs: held to a grammar
+        compiled = ("compiling…" if request.grammar_compile_s is None
+                    else f"compiled in {request.grammar_compile_s * 1000:.1f} ms")
+        text.append(f" · constrained, grammar {compiled}", style="bold #911eb4")
+    text.append("\n")
     if finished:
         text.append("finished: its blocks were freed (full ones stay in the prefix cache); "
                     "its last block table was:\n", style="italic")
