@@ -61,6 +61,8 @@ def check_all() -> list[dict]:
         record("rms_norm_residual", dtype_name, torch.cat(got), torch.cat(want), tol)
         record("silu_and_mul", dtype_name, TRITON_OPS.silu_and_mul(x), TORCH_OPS.silu_and_mul(x),
                tol)
+        record("gelu_tanh_and_mul", dtype_name, TRITON_OPS.gelu_tanh_and_mul(x),
+               TORCH_OPS.gelu_tanh_and_mul(x), tol)
         from kvdeck.kernels.rope import build_cos_sin_cache
 
         cache = build_cos_sin_cache(1.0 / 10000 ** (torch.arange(0, 64, 2) / 64), 4096).to(device)

@@ -1,7 +1,8 @@
-"""Triton SiLU-and-mul: out = silu(gate) * up for x = gate | up along the last dim.
+"""Triton gated activations: out = act(gate) * up for x = gate | up along the last dim, act
+SiLU or GELU with the tanh approximation (GeGLU).
 
-Rounds like `kernels.activation.silu_and_mul_torch` (silu rounded to the input dtype before
-the product). Import through `kernels.triton_ops`.
+Rounds like `kernels.activation` (the activation rounded to the input dtype before the
+product). Import through `kernels.triton_ops`.
 """
 
 import torch
@@ -11,11 +12,16 @@ import triton.language as tl
 from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
+SILU, GELU_TANH = 0, 1  # the ACT argument
+# Globals a jitted kernel reads must be constexpr objects (the interpreter does not check).
+_SILU = tl.constexpr(SILU)
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
 @triton.jit
-def _silu_and_mul_kernel(
-    x_ptr, out_ptr, stride_x, stride_out, num_rows, d, ROWS: tl.constexpr, BLOCK: tl.constexpr
+def _act_and_mul_kernel(
+    x_ptr, out_ptr, stride_x, stride_out, num_rows, d, ACT: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -24,13 +30,27 @@ def _silu_and_mul_kernel(
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + d, mask=mask, other=0.0)
     g = gate.to(tl.float32)
-    silu = (g / (1.0 + tl.exp(-g))).to(gate.dtype).to(tl.float32)
+    if ACT == _SILU:
+        act = g / (1.0 + tl.exp(-g))
+    else:  # tanh(u) = 2 sigmoid(2u) - 1: Triton has no tanh of its own
+        u = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
+        act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * u)))
+    act = act.to(gate.dtype).to(tl.float32)
     tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
-             (silu * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+             (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
-    """x: [..., 2 * d] holding gate | up; returns [..., d]."""
+    """x: [..., 2 * d] holding gate | up; returns silu(gate) * up, [..., d]."""
+    return _act_and_mul(x, SILU)
+
+
+def gelu_tanh_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    """x: [..., 2 * d] holding gate | up; returns gelu_tanh(gate) * up, [..., d]."""
+    return _act_and_mul(x, GELU_TANH)
+
+
+def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
     if x.dim() == 0 or x.shape[-1] % 2:
         raise ValueError(f"last dim of x must be even (gate | up), got shape {tuple(x.shape)}")
     d = x.shape[-1] // 2
@@ -43,8 +63,8 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     if num_rows > 0 and d > 0:
         block = min(MAX_BLOCK, triton.next_power_of_2(d))
         rows = rows_per_program(num_rows, block, x.device)
-        _silu_and_mul_kernel[(triton.cdiv(num_rows, rows), triton.cdiv(d, block))](
-            x_rows, out_rows, x_rows.stride(0), out_rows.stride(0), num_rows, d,
+        _act_and_mul_kernel[(triton.cdiv(num_rows, rows), triton.cdiv(d, block))](
+            x_rows, out_rows, x_rows.stride(0), out_rows.stride(0), num_rows, d, ACT=act,
             ROWS=rows, BLOCK=block, num_warps=num_warps_for(rows * block),
         )
     return out

@@ -14,9 +14,18 @@ decode-only batch is one decode launch; any other batch is both, so the decode r
 a mixed batch do not fill a 64-row prefill tile with one token. Which rows a sequence
 has is read on the device (no host sync).
 
+Layer options, as the torch reference: a sliding window (the tiles before the window of
+the block's first query are not read; tiles at the window's edge are masked like the
+diagonal), soft-capped scores (c * tanh(s / c), tanh from exp), and 8-bit caches
+dequantised as tiles are loaded: fp8 bytes through fp16 (`kv_quant_triton.decode_fp8`)
+with the per-tensor scales folded into the score scale and the output; int8 with each
+key's scale on its score column and each value's on its probability column.
+
 Kept importable only through `kernels.triton_ops`: `triton.jit` decides compiled vs
 interpreted at import time, so TRITON_INTERPRET must be set before this module loads.
 """
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -28,6 +37,8 @@ from kvdeck.kernels.attention_tuning import (
     default_config,
     streaming_multiprocessors,
 )
+from kvdeck.kernels.kv_quant import FP8_DTYPES
+from kvdeck.kernels.kv_quant_triton import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
 
 LOG2_E = 1.4426950408889634
 
@@ -51,12 +62,15 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block_global, BLOCK_Q: tl.constex
 @triton.jit
 def _attend_tiles(
     acc, l_i, m_i, q, query_pos, tile_lo, tile_hi, kv_end, bt_row, k_head_ptr, v_head_ptr,
-    stride_k_blk, stride_k_slot, stride_v_blk, stride_v_slot, qk_scale,
+    ks_head_ptr, vs_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk, stride_v_slot,
+    stride_s_blk, stride_s_slot, qk_scale, window, soft_cap,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr, COMPUTE_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    MASKED: tl.constexpr,
+    MASKED: tl.constexpr, SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr,
+    FP8_MANT: tl.constexpr, TOKEN_SCALES: tl.constexpr,
 ):
-    """Online-softmax update over KV tiles [tile_lo, tile_hi) read through the block table."""
+    """Online-softmax update over KV tiles [tile_lo, tile_hi) read through the block table.
+    Unmasked tiles (MASKED False) hold only keys every row of the block sees."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_valid = dims < HEAD_DIM
     for tile in range(tile_lo, tile_hi):
@@ -72,21 +86,35 @@ def _attend_tiles(
         v_off = block_id * stride_v_blk + in_block * stride_v_slot
         if MASKED or HEAD_DIM != HEAD_DIM_PAD:
             k = tl.load(k_head_ptr + k_off[None, :] + dims[:, None],
-                        mask=dim_valid[:, None] & kv_mask[None, :], other=0.0)
+                        mask=dim_valid[:, None] & kv_mask[None, :], other=0)
             v = tl.load(v_head_ptr + v_off[:, None] + dims[None, :],
-                        mask=kv_mask[:, None] & dim_valid[None, :], other=0.0)
+                        mask=kv_mask[:, None] & dim_valid[None, :], other=0)
         else:
             k = tl.load(k_head_ptr + k_off[None, :] + dims[:, None])
             v = tl.load(v_head_ptr + v_off[:, None] + dims[None, :])
+        if FP8_MANT != 0:  # bytes -> fp16 (the e4m3 factor is folded into the scales)
+            k = decode_fp8(k, FP8_MANT)
+            v = decode_fp8(v, FP8_MANT)
         if COMPUTE_F32:
             k = k.to(tl.float32)
             v = v.to(tl.float32)
         else:
             k = k.to(q.dtype)
             v = v.to(q.dtype)
-        s = tl.dot(q, k, input_precision=DOT_PRECISION) * qk_scale
+        s = tl.dot(q, k, input_precision=DOT_PRECISION)
+        if TOKEN_SCALES:  # int8: each key's own scale on its score column
+            s_off = block_id * stride_s_blk + in_block * stride_s_slot
+            k_scale = tl.load(ks_head_ptr + s_off, mask=kv_mask, other=0.0).to(tl.float32)
+            s = s * k_scale[None, :]
+        if SOFT_CAP:  # qk_scale is in natural units here: cap, then to log2 units
+            s = s * qk_scale / soft_cap
+            s = soft_cap * (1.0 - 2.0 / (tl.exp(2.0 * s) + 1.0)) * 1.4426950408889634
+        else:
+            s = s * qk_scale
         if MASKED:
             visible = (kpos[None, :] <= query_pos[:, None]) & kv_valid[None, :]
+            if SLIDING:
+                visible = visible & (kpos[None, :] > query_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         # Rows with nothing visible yet keep -inf; subtract 0 so exp2 gives 0, not NaN.
@@ -94,6 +122,9 @@ def _attend_tiles(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
+        if TOKEN_SCALES:  # int8: each value's scale on its probability column
+            v_scale = tl.load(vs_head_ptr + s_off, mask=kv_mask, other=0.0).to(tl.float32)
+            p = p * v_scale[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
@@ -102,16 +133,17 @@ def _attend_tiles(
 @triton.jit
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr,
-    seq_lens_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
-    qk_scale, num_seqs,
+    seq_lens_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, k_scales_ptr, v_scales_ptr,
+    qk_scale, v_mult, window, soft_cap, num_seqs,
     stride_q_tok, stride_q_head, stride_o_tok, stride_o_head,
     stride_k_blk, stride_k_slot, stride_k_head,
-    stride_v_blk, stride_v_slot, stride_v_head,
+    stride_v_blk, stride_v_slot, stride_v_head, stride_s_blk, stride_s_slot,
     stride_bt_seq, num_heads,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, COMPUTE_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    DECODE_ROWS: tl.constexpr,
+    DECODE_ROWS: tl.constexpr, SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr,
+    FP8_MANT: tl.constexpr, TOKEN_SCALES: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
@@ -154,14 +186,25 @@ def _paged_attention_kernel(
     # Causal: the last row of this q block sees keys up to its own position.
     kv_end = tl.minimum(seq_len, context_len + (q_block_local + 1) * BLOCK_Q)
     num_tiles = (kv_end + TILE_N - 1) // TILE_N
-    tiles_per_segment = (num_tiles + NUM_SEGMENTS - 1) // NUM_SEGMENTS
-    tile_begin = segment * tiles_per_segment
+    first_query_pos = context_len + q_block_local * BLOCK_Q
+    if SLIDING:  # tiles wholly before the first row's window are never read
+        first_tile = tl.maximum(first_query_pos - window + 1, 0) // TILE_N
+        # Below this tile some row's window has not started yet: masked like the diagonal.
+        low_safe_tile = (tl.maximum(kv_end - window, 0) + TILE_N - 1) // TILE_N
+    else:
+        first_tile = 0
+        low_safe_tile = 0
+    tiles_per_segment = (num_tiles - first_tile + NUM_SEGMENTS - 1) // NUM_SEGMENTS
+    tile_begin = first_tile + segment * tiles_per_segment
     tile_stop = tl.minimum(tile_begin + tiles_per_segment, num_tiles)
 
-    # Tiles wholly at or below the block's first query position need no mask (the fast
-    # path); the rest (diagonal, tail of the sequence) are masked.
-    first_masked_tile = (context_len + q_block_local * BLOCK_Q + 1) // TILE_N
-    split_tile = tl.maximum(tl.minimum(first_masked_tile, tile_stop), tile_begin)
+    # Tiles wholly at or below the block's first query position (and, with a window, wholly
+    # inside every row's window) need no mask (the fast path); the rest are masked:
+    # [tile_begin, low_end) the window's edge, [low_end, high_begin) unmasked,
+    # [high_begin, tile_stop) the diagonal and the tail of the sequence.
+    first_masked_tile = (first_query_pos + 1) // TILE_N
+    low_end = tl.minimum(tl.maximum(low_safe_tile, tile_begin), tile_stop)
+    high_begin = tl.minimum(tl.maximum(first_masked_tile, low_end), tile_stop)
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -169,16 +212,29 @@ def _paged_attention_kernel(
     bt_row = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     k_head_ptr = k_cache_ptr + kv_head * stride_k_head
     v_head_ptr = v_cache_ptr + kv_head * stride_v_head
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, query_pos, tile_begin, split_tile, kv_end, bt_row, k_head_ptr,
-        v_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk, stride_v_slot, qk_scale,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, COMPUTE_F32, DOT_PRECISION, False,
-    )
-    acc, l_i, m_i = _attend_tiles(
-        acc, l_i, m_i, q, query_pos, split_tile, tile_stop, kv_end, bt_row, k_head_ptr,
-        v_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk, stride_v_slot, qk_scale,
-        HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, COMPUTE_F32, DOT_PRECISION, True,
-    )
+    ks_head_ptr = k_scales_ptr + kv_head  # int8 scales: [num_blocks, block_size, num_kv_heads]
+    vs_head_ptr = v_scales_ptr + kv_head
+    for phase in tl.static_range(3):
+        # Without a window phase 0 is empty: not compiled at all (a third inlined tile loop
+        # costs registers; the fp32 decode tiles spilled with it).
+        if SLIDING or phase != 0:
+            if phase == 0:
+                lo = tile_begin
+                hi = low_end
+            elif phase == 1:
+                lo = low_end
+                hi = high_begin
+            else:
+                lo = high_begin
+                hi = tile_stop
+            acc, l_i, m_i = _attend_tiles(
+                acc, l_i, m_i, q, query_pos, lo, hi, kv_end, bt_row, k_head_ptr, v_head_ptr,
+                ks_head_ptr, vs_head_ptr, stride_k_blk, stride_k_slot, stride_v_blk,
+                stride_v_slot, stride_s_blk, stride_s_slot, qk_scale, window, soft_cap,
+                HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, TILE_N, COMPUTE_F32, DOT_PRECISION,
+                phase != 1, SLIDING, SOFT_CAP, FP8_MANT, TOKEN_SCALES,
+            )
+    acc = acc * v_mult  # fp8's per-tensor V scale (1 otherwise)
 
     if NUM_SEGMENTS == 1:
         out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
@@ -245,24 +301,58 @@ def _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens) 
         raise ValueError("block_tables rows, query_start_loc and seq_lens must be contiguous")
 
 
+@dataclass(frozen=True, slots=True)
+class _CacheReading:
+    """How the kernel reads one layer's cache: its storage views and the scale folding."""
+
+    k: torch.Tensor  # fp8 caches as uint8 views
+    v: torch.Tensor
+    k_scales: torch.Tensor | None  # int8's [num_blocks, block_size, num_kv_heads]
+    v_scales: torch.Tensor | None
+    k_factor: float  # per-tensor multipliers (fp8's scales, e4m3's decode factor)
+    v_factor: float
+    fp8_mantissa: int  # 0: not fp8
+
+    @classmethod
+    def of(cls, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale, v_scale) -> "_CacheReading":
+        if k_cache.dtype in FP8_DTYPES:
+            factor = E4M3_DECODE_FACTOR if k_cache.dtype == torch.float8_e4m3fn else 1.0
+            return cls(k_cache.view(torch.uint8), v_cache.view(torch.uint8), None, None,
+                       factor * (1.0 if k_scale is None else float(k_scale)),
+                       factor * (1.0 if v_scale is None else float(v_scale)),
+                       FP8_MANTISSA[k_cache.dtype])
+        if k_cache.dtype == torch.int8:
+            if not (isinstance(k_scale, torch.Tensor) and isinstance(v_scale, torch.Tensor)):
+                raise ValueError("an int8 KV cache needs its per-(token, head) scale tensors")
+            if k_scale.shape != k_cache.shape[:3] or not k_scale.is_contiguous() \
+                    or v_scale.shape != k_scale.shape or not v_scale.is_contiguous():
+                raise ValueError(f"int8 scales must be contiguous {tuple(k_cache.shape[:3])}")
+            return cls(k_cache, v_cache, k_scale, v_scale, 1.0, 1.0, 0)
+        return cls(k_cache, v_cache, None, None, 1.0, 1.0, 0)
+
+
 def paged_attention_triton_impl(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_query_len: int,
-    max_seq_len: int, num_segments: int | None = None, config: AttentionConfig | None = None,
+    max_seq_len: int, sliding_window: int = 0, soft_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
+    num_segments: int | None = None, config: AttentionConfig | None = None,
     decode_config: AttentionConfig | None = None,
 ) -> torch.Tensor:
     """`paged_attention_triton` with the split count and tiles open (tests, benchmarks):
     `config` sets the tiles of every launch (default: attention_tuning's, per launch) and
     `decode_config` those of the decode rows alone."""
     _check_inputs(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    reading = _CacheReading.of(k_cache, v_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = q.shape
     num_seqs = seq_lens.shape[0]
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # q may be a strided view
     if num_tokens == 0 or num_seqs == 0:
         return out
     if num_segments is None:
+        longest_read = min(max_seq_len, sliding_window) if sliding_window > 0 else max_seq_len
         num_segments = choose_num_segments(
-            num_seqs, k_cache.shape[2], max_query_len, max_seq_len,
+            num_seqs, k_cache.shape[2], max_query_len, longest_read,
             streaming_multiprocessors(q.device))
     if num_segments < 1 or num_segments & (num_segments - 1):
         raise ValueError(f"num_segments must be a power of two >= 1, got {num_segments}")
@@ -274,15 +364,18 @@ def paged_attention_triton_impl(
         part_sum = torch.empty(part_rows, dtype=torch.float32, device=q.device)
     else:
         part_out = part_max = part_sum = out  # unused placeholders
-    tensors = (out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
-               part_out, part_max, part_sum)
+    tensors = (out, q, reading.k, reading.v, block_tables, query_start_loc, seq_lens,
+               part_out, part_max, part_sum,
+               reading.k_scales if reading.k_scales is not None else out,  # unused placeholders
+               reading.v_scales if reading.v_scales is not None else out)
+    options = _LayerOptions(scale, sliding_window, soft_cap, reading)
 
     element_size = k_cache.element_size()
     decode_config = decode_config or config or default_config(1, head_dim, q.device, element_size)
-    _launch(tensors, scale, decode_config, num_segments, decode_rows=True)
+    _launch(tensors, options, decode_config, num_segments, decode_rows=True)
     if max_query_len > 1:
         chunk_config = config or default_config(max_query_len, head_dim, q.device, element_size)
-        _launch(tensors, scale, chunk_config, num_segments, decode_rows=False)
+        _launch(tensors, options, chunk_config, num_segments, decode_rows=False)
     if num_segments > 1:
         _merge_segments_kernel[(num_tokens, num_heads)](
             out, part_out, part_max, part_sum, out.stride(0), out.stride(1), num_heads,
@@ -291,10 +384,25 @@ def paged_attention_triton_impl(
     return out
 
 
-def _launch(tensors: tuple[torch.Tensor, ...], scale: float, config: AttentionConfig,
+@dataclass(frozen=True, slots=True)
+class _LayerOptions:
+    scale: float
+    sliding_window: int
+    soft_cap: float
+    reading: _CacheReading
+
+    @property
+    def qk_scale(self) -> float:
+        """The score multiplier: in log2 units for exp2, or natural ones before a soft cap."""
+        natural = self.scale * self.reading.k_factor
+        return natural if self.soft_cap > 0 else natural * LOG2_E
+
+
+def _launch(tensors: tuple[torch.Tensor, ...], options: _LayerOptions, config: AttentionConfig,
             num_segments: int, decode_rows: bool) -> None:
     """One launch of the attention kernel over the decode rows or over the chunk rows."""
     out, q, k_cache, v_cache, block_tables, query_start_loc, seq_lens = tensors[:7]
+    k_scales = tensors[10]
     num_tokens, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     num_seqs = seq_lens.shape[0]
@@ -302,20 +410,25 @@ def _launch(tensors: tuple[torch.Tensor, ...], scale: float, config: AttentionCo
     block_m = max(config.block_m, triton.next_power_of_2(group))
     block_q = block_m // group
     compute_f32 = q.device.type != "cuda" or q.dtype == torch.float32  # the interpreter: fp32
+    reading = options.reading
+    token_scales = reading.k_scales is not None
     # Decode: one program per sequence. Chunks: sequence s owns q blocks from
     # query_start_loc[s] // block_q + s on (see _find_seq).
     programs = num_seqs if decode_rows else num_tokens // block_q + num_seqs
     _paged_attention_kernel[(programs, num_kv_heads, num_segments)](
         *tensors,
-        scale * LOG2_E, num_seqs,
+        options.qk_scale, reading.v_factor, options.sliding_window, options.soft_cap, num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        k_scales.stride(0) if token_scales else 0, k_scales.stride(1) if token_scales else 0,
         block_tables.stride(0), num_heads,
         HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_q,
         TILE_N=config.tile_n, NUM_SEGMENTS=num_segments, COMPUTE_F32=compute_f32,
         DOT_PRECISION="ieee" if compute_f32 else "tf32", DECODE_ROWS=decode_rows,
+        SLIDING=options.sliding_window > 0, SOFT_CAP=options.soft_cap > 0,
+        FP8_MANT=reading.fp8_mantissa, TOKEN_SCALES=token_scales,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
 
@@ -323,10 +436,11 @@ def _launch(tensors: tuple[torch.Tensor, ...], scale: float, config: AttentionCo
 def paged_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, seq_lens: torch.Tensor, scale: float, max_query_len: int,
-    max_seq_len: int,
+    max_seq_len: int, sliding_window: int = 0, soft_cap: float = 0.0,
+    k_scale: float | torch.Tensor | None = None, v_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `kernels.attention.paged_attention_torch`."""
     return paged_attention_triton_impl(
         q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale, max_query_len,
-        max_seq_len,
+        max_seq_len, sliding_window, soft_cap, k_scale, v_scale,
     )

@@ -36,6 +36,11 @@ DECODE_CONFIG_WIDE_ROWS = AttentionConfig(block_m=16, tile_n=32, num_warps=4, nu
 PREFILL_CONFIG_WIDE_ROWS = AttentionConfig(block_m=64, tile_n=32, num_warps=8, num_stages=2)
 
 
+# 8-bit caches (element_size 1) decode each tile to 16 bits in registers first: with 64-token
+# tiles at head dim 128 the decode kernel spills on sm_86/sm_90, with 32-token ones it does not.
+DECODE_CONFIG_8BIT = DECODE_CONFIG_WIDE_ROWS
+
+
 # The CPU interpreter pays per program and per op, not per element: big tiles, few loops.
 INTERPRETER_CONFIG = AttentionConfig(block_m=128, tile_n=128, num_warps=4, num_stages=1)
 
@@ -49,6 +54,8 @@ def default_config(max_query_len: int, head_dim: int, device: torch.device,
     padded_head_dim = 1 << (head_dim - 1).bit_length()  # the kernel's HEAD_DIM_PAD
     wide_rows = padded_head_dim * element_size > WIDE_ROW_BYTES
     if max_query_len == 1:
+        if element_size == 1:
+            return DECODE_CONFIG_8BIT
         return DECODE_CONFIG_WIDE_ROWS if wide_rows else DECODE_CONFIG
     if wide_rows:
         return PREFILL_CONFIG_WIDE_ROWS

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvdeck.kernels.activation import silu_and_mul_torch
+from kvdeck.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
 from kvdeck.kernels.attention import paged_attention_torch
 from kvdeck.kernels.backends import KERNEL_BACKENDS
 from kvdeck.kernels.kv_cache import write_kv_cache_torch
@@ -22,6 +22,7 @@ class KernelOps:
     rms_norm: Callable
     apply_rope: Callable
     silu_and_mul: Callable
+    gelu_tanh_and_mul: Callable
 
 
 TORCH_OPS = KernelOps(
@@ -31,6 +32,7 @@ TORCH_OPS = KernelOps(
     rms_norm=rms_norm_torch,
     apply_rope=apply_rope_torch,
     silu_and_mul=silu_and_mul_torch,
+    gelu_tanh_and_mul=gelu_tanh_and_mul_torch,
 )
 
 

@@ -9,6 +9,8 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.kv_quant import FP8_DTYPES
+from kvdeck.kernels.kv_quant_triton import write_kv_cache_8bit
 
 
 @triton.jit
@@ -49,8 +51,11 @@ def write_kv_cache_triton(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    k_scale: float | torch.Tensor | None = None,
+    v_scale: float | torch.Tensor | None = None,
 ) -> None:
-    """key/value: [num_tokens, num_kv_heads, head_dim]; negative slots are skipped."""
+    """key/value: [num_tokens, num_kv_heads, head_dim]; negative slots are skipped. fp8 and
+    int8 caches are quantised on the way in (`kernels.kv_quant_triton`)."""
     if key.dim() != 3 or key.shape != value.shape:
         raise ValueError(f"key/value must both be [num_tokens, num_kv_heads, head_dim], "
                          f"got {tuple(key.shape)} and {tuple(value.shape)}")
@@ -68,6 +73,9 @@ def write_kv_cache_triton(
         raise ValueError("k_cache/v_cache need a unit stride in head_dim")
     num_tokens, num_kv_heads, head_dim = key.shape
     if num_tokens == 0:
+        return
+    if k_cache.dtype == torch.int8 or k_cache.dtype in FP8_DTYPES:
+        write_kv_cache_8bit(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
     heads_pad, head_dim_pad = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
     rows = rows_per_program(num_tokens, heads_pad * head_dim_pad, key.device)

@@ -4,7 +4,7 @@ Imported lazily by the dispatch: on CPU, TRITON_INTERPRET=1 must already be set 
 module (and so `triton.jit`) first runs, or the kernels would be built for a GPU.
 """
 
-from kvdeck.kernels.activation_triton import silu_and_mul_triton
+from kvdeck.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
 from kvdeck.kernels.attention_triton import paged_attention_triton
 from kvdeck.kernels.dispatch import KernelOps
 from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
@@ -18,4 +18,5 @@ TRITON_OPS = KernelOps(
     rms_norm=rms_norm_triton,
     apply_rope=apply_rope_triton,
     silu_and_mul=silu_and_mul_triton,
+    gelu_tanh_and_mul=gelu_tanh_and_mul_triton,
 )

@@ -46,8 +46,8 @@ def build_tokenizer(out_dir: Path, vocab_size: int = 400):
 
 
 def build_tiny_model(out_dir: Path, family: str, seed: int = 0, **config_overrides) -> Path:
-    """Save a tiny random model of `family` (llama, mistral, qwen2, qwen3) with a tokenizer;
-    `config_overrides` go into its transformers config."""
+    """Save a tiny random model of `family` (llama, mistral, qwen2, qwen3, gemma2, gemma3,
+    phi3) with a tokenizer; `config_overrides` go into its transformers config."""
     import transformers as tf
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -61,7 +61,7 @@ def build_tiny_model(out_dir: Path, family: str, seed: int = 0, **config_overrid
         num_key_value_heads=2,
         max_position_embeddings=512,
         initializer_range=0.15,
-        **({"sliding_window": None} if family == "mistral" else {}),
+        **({"sliding_window": None} if family in ("mistral", "phi3") else {}),
         rms_norm_eps=1e-6,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -87,15 +87,60 @@ def build_tiny_model(out_dir: Path, family: str, seed: int = 0, **config_overrid
     elif family == "qwen3":
         config = tf.Qwen3Config(**common, head_dim=32, tie_word_embeddings=True)
         cls = tf.Qwen3ForCausalLM
+    elif family in ("gemma2", "gemma3"):
+        config, cls = _gemma_config(family, common)
+    elif family == "phi3":
+        config = tf.Phi3Config(**{"rope_parameters": PHI3_LONGROPE, "partial_rotary_factor": 0.75,
+                                  "original_max_position_embeddings": 64, **common})
+        cls = tf.Phi3ForCausalLM
     else:
         raise ValueError(family)
     torch.manual_seed(seed)
     model = cls(config).eval()
+    if family.startswith("gemma"):
+        # Gemma's norms start at zero (a scale of 1 + 0): with tied embeddings the residual
+        # stream then just echoes the input token. Random norms make it say something, and
+        # test the 1 + weight.
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight") and "_norm" not in name.split(".")[-2]:
+                    param.copy_(torch.randn_like(param))
     model.save_pretrained(out_dir, safe_serialization=True)
     (out_dir / "generation_config.json").write_text(
         json.dumps({"eos_token_id": tokenizer.eos_token_id, "bos_token_id": tokenizer.bos_token_id})
     )
     return out_dir
+
+
+# LongRoPE on a 16-wide head rotating 12 dims: 6 factors each, the long ones far from 1 so
+# positions past the original 64 rotate visibly otherwise.
+PHI3_LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+                 "short_factor": [1.0, 1.1, 1.2, 1.5, 2.0, 3.0],
+                 "long_factor": [1.0, 1.5, 2.5, 4.0, 8.0, 16.0]}
+
+
+def _gemma_config(family: str, common: dict):
+    """Gemma with every feature switched on: a local window on alternate layers, a score
+    scale other than head_dim's, soft caps small enough to bite, and (Gemma 3) a linear-
+    scaled global rope beside the local one. Untied unless asked: tied tiny random Gemmas
+    mostly repeat one token, which would make greedy equality a weak test."""
+    import transformers as tf
+
+    window = common.pop("sliding_window", 16)
+    layers = common["num_hidden_layers"]
+    gemma = dict({"tie_word_embeddings": False, **common}, head_dim=16, query_pre_attn_scalar=24,
+                 sliding_window=window, hidden_activation="gelu_pytorch_tanh",
+                 layer_types=["sliding_attention" if i % 2 == 0 else "full_attention"
+                              for i in range(layers)])
+    if family == "gemma2":
+        config = tf.Gemma2Config(**{"attn_logit_softcapping": 2.0, "final_logit_softcapping": 3.0,
+                                    **gemma})
+        return config, tf.Gemma2ForCausalLM
+    rope = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+    config = tf.Gemma3TextConfig(**{"rope_parameters": rope, "attn_logit_softcapping": 2.0,
+                                    "final_logit_softcapping": 3.0, **gemma})
+    return config, tf.Gemma3ForCausalLM
 
 
 def hf_greedy(model_dir: Path, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:

@@ -35,9 +35,11 @@ def classify_blocks(stats: EngineStats) -> BlockCells:
     owners: list[str | None] = [None] * num_blocks
     for request in stats.requests:
         rid = request.request_id
-        for block in request.block_table:
-            if 0 <= block < num_blocks and owners[block] is None:
-                owners[block] = rid
+        # Hybrid models list a table per KV group; released window entries are -1.
+        for table in request.block_tables or [request.block_table]:
+            for block in table:
+                if 0 <= block < num_blocks and owners[block] is None:
+                    owners[block] = rid
     kinds = [
         (SHARED if ref > 1 else OWNED) if ref > 0
         else (CACHED if i < len(cached) and cached[i] else FREE)

@@ -17,6 +17,8 @@ from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol
 POOL_FULL_REQUESTS = 4  # full-length requests the TUI's default CPU pool holds
 ENGINE_DEFAULT_POOL_GIB = 1.0  # never ask for more than the engine would take anyway
 _DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+_KV_DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+CPU_TOKEN_BUDGET = 2048  # the engine's max_num_batched_tokens on CPU
 _SIZED_BY_USER = ("kv_cache_memory_gib", "num_gpu_blocks_override")
 
 logger = logging.getLogger(__name__)
@@ -32,20 +34,26 @@ def engine_log_path() -> str:
 
 
 def tui_pool_gib(model_dir: Path, engine_kwargs: dict) -> float:
-    """A CPU KV pool of POOL_FULL_REQUESTS full contexts of the model (at most 1 GiB)."""
+    """A CPU KV pool of POOL_FULL_REQUESTS full contexts of the model (at most 1 GiB): as
+    many blocks as one full-length request holds at once (a windowed layer group holds
+    only its window), at the KV dtype's bytes per block."""
     from kvdeck.engine.types.config import DTYPE_ALIASES
+    from kvdeck.engine.types.kv_groups import kv_cache_groups, peak_blocks, slots_per_block
     from kvdeck.engine.types.model_config import read_model_config
 
     config = read_model_config(model_dir)
     context = int(engine_kwargs.get("max_model_len") or config.max_position_embeddings)
-    if config.sliding_window is not None:
-        context = min(context, config.sliding_window)
     dtype = str(engine_kwargs.get("dtype") or "auto")
     element = _DTYPE_BYTES[DTYPE_ALIASES[dtype]] if dtype != "auto" else 4  # auto: fp32 on CPU
+    kv_dtype = str(engine_kwargs.get("kv_cache_dtype") or "auto")
+    element = _KV_DTYPE_BYTES.get(kv_dtype, element)
+    scale_bytes = 2 if kv_dtype == "int8" else 0  # int8's fp16 scale per (token, head)
     block_size = int(engine_kwargs.get("block_size") or 16)
-    bytes_per_block = (2 * config.num_hidden_layers * config.num_key_value_heads
-                       * config.head_dim * element * block_size)
-    blocks = POOL_FULL_REQUESTS * -(-context // block_size)
+    groups = kv_cache_groups(config.layer_windows)
+    bytes_per_block = (2 * slots_per_block(groups) * config.num_key_value_heads
+                       * (config.head_dim * element + scale_bytes) * block_size)
+    chunk = int(engine_kwargs.get("max_num_batched_tokens") or CPU_TOKEN_BUDGET)
+    blocks = POOL_FULL_REQUESTS * peak_blocks(groups, context, block_size, chunk)
     # Half a block of slack: the engine floors gib * 2**30 / bytes_per_block.
     return min(ENGINE_DEFAULT_POOL_GIB, (blocks + 0.5) * bytes_per_block / 2**30)
 

@@ -241,6 +241,9 @@ class _EngineStatsCollector(Collector):
         yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
                       stats.num_preemptions)
         yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)
+        yield counter("kvdeck:kv_window_released_blocks",
+                      "KV blocks released because they slid out of a sliding window.",
+                      stats.num_window_released_blocks)
         if stats.spec is not None:
             yield from _spec_decode_families(stats, labels, values)
 
@@ -264,12 +267,17 @@ def _spec_decode_families(stats: EngineStats, labels: list[str], values: list[st
     yield per_pos
 
 
+# vLLM's labels, then kvdeck's: bytes per block and the tokens the pool holds (what an 8-bit
+# cache doubles) and the sliding windows of the KV groups ("none" for full attention).
 CACHE_CONFIG_LABELS = ("block_size", "cache_dtype", "num_gpu_blocks", "num_cpu_blocks",
-                       "enable_prefix_caching", "kv_bytes_per_token", "device")
+                       "enable_prefix_caching", "sliding_window", "kv_bytes_per_token",
+                       "kv_bytes_per_block", "kv_cache_tokens", "device")
 
 
 def cache_config_values(info: EngineInfo) -> list[str]:
     on_gpu = info.device.startswith("cuda")
+    windows = sorted({w for w in info.kv_group_windows if w is not None})
     return [str(info.block_size), info.kv_cache_dtype, str(info.num_blocks if on_gpu else 0),
             str(0 if on_gpu else info.num_blocks), str(info.enable_prefix_caching).lower(),
-            str(info.kv_bytes_per_token), info.device]
+            ",".join(map(str, windows)) or "none", str(info.kv_bytes_per_token),
+            str(info.kv_bytes_per_block), str(info.kv_cache_tokens), info.device]

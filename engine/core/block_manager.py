@@ -1,20 +1,30 @@
 """The paged KV cache's bookkeeping: a pool of fixed-size blocks, per-request block
-tables, reference counts, and automatic prefix caching.
+tables, reference counts, automatic prefix caching, and sliding windows.
+
+A request holds one block table per KV cache group (`engine/types/kv_groups.py`): one for
+most models, one per attention span for hybrid ones (Gemma's local and global layers).
+Every group's table maps logical block i (token positions i*B .. i*B+B-1) to a block of
+the one shared pool. In a group whose layers see a sliding window, blocks that have slid
+out of the window of the next token are released as the request advances, and their
+entries become NO_BLOCK; the other groups keep theirs.
 
 A full block is identified by a chained hash of (parent block's hash, its token ids);
-the ids are stored too, so a hash collision is caught by comparing them. Blocks whose
-last owner finished keep their hash and stay reusable until they are evicted, least
-recently freed first. Blocks that hold no reusable prefix are handed out before any
-cached block is evicted.
+the ids are stored too, so a hash collision is caught by comparing them. A group's blocks
+are cached under (group, hash). Blocks whose last owner released them keep their hash
+and stay reusable until they are evicted, least recently freed first. Blocks that hold no
+reusable prefix are handed out before any cached block is evicted.
 """
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 
-from kvdeck.engine.core.request import Request
+from kvdeck.engine.core.request import NO_BLOCK, Request
 from kvdeck.engine.types.arith import cdiv
 
 _ROOT_HASH = -1
+# The same tokens rotated with LongRoPE's long factors differ. (Not -2: hash(-1) == -2.)
+_LONG_ROPE_ROOT_HASH = -3
 
 
 @dataclass(slots=True)
@@ -23,6 +33,21 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] | None = None
+    group: int = 0  # the KV group whose prefix it caches (meaningful with a hash)
+
+
+@dataclass(slots=True)
+class CachedPrefix:
+    """A prefix-cache hit: the request's first `num_blocks` blocks are in the cache."""
+
+    num_blocks: int = 0
+    hashes: list[int] = field(default_factory=list)  # chained hash of each of those blocks
+    # Per group, its blocks for those positions; NO_BLOCK where its window does not reach.
+    tables: list[list[int]] = field(default_factory=list)
+
+
+def _root_hash(request: Request) -> int:
+    return _LONG_ROPE_ROOT_HASH if request.long_rope else _ROOT_HASH
 
 
 def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
@@ -30,20 +55,28 @@ def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
+                 windows: Sequence[int | None] = (None,)) -> None:
+        """`windows`: the keys each KV group's layers see (None: all of them)."""
         if num_blocks <= 0:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.windows = list(windows)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_uncached: deque[int] = deque(range(num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, ref 0, LRU first
-        self.hash_to_block: dict[int, int] = {}
+        self.hash_to_block: dict[tuple[int, int], int] = {}  # (group, hash) -> block
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
+        self.num_window_released = 0  # blocks released because they left a sliding window
 
     # ---- queries ---------------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return len(self.windows)
+
     @property
     def num_free_blocks(self) -> int:
         return len(self.free_uncached) + len(self.evictable)
@@ -60,60 +93,64 @@ class BlockManager:
         return cdiv(num_tokens, self.block_size)
 
     # ---- prefix cache ------------------------------------------------------------
-    def find_cached_prefix(self, request: Request) -> tuple[list[int], list[int]]:
-        """The longest run of cached full blocks matching the request's tokens.
+    def find_cached_prefix(self, request: Request) -> CachedPrefix:
+        """The longest run of leading blocks the cache can serve for the request's tokens.
 
-        The last token is never served from the cache: its logits are needed.
-        Returns (block ids, their chained hashes).
+        A full-attention group needs every block of the run cached; a windowed group only
+        the blocks its next query can see (the last cdiv(window - 1, block_size)). The last
+        token is never served from the cache: its logits are needed.
         """
         if not self.enable_prefix_caching:
-            return [], []
-        tokens = request.all_token_ids
-        max_blocks = (len(tokens) - 1) // self.block_size
-        block_ids: list[int] = []
+            return CachedPrefix(tables=[[] for _ in self.windows])
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        full = [g for g, window in enumerate(self.windows) if window is None]
+        hits: list[list[int | None]] = [[] for _ in self.windows]  # block per group, or None
         hashes: list[int] = []
-        parent = _ROOT_HASH
-        for i in range(max_blocks):
-            ids = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
-            h = chain_hash(parent, ids)
-            block_id = self.hash_to_block.get(h)
-            if block_id is None or self.blocks[block_id].token_ids != ids:
-                break
-            block_ids.append(block_id)
+        for h, ids in self._block_hashes(request, max_blocks):
+            found = [self._lookup(g, h, ids) for g in range(self.num_groups)]
+            if any(found[g] is None for g in full):
+                break  # the full groups' run ends here, and with it every hit
             hashes.append(h)
-            parent = h
-        return block_ids, hashes
+            for g, block_id in enumerate(found):
+                hits[g].append(block_id)
+        num_blocks = self._longest_window_hit(hits, len(hashes))
+        tables = []
+        for g, window in enumerate(self.windows):
+            reach = num_blocks if window is None else min(num_blocks, cdiv(window - 1, self.block_size))
+            tables.append([NO_BLOCK] * (num_blocks - reach) + hits[g][num_blocks - reach : num_blocks])
+        return CachedPrefix(num_blocks, hashes[:num_blocks], tables)
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_tokens
         self.prefix_cache_hits += num_hit_tokens
 
     # ---- allocation ----------------------------------------------------------------
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        cached_block_ids: list[int] | None = None,
-        cached_hashes: list[int] | None = None,
-    ) -> bool:
-        """Make the block table cover num_computed_tokens (+ cached hits) + num_new_tokens.
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       cached: CachedPrefix | None = None) -> bool:
+        """Make every group's table cover num_computed_tokens (+ cached hits) + num_new_tokens.
 
         Returns False, changing nothing, when the pool cannot supply the blocks.
         """
-        cached_block_ids = cached_block_ids or []
-        num_computed = request.num_computed_tokens + len(cached_block_ids) * self.block_size
-        total_needed = self.blocks_needed(num_computed + num_new_tokens)
-        num_new_blocks = total_needed - len(request.block_table) - len(cached_block_ids)
+        tables = request.block_tables or [[] for _ in self.windows]
+        hit_tables = cached.tables if cached is not None else [[] for _ in self.windows]
+        num_hit_blocks = cached.num_blocks if cached is not None else 0
+        num_computed = request.num_computed_tokens + num_hit_blocks * self.block_size
+        total = self.blocks_needed(num_computed + num_new_tokens)
+        num_new_blocks = sum(max(total - len(table) - len(hit), 0)
+                             for table, hit in zip(tables, hit_tables))
+        hit_blocks = [b for hit in hit_tables for b in hit if b != NO_BLOCK]
         # Touching an evictable hit takes it out of the free pool.
-        reclaimed = sum(1 for b in cached_block_ids if self.blocks[b].ref_count == 0)
+        reclaimed = sum(1 for b in hit_blocks if self.blocks[b].ref_count == 0)
         if num_new_blocks > self.num_free_blocks - reclaimed:
             return False
-        for block_id in cached_block_ids:
+        for block_id in hit_blocks:
             self._touch(block_id)
-        request.block_table.extend(cached_block_ids)
-        request.block_hashes.extend(cached_hashes or [])
-        for _ in range(max(num_new_blocks, 0)):
-            request.block_table.append(self._pop_free_block())
+        request.block_tables = tables
+        for table, hit in zip(tables, hit_tables):
+            table.extend(hit)
+            table.extend(self._pop_free_block() for _ in range(total - len(table)))
+        if cached is not None:
+            request.block_hashes.extend(cached.hashes)
         return True
 
     def cache_full_blocks(self, request: Request) -> None:
@@ -121,7 +158,7 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         num_full = request.num_computed_tokens // self.block_size
-        parent = request.block_hashes[-1] if request.block_hashes else _ROOT_HASH
+        parent = request.block_hashes[-1] if request.block_hashes else _root_hash(request)
         for i in range(len(request.block_hashes), num_full):
             ids = tuple(
                 request.token_id_at(p) for p in range(i * self.block_size, (i + 1) * self.block_size)
@@ -129,30 +166,50 @@ class BlockManager:
             h = chain_hash(parent, ids)
             request.block_hashes.append(h)
             parent = h
-            block = self.blocks[request.block_table[i]]
-            if h not in self.hash_to_block and block.hash is None:
-                block.hash, block.token_ids = h, ids
-                self.hash_to_block[h] = block.block_id
+            for g, table in enumerate(request.block_tables):
+                block = self.blocks[table[i]] if table[i] != NO_BLOCK else None
+                if block is not None and (g, h) not in self.hash_to_block and block.hash is None:
+                    block.hash, block.token_ids, block.group = h, ids, g
+                    self.hash_to_block[(g, h)] = block.block_id
+
+    def release_out_of_window(self, request: Request) -> None:
+        """Release, in windowed groups, the blocks no later query of the request can see:
+        those wholly before the window of its next token (position num_computed_tokens)."""
+        for window, table in zip(self.windows, request.block_tables):
+            if window is None:
+                continue
+            first_seen = max(0, request.num_computed_tokens - window + 1) // self.block_size
+            released = first_seen
+            while released > 0 and table[released - 1] != NO_BLOCK:
+                released -= 1  # earlier entries were released by earlier steps
+            for i in range(released, first_seen):  # oldest first: evicted first
+                self._release(table[i])
+                table[i] = NO_BLOCK
+                self.num_window_released += 1
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so shared prefixes are evicted last."""
-        for block_id in reversed(request.block_table):
-            self._release(block_id)
-        request.block_table = []
+        for table in request.block_tables:
+            for block_id in reversed(table):
+                if block_id != NO_BLOCK:
+                    self._release(block_id)
+        request.block_tables = []
         request.block_hashes = []
 
     def free_beyond(self, request: Request, num_tokens: int) -> list[int]:
         """Give back the tail blocks that hold none of the first `num_tokens` tokens (the
         slots of rejected draft tokens); returns their ids."""
         keep = self.blocks_needed(num_tokens)
-        tail = request.block_table[keep:]
-        if not tail:
-            return []
-        del request.block_table[keep:]
+        given_back = []
+        for table in request.block_tables:  # every KV group's table
+            tail = table[keep:]
+            del table[keep:]
+            for block_id in reversed(tail):
+                if block_id != NO_BLOCK:
+                    self._release(block_id)
+                    given_back.append(block_id)
         del request.block_hashes[keep:]
-        for block_id in reversed(tail):
-            self._release(block_id)
-        return tail
+        return given_back
 
     def reset_prefix_cache(self) -> None:
         for block_id in list(self.evictable):
@@ -161,6 +218,44 @@ class BlockManager:
         self.evictable.clear()
 
     # ---- internals -----------------------------------------------------------------
+    def _block_hashes(self, request: Request, num_blocks: int) -> Iterator[tuple[int, tuple[int, ...]]]:
+        """(chained hash, token ids) of the request's first `num_blocks` blocks, lazily."""
+        tokens = request.all_token_ids
+        parent = _root_hash(request)
+        for i in range(num_blocks):
+            ids = tuple(tokens[i * self.block_size : (i + 1) * self.block_size])
+            parent = chain_hash(parent, ids)
+            yield parent, ids
+
+    def _lookup(self, group: int, h: int, ids: tuple[int, ...]) -> int | None:
+        block_id = self.hash_to_block.get((group, h))
+        if block_id is None or self.blocks[block_id].token_ids != ids:
+            return None
+        return block_id
+
+    def _longest_window_hit(self, hits: list[list[int | None]], num_blocks: int) -> int:
+        """The largest n <= num_blocks whose last blocks each windowed group's next query
+        sees are cached in that group (all of [0, n) when the window reaches further)."""
+        runs = []  # per windowed group: cached blocks in a row ending at each index
+        for g, window in enumerate(self.windows):
+            if window is None:
+                continue
+            run, count = [], 0
+            for block_id in hits[g][:num_blocks]:
+                count = count + 1 if block_id is not None else 0
+                run.append(count)
+            runs.append((cdiv(window - 1, self.block_size), run))
+        for n in range(num_blocks, 0, -1):
+            if all(run[n - 1] >= min(n, needed) for needed, run in runs):
+                return n
+        return 0
+
+    def _touch(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.evictable[block_id]
+        block.ref_count += 1
+
     def _release(self, block_id: int) -> None:
         block = self.blocks[block_id]
         if block.ref_count <= 0:
@@ -171,12 +266,6 @@ class BlockManager:
                 self.evictable[block_id] = None
             else:
                 self.free_uncached.append(block_id)
-
-    def _touch(self, block_id: int) -> None:
-        block = self.blocks[block_id]
-        if block.ref_count == 0:
-            del self.evictable[block_id]
-        block.ref_count += 1
 
     def _pop_free_block(self) -> int:
         if self.free_uncached:
@@ -189,6 +278,7 @@ class BlockManager:
         return block_id
 
     def _drop_hash(self, block: Block) -> None:
-        if block.hash is not None and self.hash_to_block.get(block.hash) == block.block_id:
-            del self.hash_to_block[block.hash]
+        key = (block.group, block.hash)
+        if block.hash is not None and self.hash_to_block.get(key) == block.block_id:
+            del self.hash_to_block[key]
         block.hash, block.token_ids = None, None

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
-from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.core.request import NO_BLOCK, Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.kv_groups import KVCacheGroup, peak_blocks
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
 from kvdeck.engine.types.model_path import resolve_model_path
 from kvdeck.engine.types.request_limits import RequestLimits
@@ -43,8 +44,11 @@ class EngineCore:
         # Speculative decoding: a draft model loads before the pool is sized, and shares it.
         speculation = SpeculativeSetup(self.config, self.model_dir, self.model_config, progress)
         plan = speculation.share_kv_plan(self.runner.plan_kv_cache(progress))
+        self.kv_groups = self.runner.kv_pool.groups
         self.max_model_len = speculation.cap_max_model_len(
-            _resolve_max_model_len(self.config, self.model_config, plan), self.config.max_model_len)
+            _resolve_max_model_len(self.config, self.model_config, plan, self.kv_groups,
+                                   self.runner.token_budget),
+            self.config.max_model_len)
         self.runner.allocate_kv_cache(plan.num_blocks)
         if self.runner.cuda_graphs_supported and not self.config.enforce_eager:
             self.runner.capture_decode_graphs(self.max_model_len, progress,
@@ -53,9 +57,11 @@ class EngineCore:
             self.runner.compile_decode(self.max_model_len)
         self.kv_plan = plan
         self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
-                                          self.config.enable_prefix_caching)
+                                          self.config.enable_prefix_caching,
+                                          [group.window for group in self.kv_groups])
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
-                                   self.runner.token_budget, self.max_model_len)
+                                   self.runner.token_budget, self.max_model_len,
+                                   self.model_config.long_rope_from)
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
@@ -85,10 +91,14 @@ class EngineCore:
             device=str(runner.device),
             dtype=str(runner.dtype).removeprefix("torch."),
             kv_bytes_per_token=self.kv_plan.bytes_per_token,
-            kv_cache_dtype=str(runner.dtype).removeprefix("torch."),
+            kv_cache_dtype=runner.kv_pool.format.name,
             enable_prefix_caching=self.config.enable_prefix_caching,
             weight_bytes_per_token=runner.weight_bytes_per_token(),
             cuda_graphs=runner.decode_graphs is not None and runner.device.type == "cuda",
+            kv_bytes_per_block=self.kv_plan.bytes_per_block,
+            kv_cache_tokens=self.kv_plan.num_tokens,
+            kv_group_windows=[group.window for group in self.kv_groups],
+            kv_group_layers=[list(group.layers) for group in self.kv_groups],
         )
 
     # ---- the step API ------------------------------------------------------------
@@ -260,10 +270,12 @@ class EngineCore:
     def occupancy(self) -> KVOccupancy:
         """The running batch's hold on the pool; cheap enough to read every step."""
         running = self.scheduler.running
+        held = sum(b != NO_BLOCK for r in running for table in r.block_tables for b in table)
         return KVOccupancy(
             usage=self.block_manager.usage,
             num_running=len(running),
-            allocated_tokens=sum(len(r.block_table) for r in running) * self.kv_plan.block_size,
+            # Slots of held blocks, per KV group (released window blocks hold none).
+            allocated_tokens=held * self.kv_plan.block_size // len(self.kv_groups),
             computed_tokens=sum(r.num_computed_tokens for r in running),
         )
 
@@ -288,6 +300,11 @@ class EngineCore:
             num_cached_blocks=bm.num_cached_free_blocks,
             block_ref_counts=[b.ref_count for b in bm.blocks],
             block_is_cached=[b.hash is not None for b in bm.blocks],
+            block_group=[b.group for b in bm.blocks] if bm.num_groups > 1 else [],
+            num_window_released_blocks=bm.num_window_released,
+            kv_cache_dtype=self.runner.kv_pool.format.name,
+            kv_bytes_per_block=self.kv_plan.bytes_per_block,
+            kv_cache_tokens=self.kv_plan.num_tokens,
             blocks_written_last_step=list(self.blocks_written_last_step),
             requests=requests,
             prefix_cache_queries=bm.prefix_cache_queries,
@@ -306,32 +323,37 @@ class EngineCore:
         )
 
 
-def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan: KVCachePlan) -> int:
-    capacity = plan.num_tokens
+def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan: KVCachePlan,
+                           groups: list[KVCacheGroup], chunk_tokens: int) -> int:
+    """The asked max_model_len, checked, or the longest the model and the pool allow. One
+    request must fit in the pool alone: with sliding windows it holds only a window's
+    blocks (plus a chunk's) in those groups, so a windowed model may run past the pool."""
     limit = model_config.max_position_embeddings
-    window = model_config.sliding_window
+
+    def peak(num_tokens: int) -> int:
+        return peak_blocks(groups, num_tokens, plan.block_size, chunk_tokens)
+
     asked = config.max_model_len
     if asked is not None:
         if asked > limit:
             raise ValueError(
                 f"max_model_len {asked} exceeds the model's max_position_embeddings {limit}"
             )
-        if window is not None and asked > window:
-            raise ValueError(
-                f"max_model_len {asked} exceeds the model's sliding window of {window} tokens; "
-                "kvdeck attends to the whole context, which matches the model only within "
-                "its window"
-            )
-        if asked > capacity:
+        if peak(asked) > plan.num_blocks:
             raise ValueError(
                 f"max_model_len {asked} does not fit in the KV cache ({plan.num_blocks} blocks of "
-                f"{plan.block_size} = {capacity} tokens); raise the KV memory or lower it"
+                f"{plan.block_size} tokens; one request that long holds up to {peak(asked)}); "
+                "raise the KV memory or lower it"
             )
         return asked
-    if window is not None and window < min(limit, capacity):
-        logger.info("max_model_len capped at the model's sliding window (%d tokens)", window)
-        return window
-    return min(limit, capacity)
+    lo, hi = 0, limit  # the longest length whose peak fits (peak grows with the length)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if peak(mid) <= plan.num_blocks else (lo, mid - 1)
+    if lo == 0:
+        raise ValueError(f"the KV cache ({plan.num_blocks} blocks) cannot hold one token of this "
+                         "model; raise the KV memory")
+    return lo
 
 
 def _request_stats(request: Request) -> RequestStats:
@@ -346,6 +368,7 @@ def _request_stats(request: Request) -> RequestStats:
         num_computed_tokens=request.num_computed_tokens,
         num_output_tokens=request.num_output_tokens,
         block_table=list(request.block_table),
+        block_tables=[list(t) for t in request.block_tables] if len(request.block_tables) > 1 else [],
         num_cached_tokens=request.num_cached_tokens,
         constrained=request.grammar is not None,
         grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
@@ -358,7 +381,8 @@ def _blocks_written(batch: ScheduledBatch, block_size: int) -> list[int]:
     for request, num_new in zip(batch.requests, batch.num_new_tokens):
         first = request.num_computed_tokens // block_size
         last = (request.num_computed_tokens + num_new - 1) // block_size
-        written.update(request.block_table[first : last + 1])
+        for table in request.block_tables:
+            written.update(b for b in table[first : last + 1] if b != NO_BLOCK)
     return sorted(written)
 
 

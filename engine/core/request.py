@@ -14,6 +14,10 @@ from kvdeck.engine.types.wire import RequestStatus
 if TYPE_CHECKING:
     from kvdeck.engine.grammar.matchers import GrammarState
 
+# A block-table entry that holds no block: released after sliding out of its group's
+# window, or never needed there (below the window of a prefix-cache hit).
+NO_BLOCK = -1
+
 
 @dataclass(slots=True, eq=False)  # identity: two requests are never the same
 class Request:
@@ -28,19 +32,29 @@ class Request:
     # plus the output so far are recomputed (with prefix-cache help).
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
-    block_table: list[int] = field(default_factory=list)
-    # Hash of each full block in block_table (prefix caching); len <= len(block_table).
+    # One table per KV cache group (`engine/types/kv_groups.py`; most models have one):
+    # logical block i -> physical block id, or NO_BLOCK. Empty while the request holds none.
+    block_tables: list[list[int]] = field(default_factory=list)
+    # Hash of each full block (prefix caching), shared by the groups; len <= len of a table.
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     # Speculative decoding: draft tokens to verify after the newest token this step (set by
     # the proposer before scheduling, trimmed by the scheduler to what fits, cleared after).
     spec_token_ids: list[int] = field(default_factory=list)
+    # LongRoPE models: its K/V rotate with the long factors (it grew past the pretraining
+    # context). Such blocks never serve a short request's prefix, nor the reverse.
+    long_rope: bool = False
     stop_reason: int | str | None = None
     grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def block_table(self) -> list[int]:
+        """The first group's table (the only one unless the model is hybrid)."""
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def num_prompt_tokens(self) -> int:

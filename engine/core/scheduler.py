@@ -3,7 +3,8 @@
 Each step fills a token budget: running decodes first (one token each), then chunks
 of prefills already under way, then new requests from the queue, whose cached prefix
 is reused. When the pool runs dry the newest running request is preempted: its blocks
-are freed and it goes back to the front of the queue to be recomputed later.
+are freed and it goes back to the front of the queue to be recomputed later. After each
+step, blocks that slid out of a sliding window are released.
 """
 
 import time
@@ -52,8 +53,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         max_model_len: int,
+        long_rope_from: int | None = None,
     ) -> None:
         self.block_manager = block_manager
+        self.long_rope_from = long_rope_from  # LongRoPE models: ModelConfig.long_rope_from
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_model_len = max_model_len
@@ -79,6 +82,7 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
+            self._switch_to_long_rope(request)
             num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
             # Speculative drafts ride on a decode as one chunk of 1 + k tokens, budget permitting.
             drafts = request.spec_token_ids
@@ -109,10 +113,11 @@ class Scheduler:
             if request.waiting_for_grammar:
                 compiling.append(self.waiting.popleft())
                 continue
-            cached_ids, cached_hashes = self.block_manager.find_cached_prefix(request)
-            num_cached = len(cached_ids) * self.block_manager.block_size
+            self._switch_to_long_rope(request)
+            cached = self.block_manager.find_cached_prefix(request)
+            num_cached = cached.num_blocks * self.block_manager.block_size
             num_tokens = min(request.num_tokens - num_cached, budget)
-            if not self.block_manager.allocate_slots(request, num_tokens, cached_ids, cached_hashes):
+            if not self.block_manager.allocate_slots(request, num_tokens, cached):
                 break
             self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
             self.waiting.popleft()
@@ -125,6 +130,17 @@ class Scheduler:
             batch.add(request, num_tokens)
             budget -= num_tokens
         self.waiting.extendleft(reversed(compiling))
+
+    def _switch_to_long_rope(self, request: Request) -> None:
+        """A request that grows past a LongRoPE model's pretraining context rotates every
+        position with the long factors from then on: K/V computed with the short ones are
+        dropped and recomputed in this and the next steps (transformers' Phi-3 does the same)."""
+        if self.long_rope_from is None or request.long_rope:
+            return
+        if request.num_tokens > self.long_rope_from:
+            request.long_rope = True
+            self.block_manager.free(request)
+            request.num_computed_tokens = 0
 
     def _preempt(self, request: Request, batch: ScheduledBatch) -> None:
         self.running.remove(request)
@@ -172,6 +188,7 @@ class Scheduler:
                                                                           request.num_computed_tokens)
                 request.spec_token_ids = []
             self.block_manager.cache_full_blocks(request)
+            self.block_manager.release_out_of_window(request)
             if request.status.finished:
                 finished.append(request)
         for request in finished:

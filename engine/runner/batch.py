@@ -20,6 +20,7 @@ class ScheduledSequence(Protocol):
     block_table: list[int]  # logical block i -> physical block id
     # Draft tokens verified after the newest token this step (speculative decoding; usually []).
     spec_token_ids: list[int]
+    long_rope: bool  # LongRoPE: rotate with the long factors
 
     @property
     def num_tokens(self) -> int: ...

@@ -41,38 +41,43 @@ class DecodeBuffers:
 
     input_ids: torch.Tensor  # [max_batch]
     positions: torch.Tensor  # [max_batch]
-    slot_mapping: torch.Tensor  # [max_batch]
-    block_tables: torch.Tensor  # [max_batch, max_blocks_per_seq]
+    slot_mappings: list[torch.Tensor]  # per KV group: [max_batch]
+    block_tables: list[torch.Tensor]  # per KV group: [max_batch, max_blocks_per_seq]
     query_start_loc: torch.Tensor  # [max_batch + 1], always 0..max_batch: one token per row
     seq_lens: torch.Tensor  # [max_batch]
     hidden: torch.Tensor  # [max_batch, hidden_size]
 
     @classmethod
     def allocate(cls, max_batch: int, max_blocks_per_seq: int, hidden_size: int, dtype: torch.dtype,
-                 device: torch.device) -> "DecodeBuffers":
+                 device: torch.device, num_kv_groups: int = 1) -> "DecodeBuffers":
         def zeros(*shape, dtype=torch.long):
             return torch.zeros(*shape, dtype=dtype, device=device)
 
         return cls(
             input_ids=zeros(max_batch),
             positions=zeros(max_batch),
-            slot_mapping=torch.full((max_batch,), -1, dtype=torch.long, device=device),
-            block_tables=zeros(max_batch, max_blocks_per_seq, dtype=torch.int32),
+            slot_mappings=[torch.full((max_batch,), -1, dtype=torch.long, device=device)
+                           for _ in range(num_kv_groups)],
+            block_tables=[zeros(max_batch, max_blocks_per_seq, dtype=torch.int32)
+                          for _ in range(num_kv_groups)],
             query_start_loc=torch.arange(max_batch + 1, dtype=torch.int32, device=device),
             seq_lens=torch.ones(max_batch, dtype=torch.int32, device=device),
             hidden=zeros(max_batch, hidden_size, dtype=dtype),
         )
 
     def metadata(self, batch_size: int, max_seq_len: int) -> AttentionMetadata:
+        groups = [(slots[:batch_size], tables[:batch_size])
+                  for slots, tables in zip(self.slot_mappings, self.block_tables)]
         return AttentionMetadata(
-            slot_mapping=self.slot_mapping[:batch_size],
-            block_tables=self.block_tables[:batch_size],
+            slot_mapping=groups[0][0],
+            block_tables=groups[0][1],
             query_start_loc=self.query_start_loc[: batch_size + 1],
             seq_lens=self.seq_lens[:batch_size],
             max_query_len=1,
             # Host-side only (the attention kernel's split count); the kernel reads each
             # row's true length from seq_lens, so one graph serves every context length.
             max_seq_len=max_seq_len,
+            other_groups=tuple(groups[1:]),
         )
 
 
@@ -80,14 +85,16 @@ class DecodeGraphs:
     """Captured decode forwards keyed by padded batch size."""
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int, block_size: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device) -> None:
+                 hidden_size: int, dtype: torch.dtype, device: torch.device,
+                 num_kv_groups: int = 1) -> None:
         self.model = model
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.dtype = dtype
         self.sizes = decode_bucket_sizes(max_num_seqs)
         max_blocks_per_seq = cdiv(max_model_len, block_size)
-        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, hidden_size, dtype, device)
+        self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, hidden_size, dtype,
+                                              device, num_kv_groups)
         self.replays: dict[int, Callable[[], None]] = {}
 
     @property
@@ -121,7 +128,7 @@ class DecodeGraphs:
 
     def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
         return (bool(self.replays) and meta.max_query_len == 1 and num_seqs <= self.max_batch_size
-                and meta.block_tables.shape[1] <= self.buffers.block_tables.shape[1])
+                and meta.block_tables.shape[1] <= self.buffers.block_tables[0].shape[1])
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden]."""
@@ -130,13 +137,15 @@ class DecodeGraphs:
         buffers = self.buffers
         buffers.input_ids[:num_seqs].copy_(input_ids, non_blocking=True)
         buffers.positions[:num_seqs].copy_(positions, non_blocking=True)
-        buffers.slot_mapping[:num_seqs].copy_(meta.slot_mapping, non_blocking=True)
         buffers.seq_lens[:num_seqs].copy_(meta.seq_lens, non_blocking=True)
-        width = meta.block_tables.shape[1]
-        buffers.block_tables[:num_seqs, :width].copy_(meta.block_tables, non_blocking=True)
-        # Padding rows: no KV write, a one-token context read through whatever table row is
-        # left over (always valid block ids), outputs ignored.
-        buffers.slot_mapping[num_seqs:size].fill_(-1)
+        for group, (slot_buffer, table_buffer) in enumerate(zip(buffers.slot_mappings,
+                                                                buffers.block_tables)):
+            slots, tables = meta.group(group)
+            slot_buffer[:num_seqs].copy_(slots, non_blocking=True)
+            table_buffer[:num_seqs, : tables.shape[1]].copy_(tables, non_blocking=True)
+            # Padding rows: no KV write, a one-token context read through whatever table row
+            # is left over (always valid block ids), outputs ignored.
+            slot_buffer[num_seqs:size].fill_(-1)
         buffers.seq_lens[num_seqs:size].fill_(1)
         self.replays[size]()
         return buffers.hidden[:num_seqs]
@@ -163,20 +172,24 @@ class DecodeGraphs:
 
     def _compare_case(self, seq_lens: list[int], num_blocks: int) -> float | None:
         bs, device = self.block_size, self.buffers.hidden.device
-        rows, next_block = [], 0
-        for n in seq_lens:  # distinct blocks per row while the pool lasts, as the block manager would
-            needed = cdiv(n, bs)
-            rows.append([(next_block + i) % num_blocks for i in range(needed)])
-            next_block += needed
-        width = max(len(r) for r in rows)
-        tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32, device=device)
         positions = torch.tensor([n - 1 for n in seq_lens], device=device)
-        slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+        groups, next_block = [], 0
+        for _ in self.buffers.block_tables:  # each KV group its own blocks
+            rows = []
+            for n in seq_lens:  # distinct blocks per row while the pool lasts, as the block manager would
+                needed = cdiv(n, bs)
+                rows.append([(next_block + i) % num_blocks for i in range(needed)])
+                next_block += needed
+            width = max(len(r) for r in rows)
+            tables = torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int32,
+                                  device=device)
+            slots = tables.long().gather(1, (positions // bs)[:, None])[:, 0] * bs + positions % bs
+            groups.append((slots, tables))
         meta = AttentionMetadata(
-            slot_mapping=slots, block_tables=tables,
+            slot_mapping=groups[0][0], block_tables=groups[0][1],
             query_start_loc=torch.arange(len(seq_lens) + 1, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            max_query_len=1, max_seq_len=max(seq_lens),
+            max_query_len=1, max_seq_len=max(seq_lens), other_groups=tuple(groups[1:]),
         )
         input_ids = torch.arange(len(seq_lens), device=device) % 97 + 1
         eager = self.model(input_ids, positions, meta).float()

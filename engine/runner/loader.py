@@ -105,9 +105,13 @@ def init_dummy_weights(model: nn.Module, seed: int) -> None:
 
 
 def finish_loading(model: nn.Module) -> None:
+    """Let layers derive what they compute with from what they loaded (AWQ repacking,
+    Gemma's 1 + weight)."""
     for module in model.modules():
         if isinstance(module, Linear):
             module.method.process_weights_after_loading(module)
+        elif hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
 
 
 def _named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:

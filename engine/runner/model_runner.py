@@ -18,7 +18,8 @@ import torch
 from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence, TokenMasks
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
-from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process, zeros_on_huge_pages
+from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process
+from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.models import model_class_for
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
@@ -27,6 +28,7 @@ from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.kv_groups import kv_cache_groups
 from kvdeck.engine.types.model_config import ModelConfig
 from kvdeck.kernels.dispatch import select_ops
 
@@ -55,16 +57,18 @@ class KVCachePlan:
 
     num_blocks: int
     block_size: int
-    bytes_per_block: int  # K and V of one block over all layers
+    bytes_per_block: int  # K and V of one block over its layer slots (scales included)
     sized_by: str  # "override" (num_gpu_blocks_override) | "kv_cache_memory_gib" | "profiling"
+    num_kv_groups: int = 1  # a token's K/V for every layer takes one block slot per group
 
     @property
     def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """Tokens whose K/V the pool holds for every layer at once."""
+        return self.num_blocks * self.block_size // self.num_kv_groups
 
     @property
     def bytes_per_token(self) -> int:
-        return self.bytes_per_block // self.block_size
+        return self.bytes_per_block * self.num_kv_groups // self.block_size
 
 
 @dataclass(slots=True)
@@ -98,14 +102,15 @@ class ModelRunner:
             keep_freed_buffers_in_process()
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, self.device)
+        self.kv_pool = KVPool(resolve_kv_format(config.kv_cache_dtype, self.dtype, self.device),
+                              kv_cache_groups(model_config.layer_windows), config.block_size,
+                              model_config.num_key_value_heads, model_config.head_dim)
         progress("loading", f"loading weights from {model_dir}")
         self.model = self._build_model(model_dir)
         self.sampler = Sampler(self.device, config.seed)
         self.rejection = RejectionSampler(self.sampler)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
-        self.k_caches: list[torch.Tensor] = []
-        self.v_caches: list[torch.Tensor] = []
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
 
     def _build_model(self, model_dir) -> torch.nn.Module:
@@ -132,9 +137,16 @@ class ModelRunner:
     # ---- the KV pool -------------------------------------------------------------
     @property
     def bytes_per_block(self) -> int:
-        cfg = self.model_config
-        element = torch.tensor([], dtype=self.dtype).element_size()
-        return 2 * cfg.num_hidden_layers * self.block_size * cfg.num_key_value_heads * cfg.head_dim * element
+        return self.kv_pool.bytes_per_block
+
+    @property
+    def k_caches(self) -> list[torch.Tensor]:
+        """The pool's K tensors, one per storage slot (one per layer unless hybrid)."""
+        return self.kv_pool.k
+
+    @property
+    def v_caches(self) -> list[torch.Tensor]:
+        return self.kv_pool.v
 
     def plan_kv_cache(self, progress: ProgressCallback | None = None) -> KVCachePlan:
         if self.config.num_gpu_blocks_override is not None:
@@ -146,7 +158,8 @@ class ModelRunner:
             if progress:
                 progress("profiling", "profiling peak memory with a full-size batch")
             num_blocks, sized_by = self._profile_num_gpu_blocks(), "profiling"
-        return KVCachePlan(num_blocks, self.block_size, self.bytes_per_block, sized_by)
+        return KVCachePlan(num_blocks, self.block_size, self.bytes_per_block, sized_by,
+                           len(self.kv_pool.groups))
 
     def weight_bytes_per_token(self) -> int:
         """Bytes of weights one decode step reads: every parameter and buffer once, except
@@ -197,38 +210,29 @@ class ModelRunner:
         positions = torch.arange(seq_len, device=self.device).repeat(num_seqs)
         slots = (tables.long()[:, :, None] * self.block_size
                  + torch.arange(self.block_size, device=self.device)).view(num_seqs, -1)[:, :seq_len]
+        slots = slots.reshape(-1)
         meta = AttentionMetadata(
-            slot_mapping=slots.reshape(-1),
+            slot_mapping=slots,
             block_tables=tables,
             query_start_loc=torch.arange(0, tokens + 1, seq_len, dtype=torch.int32, device=self.device),
             seq_lens=torch.full((num_seqs,), seq_len, dtype=torch.int32, device=self.device),
             max_query_len=seq_len,
             max_seq_len=seq_len,
+            # Scratch: every group may write the same blocks.
+            other_groups=((slots, tables),) * (len(self.kv_pool.groups) - 1),
         )
         input_ids = torch.zeros(tokens, dtype=torch.long, device=self.device)
         hidden = self.model(input_ids, positions, meta)
         self.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
 
     def allocate_kv_cache(self, num_blocks: int) -> None:
-        """Allocate `num_blocks` blocks per layer (a plan's, or a profiling scratch pool)."""
-        cfg = self.model_config
-        shape = (num_blocks, self.block_size, cfg.num_key_value_heads, cfg.head_dim)
-        layers = self.attention_layers
-        def zeros() -> torch.Tensor:
-            if self.device.type == "cpu":
-                return zeros_on_huge_pages(shape, self.dtype)
-            return torch.zeros(shape, dtype=self.dtype, device=self.device)
-
-        self.k_caches = [zeros() for _ in layers]
-        self.v_caches = [zeros() for _ in layers]
-        for layer, k, v in zip(self.attention_layers, self.k_caches, self.v_caches):
-            layer.k_cache, layer.v_cache = k, v
+        """Allocate a pool of `num_blocks` blocks (a plan's, or a profiling scratch pool)."""
+        self.kv_pool.allocate(num_blocks, self.device)
+        self.kv_pool.bind(self.attention_layers)
         self.num_blocks = num_blocks
 
     def release_kv_cache(self) -> None:
-        for layer in self.attention_layers:
-            layer.k_cache = layer.v_cache = torch.empty(0)
-        self.k_caches, self.v_caches = [], []
+        self.kv_pool.release(self.attention_layers)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -261,7 +265,8 @@ class ModelRunner:
         request); default max_num_seqs.
         """
         graphs = DecodeGraphs(self.model, max_rows or self.config.max_num_seqs, max_model_len,
-                              self.block_size, self.model_config.hidden_size, self.dtype, self.device)
+                              self.block_size, self.model_config.hidden_size, self.dtype, self.device,
+                              num_kv_groups=len(self.kv_pool.groups))
         if progress:
             progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
                                   f"{graphs.max_batch_size}")
@@ -291,6 +296,12 @@ class ModelRunner:
             # Triton kernels' CUDA graphs are the fast path.
             logger.warning("compile_decode runs on CPU with the torch kernels only; decode runs eagerly")
             return
+        if len(self.kv_pool.groups) > 1 or any(layer.write_options or layer.attend_options
+                                                 for layer in self.attention_layers):
+            # The compiled op is plain causal attention over a float cache.
+            logger.warning("compile_decode does not cover sliding windows, soft-capped scores or "
+                           "an 8-bit KV cache yet; decode runs eagerly")
+            return
         self.decode_graphs = CompiledDecode(self.model, self.config.max_num_seqs, max_model_len,
                                             self.block_size, self.model_config.hidden_size, self.dtype,
                                             self.device)
@@ -298,58 +309,75 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: BatchPlan) -> StepInputs:
         """Pack the batch into flat tensors on the device (host lists, one copy each)."""
-        input_ids, positions, slots = [], [], []
-        query_start_loc, seq_lens, tables = [0], [], []
+        input_ids, positions = [], []
+        query_start_loc, seq_lens = [0], []
+        num_groups = len(self.kv_pool.groups)
+        slots: list[list[int]] = [[] for _ in range(num_groups)]  # per KV group
+        tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
         inputs = StepInputs()
         bs = self.block_size
+        long_rope_from = self.model_config.long_rope_from
         for index, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
             start = request.num_computed_tokens
             end = start + num_new
-            table = request.block_table
+            # LongRoPE: a long request's rows follow the short table's (rotary.py).
+            shift = long_rope_from if request.long_rope else 0
             if request.spec_token_ids:
                 # A verify chunk attends like k + 1 decode rows, one per token (its own context
                 # length each): the decode path, and decode graphs, serve it unchanged.
                 first = len(input_ids)
                 input_ids.append(request.token_id_at(start))
                 input_ids.extend(request.spec_token_ids)
-                positions.extend(range(start, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                positions.extend(range(start + shift, end + shift))
+                for group, table in enumerate(request.block_tables):
+                    slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                    tables[group].extend([table] * num_new)
                 query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + num_new + 1))
                 seq_lens.extend(range(start + 1, end + 1))
-                tables.extend([table] * num_new)
                 inputs.spec_rows.extend(range(first, first + num_new))
                 inputs.spec_requests.append(request)
                 inputs.spec_batch_index.append(index)
                 continue
             if num_new == 1:
                 input_ids.append(request.token_id_at(start))
-                positions.append(start)
-                slots.append(table[start // bs] * bs + start % bs)
+                positions.append(start + shift)
             else:
                 input_ids.extend(request.all_token_ids[start:end])
-                positions.extend(range(start, end))
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                positions.extend(range(start + shift, end + shift))
+            for group, table in enumerate(request.block_tables):
+                if num_new == 1:
+                    slots[group].append(table[start // bs] * bs + start % bs)
+                else:
+                    slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
+                tables[group].append(table)
             query_start_loc.append(query_start_loc[-1] + num_new)
             seq_lens.append(end)
-            tables.append(table)
             if end == request.num_tokens:
                 inputs.sample_rows.append(len(input_ids) - 1)
                 inputs.sample_requests.append(request)
                 inputs.sample_batch_index.append(index)
-        width = max(len(t) for t in tables)
-        padded_tables = [t + [0] * (width - len(t)) for t in tables]
+        group_tensors = [(self._to_device(slots[g], torch.long), self._block_tables(tables[g]))
+                         for g in range(num_groups)]
         inputs.input_ids = self._to_device(input_ids, torch.long)
         inputs.positions = self._to_device(positions, torch.long)
         inputs.meta = AttentionMetadata(
-            slot_mapping=self._to_device(slots, torch.long),
-            block_tables=self._to_device(padded_tables, torch.int32),
+            slot_mapping=group_tensors[0][0],
+            block_tables=group_tensors[0][1],
             query_start_loc=self._to_device(query_start_loc, torch.int32),
             seq_lens=self._to_device(seq_lens, torch.int32),
             max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
             max_seq_len=max(seq_lens),
+            other_groups=tuple(group_tensors[1:]),
         )
         inputs.num_requests = len(batch.requests)
         return inputs
+
+    def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
+        """One group's tables as a padded int32 tensor. Released entries (NO_BLOCK, -1, out of
+        a sliding window) become block 0: a valid id the kernels never read there."""
+        width = max(len(t) for t in tables)
+        padded = self._to_device([t + [0] * (width - len(t)) for t in tables], torch.int32)
+        return padded.clamp_(min=0) if any(g.window is not None for g in self.kv_pool.groups) else padded
 
     def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
         host = torch.tensor(values, dtype=dtype)

@@ -9,5 +9,8 @@ ARCHITECTURE_FAMILIES: dict[str, str] = {
     "MistralForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Phi3ForCausalLM": "phi3",
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_FAMILIES)

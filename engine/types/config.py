@@ -23,6 +23,8 @@ DTYPE_ALIASES = {
     "bf16": "bfloat16",
 }
 DEVICES = ("auto", "cuda", "cpu")
+# vLLM's names: fp8 is e4m3; a 16-bit name stores a float32 model's K/V in 16 bits.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
 
@@ -45,6 +47,7 @@ class EngineConfig:
     quantization: str | None = None  # awq | bnb-nf4 | int8 | None (awq detected from config.json)
     device: str = "auto"  # auto | cuda | cpu
     attention_backend: str = "auto"  # auto | triton | torch
+    kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 | fp8_e5m2 | int8 | ...
     enforce_eager: bool = False  # no CUDA graphs, no compiled decode
     compile_decode: bool = False  # CPU: torch.compile (inductor) the decode forward, per batch bucket
     trust_remote_code: bool = False  # refused: kvdeck runs only its own model code
@@ -88,6 +91,10 @@ class EngineConfig:
         if self.attention_backend not in KERNEL_BACKENDS:
             raise ValueError(
                 f"attention_backend must be one of {KERNEL_BACKENDS}, got {self.attention_backend!r}"
+            )
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")

@@ -13,11 +13,16 @@ class RequestStats:
     num_prompt_tokens: int
     num_computed_tokens: int
     num_output_tokens: int
-    block_table: list[int]  # logical block i -> physical block id
+    # Logical block i -> physical block id, or -1 where a sliding window released it (the
+    # first KV group's table: the only one unless the model is hybrid).
+    block_table: list[int]
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     spec: RequestSpecStats | None = None  # speculative decoding, when it is on
     constrained: bool = False  # its output must match a grammar (structured outputs)
     grammar_compile_s: float | None = None  # how long its grammar took (None: not yet ready)
+    # Hybrid models (several KV groups, see kv_group_windows): every group's table, in
+    # group order (block_tables[0] is block_table); empty for one group.
+    block_tables: list[list[int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -52,6 +57,16 @@ class EngineStats:
     last_step_duration_s: float
     finished_reasons: dict[str, int] = field(default_factory=dict)
     spec: SpecDecodeStats | None = None  # speculative decoding, when it is on
+    # The KV pool's format and size: the stored type (float32 | float16 | bfloat16 |
+    # fp8_e4m3 | fp8_e5m2 | int8), bytes per block (every layer slot, scales included) and
+    # the tokens whose K/V it holds for every layer at once.
+    kv_cache_dtype: str = ""
+    kv_bytes_per_block: int = 0
+    kv_cache_tokens: int = 0
+    # Blocks released because they slid out of a sliding window (since start).
+    num_window_released_blocks: int = 0
+    # Hybrid models: the KV group of each physical block's cached prefix; empty for one group.
+    block_group: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -75,10 +75,16 @@ class EngineInfo:
     device: str
     dtype: str
     kv_bytes_per_token: int  # K and V of one token over all layers, as the pool stores them
-    kv_cache_dtype: str  # the pool's element type
+    kv_cache_dtype: str  # what the pool stores: float32 | float16 | bfloat16 | fp8_e4m3 | fp8_e5m2 | int8
     enable_prefix_caching: bool
     weight_bytes_per_token: int  # weight bytes one decode step reads (the roofline's numerator)
     cuda_graphs: bool  # decode steps replay captured graphs
+    kv_bytes_per_block: int = 0  # one block over its layer slots, 8-bit scales included
+    kv_cache_tokens: int = 0  # tokens whose K/V the pool holds for every layer at once
+    # KV cache groups (engine/types/kv_groups.py): each one's window (None: full attention)
+    # and the model layers whose K/V its blocks hold.
+    kv_group_windows: list[int | None] = field(default_factory=lambda: [None])
+    kv_group_layers: list[list[int]] = field(default_factory=list)
 
 
 # ---- front-end -> core -----------------------------------------------------------------

@@ -194,11 +194,15 @@ async def test_a_wrong_key_is_a_clear_message(tmp_path):
     app = attached_app([running.url], tmp_path, api_key="wrong")
     try:
         async with app.run_test(size=(160, 48)) as pilot:
-            assert await wait_for(pilot, lambda: isinstance(app.screen, EngineErrorScreen),
-                                  timeout=20)
-            text = " ".join(str(w.render()) for w in app.screen.query(Static))
-            assert "Could not attach" in text and "refused the API key" in text
-            assert "--api-key" in text
+            def shown() -> str:  # the error screen's text, once it is composed
+                screen = app.screen
+                if not isinstance(screen, EngineErrorScreen):
+                    return ""
+                return " ".join(str(w.render()) for w in screen.query(Static))
+
+            assert await wait_for(pilot, lambda: "Could not attach" in shown(), timeout=30)
+            text = shown()
+            assert "refused the API key" in text and "--api-key" in text
     finally:
         await asyncio.to_thread(running.stop)
 

@@ -40,6 +40,7 @@ from kvdeck.kernels import (  # noqa: E402
     attention_triton,
     attention_tuning,
     kv_cache_triton,
+    kv_quant_triton,
     rmsnorm_triton,
     rope_triton,
     w4a16_gemm_triton,
@@ -70,22 +71,31 @@ def gpu_rows(row_elements: int) -> int:
     return rows_per_program(1 << 20, row_elements, torch.device("cuda"))
 
 
+# KV cache storage per kv_cache_dtype: (pointer type, FP8_MANT, per-(token, head) scales).
+KV_STORAGE = {"auto": (None, 0, False), "fp8_e4m3": ("*u8", 3, False),
+              "fp8_e5m2": ("*u8", 2, False), "int8": ("*i8", 0, True)}
+
+
 def attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
-                      ) -> Variant:
+                      kv: str = "auto", sliding: bool = False, soft_cap: bool = False) -> Variant:
     f32 = dtype == "fp32"
+    cache_type, fp8_mantissa, token_scales = KV_STORAGE[kv]
     config = attention_tuning.default_config(1 if decode else 16, head_dim, torch.device("cuda"),
-                                             element_size=4 if f32 else 2)
+                                             element_size=4 if f32 else 2 if kv == "auto" else 1)
     block_m = max(config.block_m, triton.next_power_of_2(group))
+    cache_type = cache_type or f"*{dtype}"
     return Variant(
         attention_triton._paged_attention_kernel,
-        dict(out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=f"*{dtype}",
-             v_cache_ptr=f"*{dtype}", block_tables_ptr="*i32", query_start_loc_ptr="*i32",
+        dict(out_ptr=f"*{dtype}", q_ptr=f"*{dtype}", k_cache_ptr=cache_type,
+             v_cache_ptr=cache_type, block_tables_ptr="*i32", query_start_loc_ptr="*i32",
              seq_lens_ptr="*i32", part_out_ptr="*fp32", part_max_ptr="*fp32",
-             part_sum_ptr="*fp32", qk_scale="fp32"),
+             part_sum_ptr="*fp32", k_scales_ptr="*fp16", v_scales_ptr="*fp16",
+             qk_scale="fp32", v_mult="fp32", soft_cap="fp32"),
         dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=max(16, triton.next_power_of_2(head_dim)),
              BLOCK_SIZE=16, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_m // group,
              TILE_N=config.tile_n, NUM_SEGMENTS=segments, COMPUTE_F32=f32,
-             DOT_PRECISION="ieee" if f32 else "tf32", DECODE_ROWS=decode),
+             DOT_PRECISION="ieee" if f32 else "tf32", DECODE_ROWS=decode, SLIDING=sliding,
+             SOFT_CAP=soft_cap, FP8_MANT=fp8_mantissa, TOKEN_SCALES=token_scales),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         decode=decode,
     )
@@ -121,6 +131,18 @@ def build_variants() -> dict[str, Variant]:
     variants["attention_prefill_fp16_d80_g1"] = attention_variant("fp16", 80, 1, False, 1)
     variants["attention_decode_split8_fp16_d96_g8"] = attention_variant("fp16", 96, 8, True, 8)
     variants["attention_decode_fp32_d128_g7"] = attention_variant("fp32", 128, 7, True, 1)
+    # 8-bit caches (decoded as tiles load), sliding windows and Gemma 2's soft cap.
+    for kv in ("fp8_e4m3", "fp8_e5m2", "int8"):
+        variants[f"attention_decode_{kv}_bf16_d128_g4"] = attention_variant(
+            "bf16", 128, 4, True, 1, kv=kv)
+        variants[f"attention_prefill_{kv}_fp16_d128_g4"] = attention_variant(
+            "fp16", 128, 4, False, 1, kv=kv)
+    variants["attention_decode_sliding_softcap_bf16_d256_g2"] = attention_variant(
+        "bf16", 256, 2, True, 1, sliding=True, soft_cap=True)
+    variants["attention_prefill_sliding_bf16_d128_g4"] = attention_variant(
+        "bf16", 128, 4, False, 1, sliding=True)
+    variants["attention_decode_split8_sliding_int8_fp16_d128_g8"] = attention_variant(
+        "fp16", 128, 8, True, 8, kv="int8", sliding=True)
     for head_dim in (80, 128, 256):
         variants[f"merge_segments_bf16_d{head_dim}"] = Variant(
             attention_triton._merge_segments_kernel,
@@ -149,6 +171,18 @@ def build_variants() -> dict[str, Variant]:
         dict(HEAD_DIM=128, HEADS_PAD=8, HEAD_DIM_PAD=128, BLOCK_SIZE=16, ROWS=gpu_rows(8 * 128)),
         dict(num_warps=num_warps_for(gpu_rows(8 * 128) * 8 * 128)), decode=True,
     )
+    for kv, (cache_type, mantissa, _) in KV_STORAGE.items():
+        if kv == "auto":
+            continue
+        variants[f"write_kv_cache_{kv}_bf16"] = Variant(
+            kv_quant_triton._write_kv_8bit_kernel,
+            dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr=cache_type, v_cache_ptr=cache_type,
+                 k_scales_ptr="*fp16", v_scales_ptr="*fp16", slot_mapping_ptr="*i64",
+                 k_scale="fp32", v_scale="fp32"),
+            dict(HEAD_DIM=128, HEAD_DIM_PAD=128, BLOCK_SIZE=16, ROWS=gpu_rows(128),
+                 FP8_MANT=mantissa, FP8_LIMIT=448.0 if mantissa == 3 else 57344.0 if mantissa else 127.0),
+            dict(num_warps=num_warps_for(gpu_rows(128) * 128)), decode=True,
+        )
     variants["rms_norm_residual_bf16_4096"] = Variant(
         rmsnorm_triton._rms_norm_kernel,
         dict(x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16",
@@ -175,11 +209,12 @@ def build_variants() -> dict[str, Variant]:
         dict(HALF=12, HALF_PAD=16, ROWS=gpu_rows(16), IS_NEOX=False),
         dict(num_warps=num_warps_for(gpu_rows(16) * 16)), decode=True,
     )
-    variants["silu_and_mul_bf16"] = Variant(
-        activation_triton._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
-        dict(ROWS=gpu_rows(1024), BLOCK=1024),
-        dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
-    )
+    for act, name in ((activation_triton.SILU, "silu"), (activation_triton.GELU_TANH, "gelu_tanh")):
+        variants[f"{name}_and_mul_bf16"] = Variant(
+            activation_triton._act_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
+            dict(ACT=act, ROWS=gpu_rows(1024), BLOCK=1024),
+            dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
+        )
     return variants
 
 
@@ -191,6 +226,7 @@ ALIGNED_INTS = {
     "stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head", "stride_k_blk",
     "stride_k_slot", "stride_k_head", "stride_v_blk", "stride_v_slot", "stride_v_head",
     "stride_key_tok", "stride_key_head", "stride_value_tok", "stride_value_head",
+    "stride_cache_blk", "stride_cache_slot", "stride_cache_head", "stride_s_blk", "stride_s_slot",
     "stride_x", "stride_residual", "stride_out", "stride_residual_out", "stride_tok",
     "stride_cache_pos", "hidden", "d",
     "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",

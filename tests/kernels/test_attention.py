@@ -132,14 +132,16 @@ def test_rejects_mismatched_shapes(paged_batch):
 def test_decode_and_chunk_launches_split_the_rows(paged_batch, decode_rows):
     # A mixed batch is two launches: decode rows (one query token) in one, with the decode
     # tiles, and prefill/extend chunks in the other; each leaves the other's rows alone.
-    from kvdeck.kernels.attention_triton import _launch
+    from kvdeck.kernels.attention_triton import _CacheReading, _launch, _LayerOptions
 
     batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
                         dtype=torch.float32, seed=11)
     out = torch.full_like(batch.q, float("nan"))
     tensors = (out, batch.q, batch.k_cache, batch.v_cache, batch.block_tables,
-               batch.query_start_loc, batch.seq_lens, out, out, out)
-    _launch(tensors, batch.scale, attention_tuning.DECODE_CONFIG if decode_rows
+               batch.query_start_loc, batch.seq_lens, out, out, out, out, out)
+    options = _LayerOptions(batch.scale, 0, 0.0,
+                            _CacheReading.of(batch.k_cache, batch.v_cache, None, None))
+    _launch(tensors, options, attention_tuning.DECODE_CONFIG if decode_rows
             else attention_tuning.PREFILL_CONFIG, num_segments=1, decode_rows=decode_rows)
     query_lens = torch.diff(batch.query_start_loc)
     is_decode_token = torch.repeat_interleave(query_lens == 1, query_lens)

@@ -1,4 +1,5 @@
-"""The dashboard's headline figures: queues, KV gauge and history, throughput, last batch."""
+"""The dashboard's headline figures: queues, KV gauge and history, the KV pool's format,
+throughput, last batch."""
 
 from __future__ import annotations
 
@@ -94,6 +95,31 @@ def kv_line(state: DashboardState) -> Text:
     return text
 
 
+def byte_size(num_bytes: int) -> str:
+    if num_bytes < 1024:
+        return f"{num_bytes} B"
+    if num_bytes < 1024**2:
+        return f"{num_bytes / 1024:.1f} KiB"
+    return f"{num_bytes / 1024**2:.1f} MiB"
+
+
+def kv_format_line(state: DashboardState) -> Text:
+    """What a block is (the KV dtype, its bytes) and how many tokens the pool holds; with a
+    sliding window, the blocks it has released. Empty where the snapshot does not say
+    (a vLLM server, an older kvdeck)."""
+    stats = state.stats
+    text = Text()
+    if stats is None or not stats.kv_cache_dtype:
+        return text
+    text.append("KV ")
+    text.append(stats.kv_cache_dtype, style="bold")
+    text.append(f" · {byte_size(stats.kv_bytes_per_block)}/block of {stats.block_size} tok"
+                f" · pool holds {stats.kv_cache_tokens:,} tok")
+    if stats.num_window_released_blocks:
+        text.append(f" · {stats.num_window_released_blocks:,} blocks slid out of the window")
+    return text
+
+
 def throughput_line(state: DashboardState) -> Text:
     stats = state.stats
     text = Text()
@@ -143,10 +169,14 @@ class EngineSummary(Vertical):
         with Horizontal(id="kv-row"):
             yield Static(id="kv-gauge")
             yield HistoryLine(id="kv-history")
+        yield Static(id="kv-format")
         yield Static(id="throughput")
 
     def show(self, state: DashboardState) -> None:
         self.query_one("#queues", Static).update(queue_line(state))
         self.query_one("#kv-gauge", Static).update(kv_line(state))
         self.query_one(HistoryLine).set_values(v for _, v in state.kv_history)
+        kv_format = self.query_one("#kv-format", Static)
+        kv_format.update(line := kv_format_line(state))
+        kv_format.display = bool(line.plain)
         self.query_one("#throughput", Static).update(throughput_line(state))

@@ -29,10 +29,15 @@ class DraftSequence:
 
     request: Request
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)  # one group: the draft's own
     block_hashes: list[int] = field(default_factory=list)  # always empty: no prefix caching
+    long_rope: bool = False  # the draft's rotary is its own (no LongRoPE switch)
     pending: list[int] = field(default_factory=list)  # drafts proposed this step
     spec_token_ids: list[int] = field(default_factory=list)  # the draft verifies nothing
+
+    @property
+    def block_table(self) -> list[int]:
+        return self.block_tables[0] if self.block_tables else []
 
     @property
     def request_id(self) -> str:

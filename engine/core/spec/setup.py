@@ -22,6 +22,10 @@ class SpeculativeSetup:
         self.enforce_eager = config.enforce_eager
         self.progress = progress
         self.draft: DraftModel | None = None
+        if self.spec is not None and model_config.long_rope_from is not None:
+            # Switching a request to the long factors recomputes its cache; drafts in flight
+            # would be verified against the old rotation.
+            raise ValueError("speculative decoding does not support LongRoPE models (Phi-3) yet")
         if self.spec is not None and self.spec.method == "draft_model":
             self.draft = DraftModel.load(self.spec, config, model_dir, model_config, progress)
 

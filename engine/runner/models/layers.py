@@ -13,12 +13,18 @@ from kvdeck.kernels.torch_custom_ops import paged_attention_with_kv_write
 class AttentionMetadata:
     """The packed batch's layout, shared by every attention layer in one forward."""
 
-    slot_mapping: torch.Tensor  # [num_tokens] int64
-    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    slot_mapping: torch.Tensor  # [num_tokens] int64 (KV group 0)
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32 (KV group 0)
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     seq_lens: torch.Tensor  # [num_seqs] int32
     max_query_len: int
     max_seq_len: int
+    # Hybrid models (engine/types/kv_groups.py): (slot_mapping, block_tables) of groups 1...
+    other_groups: tuple[tuple[torch.Tensor, torch.Tensor], ...] = ()
+
+    def group(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot_mapping, block_tables) of KV group `index`."""
+        return (self.slot_mapping, self.block_tables) if index == 0 else self.other_groups[index - 1]
 
 
 class RMSNorm(nn.Module):
@@ -33,35 +39,51 @@ class RMSNorm(nn.Module):
 
 
 class PagedAttention(nn.Module):
-    """Writes this step's K/V into the paged cache, then attends over the cache."""
+    """Writes this step's K/V into the paged cache, then attends over the cache.
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ops: KernelOps) -> None:
+    `sliding_window`: the keys a query sees (None: all); `soft_cap`: Gemma 2's score cap;
+    `scale`: the score scale when it is not head_dim ** -0.5.
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, ops: KernelOps,
+                 sliding_window: int | None = None, soft_cap: float | None = None,
+                 scale: float | None = None) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.ops = ops
-        # Set by the model runner once the pool is allocated.
+        self.sliding_window = sliding_window
+        self.soft_cap = soft_cap
+        # Set by the model runner once the pool is allocated (`engine/runner/kv_pool.py`).
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.kv_group = 0
+        # What the kernels need beyond plain causal attention over a float cache (the
+        # window, the cap, an 8-bit cache's scales); empty for most layers.
+        self.write_options: dict = {}
+        self.attend_options: dict = {}
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        if torch.compiler.is_compiling():  # one opaque call per layer (compiled_forward.py)
+        slot_mapping, block_tables = meta.group(self.kv_group)
+        if torch.compiler.is_compiling():  # one opaque call per layer (compiled_forward.py);
+            # compile_decode refuses layers with options (windows, caps, 8-bit caches)
             return paged_attention_with_kv_write(
-                q, k, v, self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables,
+                q, k, v, self.k_cache, self.v_cache, slot_mapping, block_tables,
                 meta.query_start_loc, meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
-        self.ops.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        self.ops.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, **self.write_options)
         return self.ops.paged_attention(
             q,
             self.k_cache,
             self.v_cache,
-            meta.block_tables,
+            block_tables,
             meta.query_start_loc,
             meta.seq_lens,
             self.scale,
             meta.max_query_len,
             meta.max_seq_len,
+            **self.attend_options,
         )

@@ -21,6 +21,7 @@ class LlamaAttention(nn.Module):
         qkv_bias: bool,
         qk_norm: bool,
         rotary: RotaryEmbedding,
+        layer_index: int = 0,
     ) -> None:
         super().__init__()
         self.num_heads = cfg.num_attention_heads
@@ -36,7 +37,8 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, [cfg.hidden_size], False, linear_method, dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, ops) if qk_norm else None
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, ops)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, self.head_dim, ops,
+                                   sliding_window=cfg.layer_windows[layer_index])
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata
@@ -68,9 +70,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: KernelOps, linear_method: LinearMethod, dtype,
-                 qkv_bias: bool, qk_norm: bool, rotary: RotaryEmbedding) -> None:
+                 qkv_bias: bool, qk_norm: bool, rotary: RotaryEmbedding, layer_index: int = 0) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, ops, linear_method, dtype, qkv_bias, qk_norm, rotary)
+        self.self_attn = LlamaAttention(cfg, ops, linear_method, dtype, qkv_bias, qk_norm, rotary,
+                                        layer_index)
         self.mlp = LlamaMLP(cfg, ops, linear_method, dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
@@ -90,14 +93,14 @@ class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: KernelOps, linear_method: LinearMethod, dtype,
                  qkv_bias: bool, qk_norm: bool) -> None:
         super().__init__()
-        rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling
-        )
+        rotary_dim = int(cfg.head_dim * cfg.partial_rotary_factor)
+        rotary = RotaryEmbedding(rotary_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                 cfg.rope_scaling)
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_tokens.weight.requires_grad_(False)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, ops, linear_method, dtype, qkv_bias, qk_norm, rotary)
-            for _ in range(cfg.num_hidden_layers)
+            LlamaDecoderLayer(cfg, ops, linear_method, dtype, qkv_bias, qk_norm, rotary, i)
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.rotary = rotary

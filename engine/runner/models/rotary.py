@@ -1,4 +1,8 @@
-"""Rotary embedding frequencies, including Llama 3's and linear rope scaling."""
+"""Rotary embedding tables: plain rope, linear and Llama 3 scaling, and Phi-3's LongRoPE.
+
+`rotary_dim` is the part of each head that is rotated (Phi-4-mini rotates 3/4 of it); the
+rest passes through.
+"""
 
 import math
 
@@ -17,7 +21,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Te
         return (inv_freq / float(scaling["factor"])).float()
     if rope_type == "llama3":
         return _llama3_inv_freq(inv_freq, scaling).float()
-    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: linear, llama3)")
+    raise ValueError(f"rope scaling type {rope_type!r} is not supported (supported: linear, "
+                     "llama3, longrope)")
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -36,8 +41,35 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
     return torch.where(medium, blended, scaled)
 
 
+def longrope_cos_sin_cache(rotary_dim: int, max_positions: int, theta: float,
+                           scaling: dict) -> torch.Tensor:
+    """LongRoPE (Phi-3 `su`/`longrope`): the short factors' table for the pretraining
+    context `original`, then the long factors' for every position, both scaled by the
+    attention factor. A sequence longer than `original` rotates all its positions with the
+    long factors (as transformers' Phi-3 does, recomputing its cache when it grows past
+    `original`): the runner looks position p of such a request up at row original + p.
+    """
+    original = int(scaling["original_max_position_embeddings"])
+    factor = scaling.get("factor") or int(scaling["max_position_embeddings"]) / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:  # the paper's default, as transformers computes it
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    # In fp32, in transformers' order, so the tables match its bit for bit.
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+
+    def table(factors: list[float]) -> torch.Tensor:
+        inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32) * theta**exponents)
+        return build_cos_sin_cache(inv_freq, max_positions) * attention_factor
+
+    short, long = table(scaling["short_factor"]), table(scaling["long_factor"])
+    return torch.cat((short[:original], long))
+
+
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
+    def __init__(self, rotary_dim: int, max_positions: int, theta: float, scaling: dict | None) -> None:
         super().__init__()
-        cache = build_cos_sin_cache(rope_inv_freq(head_dim, theta, scaling), max_positions)
+        if scaling is not None and scaling.get("rope_type") == "longrope":
+            cache = longrope_cos_sin_cache(rotary_dim, max_positions, theta, scaling)
+        else:
+            cache = build_cos_sin_cache(rope_inv_freq(rotary_dim, theta, scaling), max_positions)
         self.register_buffer("cos_sin_cache", cache, persistent=False)

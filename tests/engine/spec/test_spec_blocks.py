@@ -34,7 +34,7 @@ def _check(bm: BlockManager, sched: Scheduler, kv: dict[int, int]) -> None:
         for p in range(request.num_computed_tokens):
             slot = request.block_table[p // BLOCK] * BLOCK + p % BLOCK
             assert kv.get(slot) == request.token_id_at(p), "a computed slot holds another token"
-    for h, block_id in bm.hash_to_block.items():
+    for (_, h), block_id in bm.hash_to_block.items():  # keyed by (KV group, hash)
         block = bm.blocks[block_id]
         assert block.hash == h
         contents = tuple(kv.get(block_id * BLOCK + i) for i in range(BLOCK))
