@@ -252,7 +252,12 @@ async def test_attached_to_kvdeck_chat_burst_owners_and_freed_blocks(kvdeck_serv
         assert owned and all(busy.block_ref_counts[b] >= 1 for b in owned)
         # Mid-burst, the server's /metrics gauge is one of the snapshots the map drew (give
         # or take a block: a slow reader may be sent only the newest snapshot).
-        scraped = await asyncio.to_thread(server_kv_usage, kvdeck_server)
+        scraped = 0.0
+        for _ in range(30):  # /metrics may lag the stream by a snapshot: ask until it shows the burst
+            scraped = await asyncio.to_thread(server_kv_usage, kvdeck_server)
+            if scraped > 0 or not app.load.running:
+                break
+            await pilot.pause(0.1)
         await pilot.pause(0.5)
         drawn = [usage for _, usage in state.kv_history]
         # A reader that falls behind is sent the newest snapshot only: allow the largest
