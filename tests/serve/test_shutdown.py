@@ -37,7 +37,9 @@ def test_sigterm_drains_then_ends_streams_with_an_error_event(serve_model_dir, t
     try:
         long = {"prompt": "hello", "max_tokens": 480, "ignore_eos": True, "stream": True}
         short = {**long, "max_tokens": 4}
-        streams = [[] for _ in range(4)]
+        # Eleven long streams queued behind each other: about 5,000 tokens, more than a fast
+        # machine decodes in the grace period with the tiny model (three were not enough).
+        streams = [[] for _ in range(12)]
         threads = [threading.Thread(target=stream_events, args=(server.base_url, short, streams[0]))]
         threads += [threading.Thread(target=stream_events, args=(server.base_url, long, events))
                     for events in streams[1:]]
