@@ -102,7 +102,9 @@ async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llam
         inspector = app.screen.query_one(RequestInspector)
         table = inspector.query_one(DataTable)
         table.focus()
-        await pilot.press("down")
+        assert await wait_for(pilot, lambda: table.row_count >= 1, timeout=15)
+        # "down" moves the cursor only when there is a row below it: select the top row.
+        inspector.select(next(iter(inspector._rows)))
         assert await wait_for(pilot, lambda: inspector.selected_id is not None, timeout=15)
         selected = inspector.selected_id
         # The map follows the selection (a message away).
