@@ -59,7 +59,12 @@ class LatencyFeed:
         self.samples.append(LatencySample(self._count, kind, timestamp, seconds))
 
     def since(self, number: int) -> tuple[list[LatencySample], int]:
-        fresh = [s for s in self.samples if s.number > number]
+        fresh = []
+        for sample in reversed(self.samples):  # newest first: stop at what was sent
+            if sample.number <= number:
+                break
+            fresh.append(sample)
+        fresh.reverse()
         return fresh, (fresh[-1].number if fresh else number)
 
 
@@ -93,4 +98,4 @@ async def stats_events(client: EngineClient, feed: LatencyFeed, model_name: str,
 
 
 def _event(kind: str, data: dict) -> str:
-    return f"event: {kind}\ndata: {json.dumps(data)}\n\n"
+    return f"event: {kind}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"

@@ -83,6 +83,7 @@ async def test_completions_with_a_token_prompt(client):
 
 async def test_stats_stream_shows_a_request_and_its_blocks_freed_after_abort(client):
     stream = client.stats_stream()
+    await next_stats(stream, lambda s: True)  # connected before the request: its TTFT is ours
     params = SamplingParams(temperature=0.0, max_tokens=client.max_model_len - 40, ignore_eos=True)
     reply = client.generate(None, params, request_id="attach-long", messages=MESSAGES)
     first = await anext(reply)  # running now

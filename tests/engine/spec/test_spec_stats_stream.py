@@ -1,6 +1,7 @@
 """The speculative part of a stats snapshot survives the stats stream (JSON and back), so an
 attached dashboard reads the same acceptance figures as a local one."""
 
+import dataclasses
 import json
 
 from kvdeck import LLM, SamplingParams
@@ -19,4 +20,10 @@ def test_spec_stats_round_trip_through_json(tiny_model_dirs, tiny_draft_dirs):
     back = stats_from_dict(json.loads(json.dumps(stats_to_dict(stats))))
     assert isinstance(back.spec, SpecDecodeStats) and isinstance(back.requests[0].spec, RequestSpecStats)
     assert back == stats
+    # The shallow conversion misses nothing; only the per-block lists are packed.
+    packed, full = stats_to_dict(stats), dataclasses.asdict(stats)
+    assert packed.pop("block_is_cached") == "".join("01"[f] for f in full.pop("block_is_cached"))
+    assert isinstance(packed.pop("block_ref_counts"), str) and full.pop("block_ref_counts")
+    assert packed == full
+    assert stats_from_dict(dataclasses.asdict(stats)) == stats  # plain lists still read
     assert back.requests[0].spec.acceptance_rate == stats.requests[0].spec.acceptance_rate
