@@ -75,7 +75,8 @@ def main() -> int:
     figures: dict[str, dict] = {}
     reference: list[list[int]] = []
     for kv_dtype in DTYPES:
-        llm = LLM(model_dir, device="cpu", kv_cache_memory_gib=POOL_GIB, kv_cache_dtype=kv_dtype)
+        llm = LLM(model_dir, device="cpu", dtype="float32", kv_cache_memory_gib=POOL_GIB,
+                  kv_cache_dtype=kv_dtype)
         runner, tok = llm.engine.core.runner, llm.get_tokenizer()
         ids = tok.encode(text_path.read_text(encoding="utf-8"), add_special_tokens=False)
         ppl, scored = perplexity(llm, ids, args.seq_len, args.max_windows)
@@ -103,7 +104,7 @@ def main() -> int:
                   "seq_len": args.seq_len, "max_windows": args.max_windows,
                   "agreement_prompts": len(PROMPTS), "agreement_tokens": NUM_TOKENS,
                   "device": "cpu", "threads": torch.get_num_threads(),
-                  "block_size": 16, "reference": "the 32-bit cache (auto on CPU: float32)"}
+                  "block_size": 16, "reference": "the 32-bit cache (weights and cache in float32)"}
         write_json_atomic(Path(args.out), build_result("quality_kv_cache", config, figures))
         print(f"wrote {args.out}")
     return 0

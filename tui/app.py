@@ -34,6 +34,7 @@ from kvdeck.tui.engine_protocol import (
     StartupProgressLike,
 )
 from kvdeck.tui.engine_session import DEMO_MODEL_NAME, EngineSession, display_model_name
+from kvdeck.tui.engine_settings import EngineSettings
 from kvdeck.tui.load_generator import LoadGenerator, LoadSpec, new_seed
 from kvdeck.tui.messages import (
     EngineHealthCheck,
@@ -44,6 +45,7 @@ from kvdeck.tui.messages import (
 from kvdeck.tui.navigation import SECTIONS, section_bindings
 from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
+from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.screens.startup import StartupScreen
@@ -69,6 +71,9 @@ class KvdeckApp(App[int]):
         Binding("f1", "help", "Help", id="help", tooltip="Show the keys and the map legend"),
         Binding("ctrl+l", "load_generator", "Load test", id="load_generator",
                 tooltip="Fire N concurrent synthetic requests (again: stop them)"),
+        # priority: a focused Input takes ctrl+e as "end of line" (End does the same there).
+        Binding("ctrl+e", "engine_settings", "Engine", id="engine_settings", priority=True,
+                tooltip="Speculative decoding and the KV cache dtype (restarts the engine)"),
         Binding("f6", "next_server", "Next server", id="next_server",
                 tooltip="Attached to several servers: chat with and map the next one"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
@@ -91,14 +96,17 @@ class KvdeckApp(App[int]):
         transcript_dir: Path | None = None,
         chat_settings: ChatSettings | None = None,
         settings_store: SettingsStore | None = None,
-        factory_for_model: Callable[[str | None], ClientFactory] | None = None,
+        factory_for_model: Callable[[str | None, dict], ClientFactory] | None = None,
+        engine_options: dict | None = None,
         servers: AttachedServers | None = None,
     ) -> None:
         super().__init__()
         for section in SECTIONS:
             self.add_mode(section.id, partial(section.screen, self))
         self.client_factory = client_factory
-        self.factory_for_model = factory_for_model  # how switch_model makes a client
+        # How switch_model and the engine settings make a client: (model, engine options).
+        self.factory_for_model = factory_for_model
+        self.engine_options = dict(engine_options or {})  # the engine's flags (ctrl+e edits)
         self.servers = servers  # `kvdeck attach`: the servers watched (the chat's is selected)
         # The services handed to screens and widgets (they never reach into the App).
         self.engine = EngineSession(model=model, name=model_name)
@@ -269,7 +277,7 @@ class KvdeckApp(App[int]):
             raise ValueError("attached to a server: its model is chosen where it runs")
         if self.factory_for_model is None:
             raise ValueError("this app cannot switch models (no factory_for_model given)")
-        self.client_factory = self.factory_for_model(model)
+        self.client_factory = self.factory_for_model(model, self.engine_options)
         self.engine.model = model
         self.engine.name = name or display_model_name(model)
         self.engine.ready = False
@@ -279,6 +287,22 @@ class KvdeckApp(App[int]):
         if isinstance(self.screen, EngineErrorScreen):
             self.pop_screen()
         self.start_engine()
+
+    def action_engine_settings(self) -> None:
+        try:
+            current = EngineSettings.from_engine_options(self.engine_options)
+        except ValueError:  # flags the engine refused: start the form from the defaults
+            current = EngineSettings()
+        self.push_screen(EngineSettingsScreen(current), self._apply_engine_settings)
+
+    def _apply_engine_settings(self, settings: EngineSettings | None) -> None:
+        if settings is None or self.factory_for_model is None:
+            return
+        self.engine_options = settings.apply(self.engine_options)
+        self.client_factory = self.factory_for_model(self.engine.model, self.engine_options)
+        self.engine.ready = False
+        self.notify(f"Restarting the engine: {settings.describe()}")
+        self.restart_engine()
 
     def action_next_server(self) -> None:
         """Chat with and map the next attached server (the table keeps watching them all)."""
@@ -292,6 +316,8 @@ class KvdeckApp(App[int]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "next_server":
             return self.servers is not None and len(self.servers) > 1
+        if action == "engine_settings":  # attached: the server's engine is set where it runs
+            return self.servers is None and self.factory_for_model is not None
         return True
 
     def on_restart_engine_requested(self, message: RestartEngineRequested) -> None:
@@ -457,6 +483,6 @@ def run_tui(model: str | None, engine_kwargs: dict) -> int:
 
     app = KvdeckApp(real_client_factory(model, engine_kwargs), display_model_name(model),
                     model=model, settings_store=SettingsStore(default_settings_path()),
-                    factory_for_model=lambda name: real_client_factory(name, engine_kwargs))
+                    factory_for_model=real_client_factory, engine_options=engine_kwargs)
     result = app.run()
     return int(result or 0)

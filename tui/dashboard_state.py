@@ -51,6 +51,15 @@ class DashboardState:
     connected: bool = True  # False: an attached server is unreachable; figures are the last
     latency_feed: bool = False  # latencies come from the server's feed, not the UI's replies
     metrics: MetricsView | None = None  # the last /metrics summary (source "openai")
+    # Speculative decoding, between consecutive snapshots that verified drafts: (seconds
+    # since origin, share of drafted tokens accepted) and (.., drafts accepted per step).
+    acceptance_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_LEN)
+    )
+    accepted_per_step_history: deque[tuple[float, float]] = field(
+        default_factory=lambda: deque(maxlen=HISTORY_LEN)
+    )
+    _spec_counters: tuple[int, int, int] | None = None  # (drafts, drafted, accepted) last seen
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
 
     def add_stats(self, stats: EngineStats) -> None:
@@ -62,6 +71,18 @@ class DashboardState:
         self.kv_history.append((t, stats.kv_cache_usage))
         self.tokens_per_s = self._throughput(stats.timestamp, stats.generation_tokens_total)
         self.throughput_history.append((t, self.tokens_per_s))
+        if stats.spec is not None:
+            self._add_spec(t, stats.spec.num_drafts, stats.spec.num_draft_tokens,
+                           stats.spec.num_accepted_tokens)
+
+    def _add_spec(self, t: float, drafts: int, drafted: int, accepted: int) -> None:
+        last, self._spec_counters = self._spec_counters, (drafts, drafted, accepted)
+        if last is None or drafts < last[0]:
+            return  # the first snapshot, or a restarted engine: no interval yet
+        new_drafts, new_drafted = drafts - last[0], drafted - last[1]
+        if new_drafts and new_drafted:  # nothing verified in between: no point to draw
+            self.acceptance_history.append((t, (accepted - last[2]) / new_drafted))
+            self.accepted_per_step_history.append((t, (accepted - last[2]) / new_drafts))
 
     def _throughput(self, timestamp: float, generated_total: int) -> float:
         marks = self._generation_marks
@@ -139,7 +160,9 @@ class DashboardState:
         self.origin = None
         self.tokens_per_s = 0.0
         for history in (self.kv_history, self.throughput_history, self.ttft_points,
-                        self.itl_points, self._generation_marks):
+                        self.itl_points, self._generation_marks, self.acceptance_history,
+                        self.accepted_per_step_history):
             history.clear()
+        self._spec_counters = None
         self.version += 1
         self.latency_version += 1

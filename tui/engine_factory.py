@@ -44,7 +44,10 @@ def tui_pool_gib(model_dir: Path, engine_kwargs: dict) -> float:
     config = read_model_config(model_dir)
     context = int(engine_kwargs.get("max_model_len") or config.max_position_embeddings)
     dtype = str(engine_kwargs.get("dtype") or "auto")
-    element = _DTYPE_BYTES[DTYPE_ALIASES[dtype]] if dtype != "auto" else 4  # auto: fp32 on CPU
+    # auto on CPU: bf16 for a bf16 checkpoint (where the CPU has native bf16, which is not
+    # asked here: that needs torch; elsewhere the pool holds half the requests), else fp32.
+    auto_bytes = 2 if config.checkpoint_dtype == "bfloat16" else 4
+    element = _DTYPE_BYTES[DTYPE_ALIASES[dtype]] if dtype != "auto" else auto_bytes
     kv_dtype = str(engine_kwargs.get("kv_cache_dtype") or "auto")
     element = _KV_DTYPE_BYTES.get(kv_dtype, element)
     scale_bytes = 2 if kv_dtype == "int8" else 0  # int8's fp16 scale per (token, head)

@@ -33,8 +33,10 @@ def test_sharded_checkpoint(tiny_llama_dir, tmp_path, reference_tokens):
     assert _tokens(LLM(str(out), kv_cache_memory_gib=0.01)) == reference_tokens
 
 
-def test_bf16_checkpoint_runs_in_fp32(tiny_llama_dir, tmp_path):
+def test_bf16_checkpoint_runs_in_bf16_where_the_cpu_does_bf16(tiny_llama_dir, tmp_path):
     import transformers
+
+    from kvdeck.kernels.cpu_linear import bf16_packing_supported
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.bfloat16)
     out = tmp_path / "bf16"
@@ -43,9 +45,13 @@ def test_bf16_checkpoint_runs_in_fp32(tiny_llama_dir, tmp_path):
         if "token" in f.name:
             shutil.copy(f, out / f.name)
     llm = LLM(str(out), kv_cache_memory_gib=0.01)
-    assert llm.engine.core.runner.dtype == torch.float32  # CPU default
+    native = torch.bfloat16 if bf16_packing_supported() else torch.float32  # the CPU default
+    assert llm.engine.core.runner.dtype == native
     assert llm.engine.core.model_config.checkpoint_dtype == "bfloat16"
     assert len(_tokens(llm)) == 6
+    exact = LLM(str(out), kv_cache_memory_gib=0.01, dtype="float32")
+    assert exact.engine.core.runner.dtype == torch.float32
+    assert len(_tokens(exact)) == 6
 
 
 def test_hub_cache_lookup(tiny_llama_dir, tmp_path, monkeypatch, reference_tokens):

@@ -41,8 +41,9 @@ class DeckScreen(Screen[None]):
                 tooltip="Stop the streaming reply and keep what arrived"),
         Binding("f2", "toggle_pane", "Chat⇄Dash", id="toggle_pane",
                 tooltip="Switch between chat and dashboard (wide: dashboard full width)"),
-        Binding("f3", "toggle_tab", "Blocks⇄Latency", id="toggle_dashboard_tab", show=False,
-                tooltip="Next dashboard tab: block map, latency graphs (attached: servers)"),
+        Binding("f3", "toggle_tab", "Next tab", id="toggle_dashboard_tab", show=False,
+                tooltip="Next dashboard tab: block map, latency graphs, speculation "
+                        "(attached: servers)"),
         Binding("ctrl+s", "chat_settings", "Settings", id="chat_settings",
                 tooltip="System prompt and sampling settings (temperature, top_p, ...)"),
         Binding("ctrl+n", "new_chat", "New", id="new_chat",
@@ -138,7 +139,8 @@ class DeckScreen(Screen[None]):
 
     def action_toggle_tab(self) -> None:
         dashboard = self.dashboard
-        tabs = ["tab-blocks", "tab-latency", *(["tab-servers"] if self.servers else [])]
+        tabs = ["tab-blocks", "tab-latency", "tab-spec",
+                *(["tab-servers"] if self.servers else [])]
         current = tabs.index(dashboard.active_tab) if dashboard.active_tab in tabs else -1
         dashboard.show_tab(tabs[(current + 1) % len(tabs)])
         if self.has_class("-narrow") and not self.has_class("-show-dashboard"):

@@ -30,6 +30,9 @@ REFRESH_HZ = 12
 PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
+SPEC_OFF = ("Speculative decoding is off. Turn it on in the engine settings (ctrl+e: n-gram "
+            "lookup or a draft model) or with --speculative-config; the acceptance rate and "
+            "the drafts accepted per step are graphed here.")
 NO_BLOCK_MAP = ("{label} exports no block table: the block map and the request inspector "
                 "need a kvdeck engine (kvdeck --serve, or kvdeck itself). What its /metrics "
                 "say is above, in the Latency tab and in the Servers tab.")
@@ -41,6 +44,10 @@ class Dashboard(Vertical):
     Dashboard.-no-block-map #no-block-map { display: block; }
     Dashboard.-no-block-map #block-map, Dashboard.-no-block-map #legend,
     Dashboard.-no-block-map #inspector { display: none; }
+    Dashboard #spec-off { padding: 1 2; }
+    Dashboard.-speculating #spec-off { display: none; }
+    Dashboard #spec-plots { display: none; grid-size: 1 2; height: 1fr; }
+    Dashboard.-speculating #spec-plots { display: block; }
     Dashboard.-disconnected EngineSummary, Dashboard.-disconnected #block-map,
     Dashboard.-disconnected #inspector, Dashboard.-disconnected #plots { text-opacity: 45%; }
     """
@@ -75,6 +82,13 @@ class Dashboard(Vertical):
                                          id="plot-throughput")
                     yield TimeSeriesPlot("KV cache usage", "%", lines=True, y_max=100.0,
                                          id="plot-kv")
+            with TabPane("Speculation", id="tab-spec"):
+                yield Static(SPEC_OFF, id="spec-off")
+                with Grid(id="spec-plots"):
+                    yield TimeSeriesPlot("Draft acceptance", "%", lines=True, y_max=100.0,
+                                         id="plot-acceptance")
+                    yield TimeSeriesPlot("Drafts accepted per verify step", "tokens",
+                                         lines=True, id="plot-accepted-per-step")
             if self.servers is not None:
                 with TabPane("Servers", id="tab-servers"):
                     yield ServerTable(self.servers, id="server-table")
@@ -99,6 +113,8 @@ class Dashboard(Vertical):
             self._seen_version = state.version
             self.redraws += 1
             self.query_one(EngineSummary).show(state)
+            self.set_class(state.stats is not None and state.stats.spec is not None,
+                           "-speculating")
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
@@ -108,7 +124,7 @@ class Dashboard(Vertical):
                     self.query_one("#legend", Static).update(legend_text(*legend))
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
-        if tabs.active == "tab-latency" and self._plot_age >= PLOT_REFRESH_S:
+        if tabs.active in ("tab-latency", "tab-spec") and self._plot_age >= PLOT_REFRESH_S:
             self.redraw_plots()
 
     def redraw_plots(self, force: bool = False) -> None:
@@ -126,9 +142,13 @@ class Dashboard(Vertical):
         self.query_one("#plot-kv", TimeSeriesPlot).set_points(
             ((t, v * 100) for t, v in state.kv_history), now
         )
+        self.query_one("#plot-acceptance", TimeSeriesPlot).set_points(
+            ((t, v * 100) for t, v in state.acceptance_history), now)
+        self.query_one("#plot-accepted-per-step", TimeSeriesPlot).set_points(
+            state.accepted_per_step_history, now)
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        if event.pane.id == "tab-latency":
+        if event.pane.id in ("tab-latency", "tab-spec"):
             self.redraw_plots(force=True)
 
     def on_request_inspector_selected(self, event: RequestInspector.Selected) -> None:
