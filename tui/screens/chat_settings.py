@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static, TextArea
 
 from kvdeck.tui.chat_settings import ChatSettings, auto_max_tokens
+from kvdeck.tui.screens.form_screen import FormScreen
 
 FORMAT_CHOICES = [("free text", "text"), ("any JSON object", "json"),
                   ("JSON schema (file)", "schema")]
 
 
-class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="settings_cancel")]
+class ChatSettingsScreen(FormScreen[ChatSettings]):
 
     DEFAULT_CSS = """
     ChatSettingsScreen { align: center middle; }
@@ -92,15 +90,4 @@ class ChatSettingsScreen(ModalScreen[ChatSettings | None]):
             return
         self.dismiss(settings)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_save()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.action_cancel()
+    submit = action_save

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
 from kvdeck.engine.types.config import KV_CACHE_DTYPES
 from kvdeck.tui.engine_settings import SPECULATION_CHOICES, EngineSettings
+from kvdeck.tui.screens.form_screen import FormScreen
 
 KV_DTYPE_CHOICES = [(name if name != "auto" else "auto (the model's)", name)
                     for name in KV_CACHE_DTYPES]
 
 
-class EngineSettingsScreen(ModalScreen[EngineSettings | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="engine_settings_cancel")]
+class EngineSettingsScreen(FormScreen[EngineSettings]):
 
     DEFAULT_CSS = """
     EngineSettingsScreen { align: center middle; }
@@ -82,15 +80,4 @@ class EngineSettingsScreen(ModalScreen[EngineSettings | None]):
             return
         self.dismiss(settings)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_save()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "save":
-            self.action_save()
-        else:
-            self.action_cancel()
+    submit = action_save

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Grid, Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Static
 
 from kvdeck.tui.load_generator import LoadSpec
+from kvdeck.tui.screens.form_screen import FormScreen
 
 FIELDS = (
     ("num_requests", "requests (concurrent)"),
@@ -20,8 +19,8 @@ FIELDS = (
 OPTIONAL = {"seed"}  # blank means None
 
 
-class LoadGeneratorScreen(ModalScreen[LoadSpec | None]):
-    BINDINGS = [Binding("escape", "cancel", "Cancel", id="load_cancel")]
+class LoadGeneratorScreen(FormScreen[LoadSpec]):
+    SUBMIT_BUTTON = "fire"
 
     DEFAULT_CSS = """
     LoadGeneratorScreen { align: center middle; }
@@ -79,15 +78,4 @@ class LoadGeneratorScreen(ModalScreen[LoadSpec | None]):
             return
         self.dismiss(spec)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.action_fire()
-
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        if event.button.id == "fire":
-            self.action_fire()
-        else:
-            self.action_cancel()
+    submit = action_fire

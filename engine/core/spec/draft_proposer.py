@@ -19,11 +19,11 @@ from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.request import Request
 from kvdeck.engine.core.spec.draft_model import DraftModel
 from kvdeck.engine.runner.spec.draft_sampling import DraftSampler
-from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.runner.spec.position_view import ExtendedSequence
 
 
 @dataclass(slots=True, eq=False)
-class DraftSequence:
+class DraftSequence(ExtendedSequence):
     """A request as the draft model runs it: the request's tokens plus this step's drafts,
     with the draft's own block table and computed length."""
 
@@ -40,36 +40,12 @@ class DraftSequence:
         return self.block_tables[0] if self.block_tables else []
 
     @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
-    @property
-    def eos_token_ids(self) -> set[int]:
-        return self.request.eos_token_ids
-
-    @property
-    def prompt_token_ids(self) -> list[int]:
-        return self.request.prompt_token_ids
-
-    @property
-    def output_token_ids(self) -> list[int]:
-        return [*self.request.output_token_ids, *self.pending]
+    def appended(self) -> Sequence[int]:
+        return self.pending
 
     @property
     def num_tokens(self) -> int:
         return self.request.num_tokens + len(self.pending)
-
-    @property
-    def num_output_tokens(self) -> int:
-        return self.request.num_output_tokens + len(self.pending)
-
-    @property
-    def all_token_ids(self) -> list[int]:
-        return [*self.request.all_token_ids, *self.pending]
 
     def token_id_at(self, position: int) -> int:
         n = self.request.num_tokens

@@ -6,12 +6,12 @@ from collections import Counter
 import pytest
 import torch
 
+from kvdeck.engine.core.request import Request
 from kvdeck.engine.runner.sampler import Sampler
 from kvdeck.engine.runner.spec.position_view import position_views
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.sampling_params import SamplingParams
 from tests.engine.spec.chi_square import goodness_of_fit
-from tests.engine.spec.fake_requests import FakeSequence
 
 VOCAB = 6
 TRIALS = 20000
@@ -23,6 +23,15 @@ Q = torch.tensor([[0.1, 0.5, 0.1, 0.1, 0.1, 0.1],
                   [0.05, 0.05, 0.1, 0.6, 0.1, 0.1]])
 
 
+def engine_request(request_id: str, params, *, output_token_ids=(), spec_token_ids=(),
+                 eos_token_ids=()) -> Request:
+    """A request as the runner reads it (prompt [1, 2, 3]), without an engine."""
+    request = Request(request_id, [1, 2, 3], params, set(eos_token_ids))
+    request.output_token_ids = list(output_token_ids)
+    request.spec_token_ids = list(spec_token_ids)
+    return request
+
+
 # Fixed seeds make the tests deterministic. Across seeds 1-6 the p-values below spread over
 # (0, 1) as they should; torch's CPU generator at seed 0 happens to draw every third uniform
 # 3.8 sigma low over 20000 draws, which is why these are not 0.
@@ -30,7 +39,7 @@ SEED = 3
 
 
 def _verify(params: SamplingParams, drafts: list[list[int]], q: torch.Tensor | None, seed: int = SEED):
-    requests = [FakeSequence(str(i), params, spec_token_ids=d) for i, d in enumerate(drafts)]
+    requests = [engine_request(str(i), params, spec_token_ids=d) for i, d in enumerate(drafts)]
     logits = torch.cat([LOGITS[: len(d) + 1] for d in drafts])
     probs = None if q is None else {str(i): q[: len(d)] for i, d in enumerate(drafts)}
     return RejectionSampler(Sampler(torch.device("cpu"), seed)).verify(logits, requests, probs)
@@ -88,7 +97,7 @@ def test_each_position_is_processed_with_the_drafts_before_it():
     # Presence penalty: at row 1 the accepted draft 0 counts as output; min_tokens bans eos (0)
     # only while fewer than min_tokens tokens exist.
     params = SamplingParams(temperature=0.0, presence_penalty=2.0, min_tokens=2)
-    request = FakeSequence("r", params, output_token_ids=[5], spec_token_ids=[1, 2], eos_token_ids={0})
+    request = engine_request("r", params, output_token_ids=[5], spec_token_ids=[1, 2], eos_token_ids={0})
     logits = torch.zeros(3, VOCAB)
     logits[:, 0] = 3.0  # eos is likeliest everywhere
     logits[:, 1] = 2.5
@@ -105,9 +114,9 @@ def test_seeded_requests_are_reproducible_and_independent_of_the_batch():
     seeded = SamplingParams(temperature=1.0, seed=1234)
     other = SamplingParams(temperature=1.0)
     sampler = RejectionSampler(Sampler(torch.device("cpu"), 0))
-    alone = sampler.verify(LOGITS, [FakeSequence("a", seeded, spec_token_ids=[1, 3])])
-    batch = [FakeSequence("x", other, spec_token_ids=[2]),
-             FakeSequence("a", seeded, spec_token_ids=[1, 3])]
+    alone = sampler.verify(LOGITS, [engine_request("a", seeded, spec_token_ids=[1, 3])])
+    batch = [engine_request("x", other, spec_token_ids=[2]),
+             engine_request("a", seeded, spec_token_ids=[1, 3])]
     logits = torch.cat([LOGITS[:2], LOGITS])
     together = RejectionSampler(Sampler(torch.device("cpu"), 7)).verify(logits, batch)
     assert [t.token_id for t in alone[0]] == [t.token_id for t in together[1]]
