@@ -1,4 +1,4 @@
-"""Pictures of the main, help and error screens at 80x24 and 160x48 (fake, fixed stats).
+"""Pictures of the main, help, engine-settings and error screens at 80x24 and 160x48 (fake, fixed stats).
 
 Regenerate after an intended change: pytest tests/tui/test_snapshots.py --snapshot-update
 """
@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.engine_settings import EngineSettings
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
+from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.transcripts import ChatTurn, Transcript
 from tests.tui.conftest import FakeFactory, wait_for
@@ -99,6 +101,17 @@ def test_help_screen(snap_compare, tmp_path, size):
         assert await wait_for(pilot, lambda: isinstance(pilot.app.screen, HelpScreen))
 
     assert snap_compare(make_app(tmp_path), terminal_size=size, run_before=run_before)
+
+
+def test_engine_settings_form(snap_compare, tmp_path):
+    """Every field's label shows (a grid row too short once hid them)."""
+    async def run_before(pilot) -> None:
+        await settle_deck(pilot)
+        settings = EngineSettings(speculation="ngram", num_speculative_tokens=6)
+        await pilot.app.push_screen(EngineSettingsScreen(settings))
+        await pilot.pause(0.2)
+
+    assert snap_compare(make_app(tmp_path), terminal_size=(100, 30), run_before=run_before)
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")

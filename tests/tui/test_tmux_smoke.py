@@ -137,3 +137,58 @@ def test_kvdeck_in_tmux_multi_turn_chat_stop_and_quit(tiny_llama_dir, tmp_path):
         assert [t["role"] for t in turns] == ["user", "assistant"] * 3
     finally:
         subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)
+
+
+def _processes_under(pid: int) -> set[int]:
+    """pid and every descendant of it."""
+    found, frontier = {pid}, [pid]
+    while frontier:
+        out = subprocess.run(["pgrep", "-P", str(frontier.pop())], capture_output=True, text=True)
+        children = {int(p) for p in out.stdout.split()}
+        frontier.extend(children - found)
+        found |= children
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").exists() and " Z " not in Path(f"/proc/{pid}/stat").read_text()
+
+
+@pytest.mark.skipif(shutil.which("make") is None or shutil.which("pgrep") is None,
+                    reason="needs make and pgrep")
+def test_kvdeck_quits_with_its_engine_when_the_terminal_goes_away(tiny_llama_dir, tmp_path):
+    """Run under `make`, as the README's run command does: closing the terminal kills make
+    but does not pass the hang-up on, and kvdeck used to keep running (spinning on the dead
+    terminal, its engine alive). It must notice and exit, taking its engine with it."""
+    session = f"kvdeck-hup-{uuid.uuid4().hex[:8]}"
+    command = " ".join([
+        shlex.quote(sys.executable), "-m", "kvdeck.app.cli",
+        "--model", shlex.quote(str(tiny_llama_dir)),
+        "--device", "cpu", "--num-gpu-blocks-override", "64", "--max-model-len", "256",
+    ])
+    env = {"XDG_DATA_HOME": str(tmp_path / "data"), "TERM": "xterm-256color",
+           "PYTHONPATH": str(REPO)}
+    makefile = tmp_path / "Makefile"
+    makefile.write_text(f"run:\n\tcd {shlex.quote(str(REPO))} && unset COLUMNS LINES && "
+                        + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+                        + f" {command}\n")
+    tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT),
+         f"make -f {shlex.quote(str(makefile))} run")
+    try:
+        wait_for_screen(session, lambda s: "Enter sends" in s and "Starting the engine" not in s,
+                        timeout=150, what="the engine to be ready")
+        pane_pid = int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
+        kvdeck = _processes_under(pane_pid) - {pane_pid}
+        assert len(kvdeck) >= 2, "expected the app and its engine process under make"
+        tmux("kill-session", "-t", session)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_alive(pid) for pid in kvdeck):
+            time.sleep(0.5)
+        left = [pid for pid in kvdeck if _alive(pid)]
+        assert not left, f"still running after the terminal closed: {left}"
+    finally:
+        subprocess.run(["tmux", "-L", SOCKET, "kill-server"], capture_output=True)

@@ -22,7 +22,9 @@ class EngineSettingsScreen(FormScreen[EngineSettings]):
         width: 72; max-width: 100%; height: auto; max-height: 100%;
         border: thick $primary; background: $surface; padding: 0 1;
     }
-    EngineSettingsScreen Grid { grid-size: 2; grid-columns: 1fr 1fr; height: auto; grid-gutter: 0 1; }
+    EngineSettingsScreen Grid {
+        grid-size: 2; grid-columns: 1fr 1fr; grid-rows: 2 3 2 3; height: auto; grid-gutter: 0 1;
+    }
     EngineSettingsScreen Grid Label { margin-top: 1; }
     EngineSettingsScreen #engine-settings-note { color: $text-muted; margin-top: 1; }
     EngineSettingsScreen #engine-settings-error { color: $error; height: auto; }
