@@ -207,38 +207,43 @@ class ChatPane(Vertical):
         text = ""
         error = ""
         last_save = time.monotonic()
+        # The reply counts as streaming (`generating`) until its final text is in the
+        # transcript: whoever waits for it to end reads the whole reply.
         try:
-            params = self.settings.current.sampling_params(fitted.max_tokens)
-            async for out in client.generate(None, params, request_id=request_id,
-                                             messages=fitted.messages):
-                meter.observe(out)
-                if out.outputs:
-                    text = out.outputs[0].text
-                if out.delta_text:
-                    if stream is None:
-                        stream = Markdown.get_stream(reply.markdown)
-                    await stream.write(displayable(out.delta_text))
-                if time.monotonic() - last_save > SAVE_EVERY_S:  # a crash loses little
-                    turn.content = text
-                    self._save()
-                    last_save = time.monotonic()
-        except Exception as exc:  # engine died or refused: keep what arrived, say why
-            error = f"error: {exc}"
-            self.post_message(EngineHealthCheck())
+            try:
+                params = self.settings.current.sampling_params(fitted.max_tokens)
+                async for out in client.generate(None, params, request_id=request_id,
+                                                 messages=fitted.messages):
+                    meter.observe(out)
+                    if out.outputs:
+                        text = out.outputs[0].text
+                    if out.delta_text:
+                        if stream is None:
+                            stream = Markdown.get_stream(reply.markdown)
+                        await stream.write(displayable(out.delta_text))
+                    if time.monotonic() - last_save > SAVE_EVERY_S:  # a crash loses little
+                        turn.content = text
+                        self._save()
+                        last_save = time.monotonic()
+            except Exception as exc:  # engine died or refused: keep what arrived, say why
+                error = f"error: {exc}"
+                self.post_message(EngineHealthCheck())
+            finally:
+                turn.content = text
+                if stream is not None:
+                    await stream.stop()
+            reply.content = text
+            stats = meter.result().describe()
+            if fitted.dropped:
+                stats += f" · {fitted.dropped} earlier messages left out"
+            if error:
+                stats = f"{stats} · {error}"
+            reply.set_stats(stats, error=bool(error))
+            turn.stats = stats
+            self._save()
         finally:
             self.active_request_id = None
             self.activity.end(REPLY_ACTIVITY)
-            if stream is not None:
-                await stream.stop()
-        reply.content = text
-        stats = meter.result().describe()
-        if fitted.dropped:
-            stats += f" · {fitted.dropped} earlier messages left out"
-        if error:
-            stats = f"{stats} · {error}"
-        reply.set_stats(stats, error=bool(error))
-        turn.content, turn.stats = text, stats
-        self._save()
         self.update_status()
 
     async def stop(self) -> None:
