@@ -24,9 +24,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.serve_process import kvdeck_server  # noqa: E402
 from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
 from kvdeck.engine.types.stats import stats_from_dict, stats_to_dict  # noqa: E402
-from tests.serve.conftest import free_port  # noqa: E402
 
 WATCHER = """
 import asyncio, resource, sys
@@ -148,26 +148,10 @@ def main() -> int:
                              "server's front-end and the dashboard, as a GPU would")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    port = free_port()
     server_env = dict(os.environ)
     if args.engine_threads:
         server_env["OMP_NUM_THREADS"] = str(args.engine_threads)
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "kvdeck.app.cli", "--serve", "--model",
-                               args.model, "--host", "127.0.0.1", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              env=server_env)
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.5)
+    with kvdeck_server(args.model, server_env) as url:
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         code = WATCHER if args.watcher == "kvdeck" else RAW_WATCHER
         run = lambda watched: asyncio.run(one_side(url, model, args.requests,  # noqa: E731
@@ -185,9 +169,6 @@ def main() -> int:
                   f"watched {sides[True]['output_tokens_per_s']:.0f} tok/s "
                   f"({sides[True]['snapshots_per_s']:.1f} snapshots/s, "
                   f"watcher CPU {sides[True]['watcher_cpu_s']:.1f} s), ratio {ratio:.3f}")
-    finally:
-        server.terminate()
-        server.wait(30)
     ratios = [r["ratio"] for r in rounds]
     figures = {"watched_over_unwatched_median": statistics.median(ratios),
                "ratios": ratios, "rounds": rounds, "load_average": os.getloadavg(),

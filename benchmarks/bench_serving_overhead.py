@@ -16,16 +16,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.serve_process import kvdeck_server  # noqa: E402
 from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
-from tests.serve.conftest import free_port  # noqa: E402
 
 KVDECK = [sys.executable, "-m", "kvdeck.app.cli"]
 
@@ -47,29 +44,14 @@ def main() -> int:
     parser.add_argument("--output-len", type=int, default=256)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([*KVDECK, "--serve", "--model", args.model, "--host", "127.0.0.1",
-                               "--port", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    serve = [*KVDECK, "bench", "serve", "--base-url", url, "--max-concurrency", "1",
-             "--num-prompts", str(args.num_prompts),
-             "--input-len", f"{args.input_len}:{args.input_len}",
-             "--output-len", f"{args.output_len}:{args.output_len}"]
     decode = [*KVDECK, "bench", "decode", "--model", args.model, "--input-len",
               str(args.input_len), "--output-len", str(args.output_len), "--repeats", "3"]
     rounds = []
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the server did not start")
-            time.sleep(0.5)
+    with kvdeck_server(args.model) as url:
+        serve = [*KVDECK, "bench", "serve", "--base-url", url, "--max-concurrency", "1",
+                 "--num-prompts", str(args.num_prompts),
+                 "--input-len", f"{args.input_len}:{args.input_len}",
+                 "--output-len", f"{args.output_len}:{args.output_len}"]
         run_json(serve)  # warm-up
         for i in range(args.rounds):
             sides = {}
@@ -82,9 +64,6 @@ def main() -> int:
                            "engine_ms_per_token": sides["decode"], "overhead_ms": overhead})
             print(f"round {i}: server TPOT p50 {sides['serve']:.2f} ms, engine "
                   f"{sides['decode']:.2f} ms/token, overhead {overhead:.2f} ms/token")
-    finally:
-        server.terminate()
-        server.wait(30)
     overheads = [r["overhead_ms"] for r in rounds]
     figures = {"overhead_ms_median": statistics.median(overheads), "overheads_ms": overheads,
                "rounds": rounds, "load_average": os.getloadavg()}

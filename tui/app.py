@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import signal
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -53,6 +50,7 @@ from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.screens.startup import StartupScreen
 from kvdeck.tui.settings_store import SettingsStore
+from kvdeck.tui.terminal_watch import watch_terminal
 from kvdeck.tui.transcripts import TranscriptStore, default_transcript_dir
 
 if TYPE_CHECKING:
@@ -60,8 +58,6 @@ if TYPE_CHECKING:
 
 SHUTDOWN_TIMEOUT_S = 15.0
 HEALTH_CHECK_S = 1.0
-TERMINAL_CHECK_S = 1.0  # how often the app checks that its terminal is still there
-
 PALETTE_BINDING = Binding("ctrl+p", "command_palette", "Commands", id="command_palette",
                           tooltip="Command palette: every action of the app")
 
@@ -149,7 +145,7 @@ class KvdeckApp(App[int]):
     # ----- engine lifecycle -------------------------------------------------------------
     def on_mount(self) -> None:
         self.sub_title = self.engine.name
-        self._watch_terminal()
+        watch_terminal(self, self._terminal_gone)
         if self.settings.problem:
             self.notify(self.settings.problem, severity="warning", timeout=8)
         if self.servers is not None:
@@ -367,19 +363,8 @@ class KvdeckApp(App[int]):
         if answer:
             self.run_worker(self._quit_now(), group="quit", exclusive=True)
 
-    def _watch_terminal(self) -> None:
-        """Quit (stopping the engine) when the terminal goes away: on SIGHUP, and when the
-        terminal stops being one. A parent such as `make` can die of the hang-up without
-        passing it on, and the app then spun on a dead terminal with its engine alive."""
-        if self.is_headless:
-            return
-        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError, AttributeError):
-            asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self._terminal_gone)
-        fd = _terminal_fd()
-        if fd is not None:
-            self.set_interval(TERMINAL_CHECK_S, lambda: None if os.isatty(fd) else self._terminal_gone())
-
     def _terminal_gone(self) -> None:
+        """The terminal closed: quit without asking (nobody can answer), engine stopped."""
         if not self._quitting:
             self.run_worker(self._quit_now(), group="quit")
 
@@ -487,15 +472,6 @@ class KvdeckApp(App[int]):
         for binding in _bindings(base.BINDINGS):
             yield SystemCommand(binding.description, _command_help(binding),
                                 lambda a=binding.action, s=base: self.run_action(a, s))
-
-
-def _terminal_fd() -> int | None:
-    """The terminal this process draws on (stdin's), or None (a pipe, a test)."""
-    stream = sys.__stdin__
-    with contextlib.suppress(AttributeError, OSError, ValueError):
-        if stream is not None and os.isatty(stream.fileno()):
-            return stream.fileno()
-    return None
 
 
 def _command_help(binding: Binding) -> str:
