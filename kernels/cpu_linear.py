@@ -1,10 +1,11 @@
 """Matmuls for small CPU batches: bf16 weights packed for oneDNN, and int8 weight-only.
 
 A batch-1 decode step on CPU is a chain of matrix-vector products whose cost is the bytes
-of weights read (on a 2-core EPYC, 9-13 GB/s whatever the kernel: one row of activations
-does too little arithmetic per byte). So fewer bytes per weight is the lever:
+of weights read (one row of activations does too little arithmetic per byte). So fewer
+bytes per weight is the lever:
 - bf16: oneDNN's GEMM on a weight packed once into its blocked layout reads half of
-  fp32's bytes; aten's plain bf16 matmul is slower than that packed one at every batch size;
+  fp32's bytes; aten's plain bf16 matmul is slower than that packed one at every batch size.
+  For one to four rows kernels/cpu_native.py streams a row-major copy faster still;
 - int8 weight-only (one scale per output channel): aten's `_weight_int8pack_mm` reads a
   quarter of fp32's bytes, with bf16 activations (its fp32 path is a slow generic loop).
   It is a matrix-vector kernel: at 64 rows it loses to dequantising the weight and running
@@ -47,13 +48,21 @@ _packed_weights: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.Weak
 _numbers = itertools.count()
 
 
-@torch.library.custom_op("kvdeck::packed_linear", mutates_args=())
+# Registered with torch.library.Library, not the custom_op decorator, whose Python layers
+# cost more per call than a small packed GEMV itself (see kernels/torch_custom_ops.py).
+_LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
+_LIBRARY.define("packed_linear(Tensor x, Tensor? bias, int weight_number, int out_features) -> Tensor")
+
+
 def _packed_linear_op(x: torch.Tensor, bias: torch.Tensor | None, weight_number: int,
                       out_features: int) -> torch.Tensor:
     return _packed_linear(x, _packed_weights[weight_number], bias)
 
 
-@_packed_linear_op.register_fake
+_LIBRARY.impl("packed_linear", _packed_linear_op, "CPU")
+
+
+@torch.library.register_fake("kvdeck::packed_linear")
 def _(x, bias, weight_number, out_features):
     return x.new_empty((*x.shape[:-1], out_features))
 
@@ -69,7 +78,7 @@ def packed_linear(x: torch.Tensor, weight_number: int, out_features: int,
     """x [..., in] (bf16) times the packed weight `weight_number`. Eagerly a direct call;
     under torch.compile the custom op (the packed tensor itself never enters the graph)."""
     if torch.compiler.is_compiling():
-        return _packed_linear_op(x, bias, weight_number, out_features)
+        return torch.ops.kvdeck.packed_linear(x, bias, weight_number, out_features)
     return _packed_linear(x, _packed_weights[weight_number], bias)
 
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvdeck.kernels import cpu_native
 from kvdeck.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
 from kvdeck.kernels.attention import paged_attention_torch
 from kvdeck.kernels.backends import KERNEL_BACKENDS
@@ -25,9 +26,22 @@ class KernelOps:
     gelu_tanh_and_mul: Callable
 
 
+def paged_attention_torch_backend(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                  max_query_len, max_seq_len, sliding_window=0, soft_cap=0.0, k_scale=None,
+                                  v_scale=None):
+    """The torch backend's attention: `paged_attention_torch`, except that a decode-only bf16
+    step on a CPU with the native kernels runs `cpu_native.decode_attention` (the same
+    contract, a tenth of the calls)."""
+    if cpu_native.decode_attention_applies(q, k_cache, max_query_len, k_scale):
+        return cpu_native.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
+                                           sliding_window, soft_cap)
+    return paged_attention_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
+                                 max_query_len, max_seq_len, sliding_window, soft_cap, k_scale, v_scale)
+
+
 TORCH_OPS = KernelOps(
     name="torch",
-    paged_attention=paged_attention_torch,
+    paged_attention=paged_attention_torch_backend,
     write_kv_cache=write_kv_cache_torch,
     rms_norm=rms_norm_torch,
     apply_rope=apply_rope_torch,

@@ -23,7 +23,7 @@ def rms_norm_torch(
         # op per step of the formula.
         out = F.rms_norm(x, (x.shape[-1],), weight, eps)
     else:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-        out = weight * x32.to(dtype)
+        # fp32 statistics as x * rsqrt(mean(x^2) + eps) (fused, bit-identical), cast back,
+        # then the weight in x's dtype.
+        out = weight * F.rms_norm(x.float(), (x.shape[-1],), None, eps).to(dtype)
     return out if residual is None else (out, residual)

@@ -13,7 +13,7 @@ wraps each call in Python layers that cost about 6-8 us a call against 4 (measur
 
 import torch
 
-from kvdeck.kernels.attention import paged_attention_torch
+from kvdeck.kernels.dispatch import paged_attention_torch_backend
 from kvdeck.kernels.kv_cache import write_kv_cache_torch
 
 _LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
@@ -27,8 +27,8 @@ _LIBRARY.define(
 def _paged_attention_with_kv_write(q, key, value, k_cache, v_cache, slot_mapping, block_tables,
                                    query_start_loc, seq_lens, scale, max_query_len, max_seq_len):
     write_kv_cache_torch(key, value, k_cache, v_cache, slot_mapping)
-    return paged_attention_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                 max_query_len, max_seq_len)
+    return paged_attention_torch_backend(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
+                                         scale, max_query_len, max_seq_len)
 
 
 _LIBRARY.impl("paged_attention_with_kv_write", _paged_attention_with_kv_write, "CPU")

@@ -23,13 +23,14 @@ from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.models import model_class_for
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
-from kvdeck.engine.runner.models.linear import get_linear_method
+from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import kv_cache_groups
 from kvdeck.engine.types.model_config import ModelConfig
+from kvdeck.kernels import cpu_native
 from kvdeck.kernels.dispatch import select_ops
 
 logger = logging.getLogger(__name__)
@@ -126,6 +127,10 @@ class ModelRunner:
                 model = cls(self.model_config, self.ops, linear_method, self.dtype)
         finally:
             torch.set_default_dtype(previous_dtype)
+        cpu_bf16 = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        if isinstance(linear_method, UnquantizedLinearMethod) and cpu_bf16:
+            weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+            linear_method.small_batch_gemv = cpu_native.worth_a_second_copy(weight_bytes)
         if self.config.load_format == "dummy":
             init_dummy_weights(model, self.config.seed)
         else:

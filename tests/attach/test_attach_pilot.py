@@ -200,9 +200,10 @@ async def test_a_wrong_key_is_a_clear_message(tmp_path):
                     return ""
                 return " ".join(str(w.render()) for w in screen.query(Static))
 
-            assert await wait_for(pilot, lambda: "Could not attach" in shown(), timeout=30)
+            # The screen's title can render a frame before its detail: wait for the whole text.
+            assert await wait_for(pilot, lambda: "refused the API key" in shown(), timeout=30), shown()
             text = shown()
-            assert "refused the API key" in text and "--api-key" in text
+            assert "Could not attach" in text and "--api-key" in text
     finally:
         await asyncio.to_thread(running.stop)
 

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from kvdeck.engine.types.quantization import make_linear_method
+from kvdeck.kernels import cpu_native
 from kvdeck.kernels.cpu_linear import bf16_packing_supported, pack_bf16_weight, packed_linear
 
 
@@ -48,6 +49,7 @@ class Linear(nn.Module):
         self.shard_offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.method = method
         self.packed_number: int | None = None  # a packed bf16 weight's (kernels/cpu_linear.py)
+        self.dense_weight: torch.Tensor | None = None  # its row-major copy (kernels/cpu_native.py)
         self.bias = (
             nn.Parameter(torch.zeros(self.output_size, dtype=dtype), requires_grad=False) if bias else None
         )
@@ -92,7 +94,12 @@ def copy_shard(
 
 class UnquantizedLinearMethod:
     """A dense weight of shape [output_size, input_size], applied with one matmul. A bf16
-    weight on a CPU with native bf16 is packed once for oneDNN (kernels/cpu_linear.py)."""
+    weight on a CPU with native bf16 is packed once for oneDNN (kernels/cpu_linear.py);
+    with `small_batch_gemv` (set by the runner) the row-major weight is kept as well, and
+    steps of at most cpu_native.GEMV_MAX_ROWS rows (a single chat's decode) read it through
+    kernels/cpu_native.py, which streams weights faster than oneDNN does for one row."""
+
+    small_batch_gemv = False
 
     def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         layer.weight = nn.Parameter(
@@ -108,27 +115,38 @@ class UnquantizedLinearMethod:
 
     def process_weights_after_loading(self, layer: Linear) -> None:
         if _packs_on_cpu(layer.weight):
-            layer.weight, layer.packed_number = pack_bf16_weight(layer.weight.data)
+            dense = layer.weight.data
+            layer.weight, layer.packed_number = pack_bf16_weight(dense)
+            if self.small_batch_gemv:
+                layer.dense_weight = dense
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         # The packed weight by number: a compiled graph must not touch the mkldnn tensor.
         if layer.packed_number is not None:
+            if layer.dense_weight is not None and x.numel() <= cpu_native.GEMV_MAX_ROWS * x.shape[-1]:
+                return cpu_native.small_batch_linear(x, layer.dense_weight, layer.bias)
             return packed_linear(x, layer.packed_number, layer.output_size, layer.bias)
         return nn.functional.linear(x, layer.weight, layer.bias)
 
     def output_head(self, lm_head: nn.Linear) -> nn.Module:
-        return PackedOutputHead(lm_head.weight) if _packs_on_cpu(lm_head.weight) else lm_head
+        if not _packs_on_cpu(lm_head.weight):
+            return lm_head
+        return PackedOutputHead(lm_head.weight, keep_dense=self.small_batch_gemv)
 
 
 class PackedOutputHead(nn.Module):
     """The output projection on a packed bf16 copy of its weight (which, tied, is also the
-    input embedding: that one stays dense for its row lookups)."""
+    input embedding: that one stays dense for its row lookups, and the GEMV kernel reads
+    it for a step of few rows)."""
 
-    def __init__(self, weight: torch.Tensor) -> None:
+    def __init__(self, weight: torch.Tensor, keep_dense: bool = False) -> None:
         super().__init__()
         self.weight, self.packed_number = pack_bf16_weight(weight.data)
+        self.dense_weight = weight.data if keep_dense else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.dense_weight is not None and hidden.numel() <= cpu_native.GEMV_MAX_ROWS * hidden.shape[-1]:
+            return cpu_native.small_batch_linear(hidden, self.dense_weight, None)
         return packed_linear(hidden, self.packed_number, self.weight.shape[0])
 
 

@@ -1,0 +1,225 @@
+"""Native CPU kernels for bf16 decode steps (`cpu_native.c`), built at first use.
+
+- `bf16_gemv`: the linear layers' product for one to four rows. A decode step of a few
+  rows costs the bytes of the weights it reads, and torch's kernels for one bf16 row fall
+  short of the memory's speed: oneDNN's packed GEMM moves SmolLM2's weights at 16-20 GB/s
+  on this 2-core EPYC, plain aten at 13, where one sequential stream per core reaches
+  26-28 GB/s (llama.cpp's rate). Small weights that sit in the cache gain more: a packed
+  oneDNN call costs some 20 us whatever its size. Figures: benchmarks/bench_cpu_gemv.py.
+- `decode_attention`: a decode-only step's paged attention, each (row, head) one pass over
+  its context with an online softmax, in fp32, where the torch path takes a dozen aten
+  calls a layer and rounds its scores to bf16.
+
+The C source ships with the package and is compiled with the system's C compiler (`cc`,
+or $CC) with -O3 -march=native -fopenmp into the user cache, under a name that hashes
+the source, the flags, the compiler and this CPU's flags, so that a home directory shared
+by different machines never loads a binary built for another CPU. The build happens once
+(about a second) and is atomic. With no compiler, no AVX512-BF16, or KVDECK_CPU_NATIVE=0,
+`available()` is False and the torch paths run (oneDNN's packed GEMM, the torch attention).
+The OpenMP runtime is torch's own libgomp (already loaded, the same soname), so the kernels
+share torch's thread pool and thread count.
+"""
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_native.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm"]
+# Rows up to which a linear layer takes the kernel. Up to four rows it streams the weights
+# near the memory's speed and beats oneDNN's packed GEMM (SmolLM2's projections 1.2-1.6x,
+# the demo's 1.4-2.3x); at eight the arithmetic (one vdpbf16ps per row per 64 bytes of
+# weights, plus a horizontal sum per output) is the limit and oneDNN wins (0.7x).
+# Figures: benchmarks/results/cpu_gemv_smollm2.json, cpu_gemv_demo.json.
+GEMV_MAX_ROWS = 4
+MAX_HEAD_DIM = 512  # cpu_native.c keeps a head's query and output in registers
+# The kernel reads a row-major copy of each weight, kept beside oneDNN's packed one (which
+# serves larger batches): only where the weights take at most this share of the RAM.
+MAX_SHARE_OF_MEMORY = 1 / 8
+
+
+def available() -> bool:
+    """The kernel is built (or buildable) for this CPU and not switched off."""
+    return _library() is not None
+
+
+def worth_a_second_copy(weight_bytes: int) -> bool:
+    """Whether to keep row-major weights for the kernel beside oneDNN's packed ones."""
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return False
+    return weight_bytes <= memory * MAX_SHARE_OF_MEMORY and available()
+
+
+def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`bf16_gemv` as a registered op under torch.compile (an opaque call in the graph)."""
+    if torch.compiler.is_compiling():
+        return torch.ops.kvdeck.bf16_gemv(x, weight, bias)
+    return bf16_gemv(x, weight, bias)
+
+
+def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] times weight [N, K] (+ bias [N]), all bf16 on CPU, at most GEMV_MAX_ROWS rows."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("the CPU GEMV kernel is not available on this machine")
+    flat = x.reshape(-1, x.shape[-1])
+    rows, k_len = flat.shape
+    n_len = weight.shape[0]
+    if (flat.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or weight.shape[1] != k_len
+            or not weight.is_contiguous() or flat.stride(-1) != 1 or flat.device.type != "cpu"
+            or weight.device.type != "cpu"):
+        raise ValueError(f"bf16_gemv wants bf16 CPU tensors x [.., {weight.shape[1]}] and a contiguous "
+                         f"weight, got x {tuple(x.shape)} {x.dtype}, "
+                         f"weight {tuple(weight.shape)} {weight.dtype}")
+    if bias is not None and (bias.dtype != torch.bfloat16 or bias.shape != (n_len,)
+                             or not bias.is_contiguous()):
+        raise ValueError(f"bf16_gemv wants a contiguous bf16 bias of shape ({n_len},)")
+    out = torch.empty((rows, n_len), dtype=torch.bfloat16)
+    status = library.kvdeck_gemv_bf16(flat.data_ptr(), rows, flat.stride(0), weight.data_ptr(), n_len, k_len,
+                                      bias.data_ptr() if bias is not None else None, out.data_ptr(), n_len)
+    if status != 0:
+        raise RuntimeError("the CPU GEMV kernel refused the call")
+    return out.view(*x.shape[:-1], n_len)
+
+
+def decode_attention_applies(q: torch.Tensor, k_cache: torch.Tensor, max_query_len: int,
+                             k_scale: object) -> bool:
+    """Whether `decode_attention` can run this step: decode-only, bf16 q and cache (no
+    8-bit cache's scales) on CPU, and the kernel available."""
+    return (max_query_len == 1 and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and k_scale is None and q.device.type == "cpu" and q.shape[-1] <= MAX_HEAD_DIM
+            and available())
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                     sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
+    """Paged attention of one query token per row (q [rows, heads, dim]) over the bf16
+    caches [num_blocks, block_size, kv_heads, dim]; the same contract as
+    kernels/attention.py's `paged_attention_torch` for a decode-only step."""
+    library = _library()
+    if library is None:
+        raise RuntimeError("the native CPU kernels are not available on this machine")
+    rows, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if (q.stride(2) != 1 or q.stride(1) != dim or not k_cache.is_contiguous() or not v_cache.is_contiguous()
+            or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim or heads % kv_heads != 0):
+        raise ValueError(f"decode_attention wants q [rows, heads, {dim}] with contiguous heads and "
+                         f"contiguous caches [blocks, block_size, kv_heads, {dim}] whose kv heads divide "
+                         f"the heads; got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}")
+    tables = block_tables.to(torch.int32).contiguous()
+    lens = seq_lens.to(torch.int32).contiguous()
+    if tables.shape[0] != rows or lens.shape != (rows,):
+        raise ValueError(f"decode_attention wants a block table and a length per row ({rows}), got "
+                         f"{tuple(tables.shape)} and {tuple(lens.shape)}")
+    out = torch.empty((rows, heads, dim), dtype=torch.bfloat16)
+    status = library.kvdeck_decode_attention_bf16(
+        q.data_ptr(), rows, q.stride(0), heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), kv_heads,
+        tables.data_ptr(), tables.stride(0), lens.data_ptr(), k_cache.shape[1], sliding_window, scale,
+        soft_cap, out.data_ptr())
+    if status != 0:
+        raise RuntimeError("the native decode attention refused the call")
+    return out
+
+
+# Registered with torch.library.Library (see kernels/torch_custom_ops.py for why not the
+# custom_op decorator).
+_LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
+_LIBRARY.define("bf16_gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
+_LIBRARY.impl("bf16_gemv", lambda x, weight, bias: bf16_gemv(x, weight, bias), "CPU")
+
+
+@torch.library.register_fake("kvdeck::bf16_gemv")
+def _(x, weight, bias):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("KVDECK_CPU_NATIVE", "1") == "0":
+        return None
+    if platform.machine() not in ("x86_64", "AMD64") or not _cpu_has_avx512_bf16():
+        return None
+    try:
+        path = _built_library()
+        library = ctypes.CDLL(str(path))
+    except subprocess.CalledProcessError as exc:
+        logger.warning("building the CPU GEMV kernel failed, bf16 runs on oneDNN alone: %s",
+                       (exc.stderr or "").strip()[-500:])
+        return None
+    except OSError as exc:
+        logger.info("CPU GEMV kernel unavailable (%s); bf16 runs on oneDNN alone", exc)
+        return None
+    library.kvdeck_gemv_native.restype = ctypes.c_int
+    if library.kvdeck_gemv_native() != 1:
+        return None
+    library.kvdeck_gemv_bf16.restype = ctypes.c_int
+    library.kvdeck_gemv_bf16.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    library.kvdeck_decode_attention_bf16.restype = ctypes.c_int
+    library.kvdeck_decode_attention_bf16.argtypes = [
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+        ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+    return library
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _cpu_has_avx512_bf16() -> bool:
+    return "avx512_bf16" in _cpu_flags().split()
+
+
+def _cache_dir() -> Path:
+    override = os.environ.get("KVDECK_HOME")
+    if override:
+        return Path(override).expanduser() / "cache" / "kernels"
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("kvdeck", appauthor=False)) / "kernels"
+
+
+def _built_library() -> Path:
+    compiler = os.environ.get("CC") or "cc"
+    if shutil.which(compiler) is None:
+        raise FileNotFoundError(f"no C compiler ({compiler!r}) on PATH")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    target = _cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place: a concurrent process never loads a
+    # half-written library, and an interrupted build leaves only a temporary file.
+    fd, partial = tempfile.mkstemp(prefix=".cpu_native-", suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True,
+                       check=True)
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target

@@ -1,0 +1,235 @@
+"""The bf16 CPU GEMV kernel (kernels/cpu_native.c): its arithmetic, its checks, its build, and
+the linear layers' use of it for steps of few rows."""
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvdeck.kernels import cpu_native
+
+needs_kernel = pytest.mark.skipif(not cpu_native.available(),
+                                  reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
+
+
+def reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.float() @ weight.float().t()
+    return out + bias.float() if bias is not None else out
+
+
+def assert_bf16_close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Within bf16 rounding of the fp32 result (the kernel sums in fp32, in its own order)."""
+    assert out.dtype == torch.bfloat16 and out.shape == ref.shape
+    scale = ref.abs().amax(dim=-1, keepdim=True).clamp(min=1.0)
+    assert ((out.float() - ref).abs() / scale).max().item() < 2 ** -7
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_len,k_len", [(1, 1), (7, 40), (33, 64), (100, 33), (960, 576), (576, 1536),
+                                         (4096, 256)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 9, 17])
+def test_matches_fp32_matmul_for_any_shape_and_row_count(n_len, k_len, rows):
+    generator = torch.Generator().manual_seed(n_len * 1000 + k_len + rows)
+    x = torch.randn(rows, k_len, generator=generator).bfloat16()
+    weight = torch.randn(n_len, k_len, generator=generator).bfloat16()
+    bias = torch.randn(n_len, generator=generator).bfloat16()
+    assert_bf16_close(cpu_native.bf16_gemv(x, weight, bias), reference(x, weight, bias))
+    assert_bf16_close(cpu_native.bf16_gemv(x, weight), reference(x, weight, None))
+
+
+@needs_kernel
+def test_reads_strided_rows_and_keeps_leading_dims():
+    """A slice of a wider activation (the q part of a merged qkv) is read in place."""
+    wide = torch.randn(3, 2, 100).bfloat16()
+    x = wide[..., 10:74]  # row stride 100, not 64
+    weight = torch.randn(48, 64).bfloat16()
+    out = cpu_native.bf16_gemv(x, weight)
+    assert out.shape == (3, 2, 48)
+    assert_bf16_close(out, reference(x, weight, None))
+
+
+@needs_kernel
+def test_rounds_to_nearest_even_and_keeps_nan_and_inf():
+    x = torch.zeros(2, 32)
+    x[0, :2] = torch.tensor([1.0, 2.0 ** -8])
+    x[1, 2] = float("inf")
+    weight = torch.zeros(4, 32)
+    weight[0, :2] = torch.tensor([1.0, 1.0])  # 1 + 2^-8: halfway, to the even 1.0
+    weight[1, :2] = torch.tensor([1.0, 3.0])  # 1 + 3 * 2^-8: halfway, to the even 1 + 2^-6
+    weight[2, 2] = 1.0  # inf
+    weight[3, 2] = -1.0  # -inf
+    out = cpu_native.bf16_gemv(x.bfloat16(), weight.bfloat16()).float()
+    assert out[0, :2].tolist() == [1.0, 1.0 + 2.0 ** -6]
+    assert out[1, 2:].tolist() == [float("inf"), float("-inf")]
+    x[0, 0] = float("nan")
+    assert torch.isnan(cpu_native.bf16_gemv(x.bfloat16(), weight.bfloat16())[0, :2]).all()
+
+
+@needs_kernel
+def test_refuses_inputs_it_cannot_read_and_names_them():
+    weight = torch.randn(8, 32).bfloat16()
+    with pytest.raises(ValueError, match="bf16 CPU tensors"):
+        cpu_native.bf16_gemv(torch.randn(1, 32), weight)  # fp32 activations
+    with pytest.raises(ValueError, match="bf16 CPU tensors"):
+        cpu_native.bf16_gemv(torch.randn(1, 31).bfloat16(), weight)  # wrong K
+    with pytest.raises(ValueError, match="bf16 CPU tensors"):
+        cpu_native.bf16_gemv(torch.randn(1, 32).bfloat16(), torch.randn(32, 8).bfloat16().t())
+    with pytest.raises(ValueError, match="bias"):
+        cpu_native.bf16_gemv(torch.randn(1, 32).bfloat16(), weight, torch.randn(9).bfloat16())
+
+
+@needs_kernel
+def test_builds_once_into_the_cache_atomically(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path))
+    built = cpu_native._built_library()
+    assert built.parent == tmp_path / "cache" / "kernels"
+    assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial file left
+    stamp = built.stat().st_mtime_ns
+    assert cpu_native._built_library() == built and built.stat().st_mtime_ns == stamp
+
+
+def test_a_failed_build_leaves_no_file_and_the_layers_keep_onednn(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path))
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(cpu_native, "SOURCE", broken)
+    monkeypatch.setattr(cpu_native, "_cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
+    cpu_native._library.cache_clear()
+    try:
+        assert cpu_native._library() is None
+        kernels = tmp_path / "cache" / "kernels"
+        assert not kernels.exists() or list(kernels.iterdir()) == []
+    finally:
+        cpu_native._library.cache_clear()
+
+
+def test_switched_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("KVDECK_CPU_NATIVE", "0")
+    cpu_native._library.cache_clear()
+    try:
+        assert not cpu_native.available()
+        assert not cpu_native.worth_a_second_copy(1)
+    finally:
+        monkeypatch.delenv("KVDECK_CPU_NATIVE")
+        cpu_native._library.cache_clear()
+
+
+@needs_kernel
+def test_a_second_copy_only_for_weights_that_fit_easily():
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert cpu_native.worth_a_second_copy(10 << 20)
+    assert not cpu_native.worth_a_second_copy(memory // 4)
+
+
+@needs_kernel
+def test_linear_layer_takes_the_kernel_for_few_rows_and_onednn_for_more(monkeypatch):
+    from kvdeck.engine.runner.models.linear import Linear, UnquantizedLinearMethod
+    from kvdeck.kernels.cpu_linear import bf16_packing_supported
+
+    if not bf16_packing_supported():
+        pytest.skip("needs oneDNN bf16")
+    method = UnquantizedLinearMethod()
+    method.small_batch_gemv = True
+    layer = Linear(64, [48, 16], bias=True, method=method, dtype=torch.bfloat16)
+    weight, bias = torch.randn(64, 64).bfloat16(), torch.randn(64).bfloat16()
+    layer.load_weight("weight", weight[:48], 0)
+    layer.load_weight("weight", weight[48:], 1)
+    layer.load_weight("bias", bias[:48], 0)
+    layer.load_weight("bias", bias[48:], 1)
+    method.process_weights_after_loading(layer)
+    assert layer.weight.is_mkldnn and torch.equal(layer.dense_weight, weight)
+    calls = []
+    real = cpu_native.bf16_gemv
+    monkeypatch.setattr(cpu_native, "bf16_gemv", lambda *a: calls.append(a[0].shape) or real(*a))
+    for rows in (1, cpu_native.GEMV_MAX_ROWS, cpu_native.GEMV_MAX_ROWS + 1, 16):
+        x = torch.randn(rows, 64).bfloat16()
+        assert_bf16_close(layer(x), reference(x, weight, bias))
+    assert calls == [(1, 64), (cpu_native.GEMV_MAX_ROWS, 64)]
+
+
+@needs_kernel
+def test_under_torch_compile_it_is_one_opaque_op():
+    weight = torch.randn(40, 64).bfloat16()
+    x = torch.randn(1, 64).bfloat16()
+
+    def project(x):
+        return F.silu(cpu_native.small_batch_linear(x, weight, None)) * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(project, backend="aot_eager", fullgraph=True)
+    assert torch.equal(compiled(x), project(x))
+
+
+def paged_case(lens: list[int], heads: int, kv_heads: int, dim: int, block_size: int = 16, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    num_blocks = sum((n + block_size - 1) // block_size for n in lens) + 4
+    k_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator).bfloat16()
+    v_cache = torch.randn(num_blocks, block_size, kv_heads, dim, generator=generator).bfloat16()
+    width = max((n + block_size - 1) // block_size for n in lens)
+    order = torch.randperm(num_blocks, generator=generator)
+    tables = torch.zeros(len(lens), width, dtype=torch.int32)
+    used = 0
+    for row, n in enumerate(lens):  # each row its own shuffled blocks, as the block manager gives
+        count = (n + block_size - 1) // block_size
+        tables[row, :count] = order[used:used + count].int()
+        used += count
+    # q as the model makes it: a slice of the merged qkv projection, rows strided
+    qkv = torch.randn(len(lens), (heads + 2 * kv_heads) * dim, generator=generator).bfloat16()
+    q = qkv[:, : heads * dim].view(len(lens), heads, dim)
+    return q, k_cache, v_cache, tables, torch.tensor(lens, dtype=torch.int32)
+
+
+@needs_kernel
+@pytest.mark.parametrize("lens,heads,kv_heads,dim,window,soft_cap", [
+    ([192], 9, 3, 64, 0, 0.0),  # SmolLM2's shape, one chat
+    ([1, 17, 100, 33], 4, 2, 64, 0, 0.0),  # rows of every length, block edges
+    ([40, 3], 8, 8, 80, 0, 0.0),  # no GQA, a head dim that is not a multiple of 16 lanes x 2
+    ([300, 64], 8, 2, 128, 50, 0.0),  # sliding window shorter and longer than the context
+    ([70], 4, 1, 256, 0, 30.0),  # Gemma 2's soft cap, multi-query
+])
+def test_decode_attention_matches_the_fp32_reference_closer_than_torch_bf16(lens, heads, kv_heads, dim,
+                                                                           window, soft_cap):
+    from kvdeck.kernels.attention import paged_attention_torch
+
+    q, k_cache, v_cache, tables, seq_lens = paged_case(lens, heads, kv_heads, dim)
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    args = (tables, starts, seq_lens, dim ** -0.5, 1, max(lens), window, soft_cap)
+    exact = paged_attention_torch(q.float(), k_cache.float(), v_cache.float(), *args)
+    torch_bf16 = paged_attention_torch(q, k_cache, v_cache, *args)
+    native = cpu_native.decode_attention(q, k_cache, v_cache, tables, seq_lens, dim ** -0.5, window, soft_cap)
+    assert native.dtype == torch.bfloat16 and native.shape == q.shape
+    native_error = (native.float() - exact).abs().max().item()
+    assert native_error <= 2 ** -7 * exact.abs().max().item()
+    assert native_error <= (torch_bf16.float() - exact).abs().max().item() + 1e-6
+
+
+@needs_kernel
+def test_decode_attention_refuses_layouts_it_cannot_read():
+    q, k_cache, v_cache, tables, seq_lens = paged_case([20], 4, 2, 64)
+    with pytest.raises(ValueError, match="kv heads divide"):
+        cpu_native.decode_attention(q[:, :3], k_cache, v_cache, tables, seq_lens, 0.125)
+    with pytest.raises(ValueError, match="contiguous caches"):
+        cpu_native.decode_attention(q, k_cache.transpose(1, 2), v_cache, tables, seq_lens, 0.125)
+    with pytest.raises(ValueError, match="a length per row"):
+        cpu_native.decode_attention(q, k_cache, v_cache, tables, seq_lens.repeat(2), 0.125)
+
+
+@needs_kernel
+def test_the_torch_backend_sends_bf16_decode_steps_to_the_native_kernel(monkeypatch):
+    from kvdeck.kernels.dispatch import TORCH_OPS
+
+    calls = []
+    real = cpu_native.decode_attention
+    monkeypatch.setattr(cpu_native, "decode_attention", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    q, k_cache, v_cache, tables, seq_lens = paged_case([20, 5], 4, 2, 64)
+    starts = torch.arange(3, dtype=torch.int32)
+    TORCH_OPS.paged_attention(q, k_cache, v_cache, tables, starts, seq_lens, 0.125, 1, 20)
+    assert calls == [2]
+    TORCH_OPS.paged_attention(q.float(), k_cache.float(), v_cache.float(), tables, starts, seq_lens,
+                              0.125, 1, 20)  # fp32: the exact torch path
+    prefill_q = torch.randn(4, 4, 64).bfloat16()  # a chunk of 3 query tokens and one decode row
+    TORCH_OPS.paged_attention(prefill_q, k_cache, v_cache, tables, torch.tensor([0, 3, 4], dtype=torch.int32),
+                              seq_lens, 0.125, 3, 20)
+    assert calls == [2]
