@@ -1,5 +1,6 @@
 /* Native CPU kernels for bf16 decode steps on x86 CPUs with AVX512-BF16: the linear
- * layers' matrix-vector products for a few rows, and decode attention over the paged cache.
+ * layers' matrix-vector products for a few rows, decode attention over the paged cache,
+ * and the element-wise steps of a layer (RMSNorm with the residual, SiLU-and-mul, rotary).
  *
  * GEMV: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]), W row-major [N, K] bf16 as a checkpoint
  * stores it, x and y bf16 rows, sums in fp32 (vdpbf16ps), rounded to bf16 to nearest even.
@@ -197,6 +198,144 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
     (void)q; (void)rows; (void)q_stride; (void)heads; (void)dim; (void)k_cache; (void)v_cache;
     (void)kv_heads; (void)block_tables; (void)bt_stride; (void)seq_lens; (void)block_size;
     (void)window; (void)scale; (void)soft_cap; (void)out;
+    return -1;
+#endif
+}
+
+/* Element-wise steps of a bf16 layer, each one pass where torch takes five to ten calls.
+ * Each rounds where the torch path rounds (to bf16 after the same fp32 formula), so they
+ * differ from it only by the order of the fp32 sum in the norm and by the last bits of exp.
+ * Rows are shared among the threads when there are enough elements. */
+
+#if KVDECK_NATIVE
+static inline __mmask16 lanes_from(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+static inline void narrow_store(uint16_t* p, __mmask16 mask, __m512 v) {
+    _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+static inline __m512 round_bf16(__m512 v) {  /* v rounded to bf16, back in fp32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+/* e^x to about 2 ulp of fp32: 2^n * p(r), r = x - n ln2 (Cody-Waite), p of degree 6. */
+static inline __m512 exp_ps(__m512 x) {
+    /* above 88.7 the result is inf (scalef overflows), below -103.9 it is 0, as expf */
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)), _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* out = weight * bf16(v * rsqrt(mean(v^2) + eps)), v = x, or with a residual v = bf16(x +
+ * residual), which is also written to `summed` (the next residual). x, residual: row
+ * strides; weight [n] bf16; summed, out [rows, n] contiguous. */
+int kvdeck_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* residual,
+                         int64_t residual_stride, const uint16_t* weight, float eps, int64_t rows,
+                         int64_t n, uint16_t* summed, uint16_t* out) {
+#if KVDECK_NATIVE
+    const int threads = rows * n >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t* xr = x + r * x_stride;
+        uint16_t* sr = summed + r * n;
+        __m512 squares = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 m = lanes_from(n - i);
+            __m512 v = widen(xr + i, m);
+            if (residual) {
+                v = round_bf16(_mm512_add_ps(v, widen(residual + r * residual_stride + i, m)));
+                narrow_store(sr + i, m, v);
+            }
+            squares = _mm512_fmadd_ps(v, v, squares);
+        }
+        const float inverse = 1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)n + eps);
+        const __m512 scale = _mm512_set1_ps(inverse);
+        const uint16_t* source = residual ? sr : xr;
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 m = lanes_from(n - i);
+            const __m512 normed = round_bf16(_mm512_mul_ps(widen(source + i, m), scale));
+            narrow_store(out + r * n + i, m, _mm512_mul_ps(normed, widen(weight + i, m)));
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)residual; (void)residual_stride; (void)weight; (void)eps;
+    (void)rows; (void)n; (void)summed; (void)out;
+    return -1;
+#endif
+}
+
+/* out [rows, d] = bf16(bf16(silu(gate)) * up), x [rows, 2d] holding gate | up (row stride). */
+int kvdeck_silu_and_mul_bf16(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t d,
+                             uint16_t* out) {
+#if KVDECK_NATIVE
+    const int threads = rows * d >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t* gate = x + r * x_stride;
+        const uint16_t* up = gate + d;
+        for (int64_t i = 0; i < d; i += 16) {
+            const __mmask16 m = lanes_from(d - i);
+            const __m512 g = widen(gate + i, m);
+            const __m512 one = _mm512_set1_ps(1.0f);
+            const __m512 silu = round_bf16(_mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g)))));
+            narrow_store(out + r * d + i, m, _mm512_mul_ps(silu, widen(up + i, m)));
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)rows; (void)d; (void)out;
+    return -1;
+#endif
+}
+
+/* Rotary embedding, rotate-half (neox) form, on q and k in one call: for i < rot_dim / 2,
+ * out[i] = x[i] cos - x[i + h] sin and out[i + h] = x[i + h] cos + x[i] sin (h = rot_dim / 2,
+ * each product and the sum rounded in fp32 as the torch formula does, then bf16); dims past
+ * rot_dim are copied. q [tokens, q_heads, dim], k [tokens, k_heads, dim] (token strides),
+ * positions [tokens] int64, cos_sin [max_positions, rot_dim] fp32 (cos | sin halves),
+ * q_out, k_out contiguous. */
+int kvdeck_rope_neox_bf16(const uint16_t* q, int64_t q_stride, int64_t q_heads, const uint16_t* k,
+                          int64_t k_stride, int64_t k_heads, int64_t tokens, int64_t dim,
+                          const int64_t* positions, const float* cos_sin, int64_t rot_dim,
+                          uint16_t* q_out, uint16_t* k_out) {
+#if KVDECK_NATIVE
+    const int64_t half = rot_dim / 2, heads = q_heads + k_heads;
+    const int threads = tokens * heads * dim >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t item = 0; item < tokens * heads; item++) {
+        const int64_t t = item / heads, h = item % heads;
+        const uint16_t* src = h < q_heads ? q + t * q_stride + h * dim : k + t * k_stride + (h - q_heads) * dim;
+        uint16_t* dst = h < q_heads ? q_out + (t * q_heads + h) * dim : k_out + (t * k_heads + h - q_heads) * dim;
+        const float* cos = cos_sin + positions[t] * rot_dim;
+        const float* sin = cos + half;
+        for (int64_t i = 0; i < half; i += 16) {
+            const __mmask16 m = lanes_from(half - i);
+            const __m512 x1 = widen(src + i, m), x2 = widen(src + half + i, m);
+            const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), s = _mm512_maskz_loadu_ps(m, sin + i);
+            narrow_store(dst + i, m, _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s)));
+            narrow_store(dst + half + i, m, _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s)));
+        }
+        if (rot_dim < dim) memcpy(dst + rot_dim, src + rot_dim, (size_t)(dim - rot_dim) * sizeof(uint16_t));
+    }
+    return 0;
+#else
+    (void)q; (void)q_stride; (void)q_heads; (void)k; (void)k_stride; (void)k_heads; (void)tokens;
+    (void)dim; (void)positions; (void)cos_sin; (void)rot_dim; (void)q_out; (void)k_out;
     return -1;
 #endif
 }

@@ -9,6 +9,8 @@
 - `decode_attention`: a decode-only step's paged attention, each (row, head) one pass over
   its context with an online softmax, in fp32, where the torch path takes a dozen aten
   calls a layer and rounds its scores to bf16.
+- `rms_norm`, `silu_and_mul`, `apply_rope_neox`: a bf16 layer's element-wise steps in one
+  call each, rounding where the torch references round.
 
 The C source ships with the package and is compiled with the system's C compiler (`cc`,
 or $CC) with -O3 -march=native -fopenmp into the user cache, under a name that hashes
@@ -147,6 +149,89 @@ def _(x, weight, bias):
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
+def elementwise_applies(x: torch.Tensor) -> bool:
+    """Whether the element-wise kernels (norm, activation, rotary) can take x: bf16 rows on
+    CPU, run eagerly (a compiled graph fuses these steps itself; ctypes cannot be traced)."""
+    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and x.stride(-1) == 1
+            and not torch.compiler.is_compiling() and available())
+
+
+def _rows(x: torch.Tensor, what: str) -> torch.Tensor:
+    flat = x.reshape(-1, x.shape[-1])
+    if flat.stride(-1) != 1 or flat.dtype != torch.bfloat16 or flat.device.type != "cpu":
+        raise ValueError(f"{what} wants bf16 CPU rows with contiguous last dims, got {x.dtype} "
+                         f"{tuple(x.shape)} with strides {x.stride()}")
+    return flat
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """kernels/rmsnorm.py's `rms_norm_torch` for bf16 x and weight, in one pass per row."""
+    library = _require()
+    flat = _rows(x, "rms_norm")
+    rows, n = flat.shape
+    if weight.dtype != torch.bfloat16 or weight.shape != (n,) or not weight.is_contiguous():
+        raise ValueError(f"rms_norm wants a contiguous bf16 weight of shape ({n},), got {weight.dtype} "
+                         f"{tuple(weight.shape)}")
+    out = torch.empty((rows, n), dtype=torch.bfloat16)
+    summed = None
+    if residual is not None:
+        residual_rows = _rows(residual, "rms_norm's residual")
+        if residual_rows.shape != flat.shape:
+            raise ValueError(f"rms_norm's residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+        summed = torch.empty((rows, n), dtype=torch.bfloat16)
+    library.kvdeck_rms_norm_bf16(flat.data_ptr(), flat.stride(0),
+                                 residual_rows.data_ptr() if summed is not None else None,
+                                 residual_rows.stride(0) if summed is not None else 0, weight.data_ptr(), eps,
+                                 rows, n, summed.data_ptr() if summed is not None else None, out.data_ptr())
+    out = out.view(x.shape)
+    return out if summed is None else (out, summed.view(x.shape))
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """kernels/activation.py's `silu_and_mul_torch` for bf16: x [..., 2d] -> [..., d]."""
+    library = _require()
+    flat = _rows(x, "silu_and_mul")
+    rows, width = flat.shape
+    if width % 2:
+        raise ValueError(f"silu_and_mul wants gate | up halves, got a last dim of {width}")
+    out = torch.empty((rows, width // 2), dtype=torch.bfloat16)
+    library.kvdeck_silu_and_mul_bf16(flat.data_ptr(), flat.stride(0), rows, width // 2, out.data_ptr())
+    return out.view(*x.shape[:-1], width // 2)
+
+
+def apply_rope_neox(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                    cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """kernels/rope.py's `apply_rope_torch` (rotate-half form) for bf16 q [tokens, heads, dim]
+    and k [tokens, kv_heads, dim], whose heads may be views into one projection."""
+    library = _require()
+    tokens, q_heads, dim = q.shape
+    k_heads = k.shape[1]
+    rot_dim = cos_sin_cache.shape[-1]
+    if (q.stride(2) != 1 or q.stride(1) != dim or k.stride(2) != 1 or k.stride(1) != dim
+            or k.shape[0] != tokens or k.shape[2] != dim
+            or q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16
+            or cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous()
+            or rot_dim > dim or rot_dim % 2 or positions.shape != (tokens,)):
+        raise ValueError(f"apply_rope_neox wants bf16 q, k [tokens, heads, dim] with contiguous heads, an "
+                         f"fp32 cos|sin cache of at most dim columns and a position per token; got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}, cache {tuple(cos_sin_cache.shape)} "
+                         f"{cos_sin_cache.dtype}")
+    positions = positions.to(torch.int64).contiguous()
+    q_out = torch.empty((tokens, q_heads, dim), dtype=torch.bfloat16)
+    k_out = torch.empty((tokens, k_heads, dim), dtype=torch.bfloat16)
+    library.kvdeck_rope_neox_bf16(q.data_ptr(), q.stride(0), q_heads, k.data_ptr(), k.stride(0), k_heads,
+                                  tokens, dim, positions.data_ptr(), cos_sin_cache.data_ptr(), rot_dim,
+                                  q_out.data_ptr(), k_out.data_ptr())
+    return q_out, k_out
+
+
+def _require() -> ctypes.CDLL:
+    library = _library()
+    if library is None:
+        raise RuntimeError("the native CPU kernels are not available on this machine")
+    return library
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("KVDECK_CPU_NATIVE", "1") == "0":
@@ -175,6 +260,15 @@ def _library() -> ctypes.CDLL | None:
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
         ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    signatures = {
+        "kvdeck_rms_norm_bf16": [ptr, i64, ptr, i64, ptr, ctypes.c_float, i64, i64, ptr, ptr],
+        "kvdeck_silu_and_mul_bf16": [ptr, i64, i64, i64, ptr],
+        "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
+    }
+    for name, argtypes in signatures.items():
+        getattr(library, name).restype = ctypes.c_int
+        getattr(library, name).argtypes = argtypes
     return library
 
 

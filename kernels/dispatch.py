@@ -39,13 +39,40 @@ def paged_attention_torch_backend(q, k_cache, v_cache, block_tables, query_start
                                  max_query_len, max_seq_len, sliding_window, soft_cap, k_scale, v_scale)
 
 
+def rms_norm_torch_backend(x, weight, eps, residual=None):
+    """`rms_norm_torch`, or for bf16 on a CPU with the native kernels one pass per row."""
+    if (cpu_native.elementwise_applies(x) and weight.dtype == torch.bfloat16
+            and (residual is None or residual.dtype == torch.bfloat16)):
+        return cpu_native.rms_norm(x, weight, eps, residual)
+    return rms_norm_torch(x, weight, eps, residual)
+
+
+def apply_rope_torch_backend(positions, q, k, cos_sin_cache, is_neox=True):
+    """`apply_rope_torch`, or for bf16 rotate-half rotary on such a CPU one native call."""
+    if (is_neox and cpu_native.elementwise_applies(q) and k.dtype == torch.bfloat16
+            and k.stride(-1) == 1 and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]
+            and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()):
+        return cpu_native.apply_rope_neox(positions, q, k, cos_sin_cache)
+    return apply_rope_torch(positions, q, k, cos_sin_cache, is_neox)
+
+
+def silu_and_mul_torch_backend(x):
+    """`silu_and_mul_torch`, or for bf16 on such a CPU one native pass."""
+    if cpu_native.elementwise_applies(x) and x.shape[-1] % 2 == 0:
+        return cpu_native.silu_and_mul(x)
+    return silu_and_mul_torch(x)
+
+
+# The torch backend: the torch references, with the native CPU kernels (kernels/cpu_native.py)
+# where they apply: bf16 on a CPU with AVX512-BF16, eagerly (a compiled graph fuses these
+# itself). fp32 always runs the references, the exact comparison with transformers.
 TORCH_OPS = KernelOps(
     name="torch",
     paged_attention=paged_attention_torch_backend,
     write_kv_cache=write_kv_cache_torch,
-    rms_norm=rms_norm_torch,
-    apply_rope=apply_rope_torch,
-    silu_and_mul=silu_and_mul_torch,
+    rms_norm=rms_norm_torch_backend,
+    apply_rope=apply_rope_torch_backend,
+    silu_and_mul=silu_and_mul_torch_backend,
     gelu_tanh_and_mul=gelu_tanh_and_mul_torch,
 )
 

@@ -233,3 +233,79 @@ def test_the_torch_backend_sends_bf16_decode_steps_to_the_native_kernel(monkeypa
     TORCH_OPS.paged_attention(prefill_q, k_cache, v_cache, tables, torch.tensor([0, 3, 4], dtype=torch.int32),
                               seq_lens, 0.125, 3, 20)
     assert calls == [2]
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,n", [(1, 576), (5, 100), (64, 2048), (3, 15)])
+def test_rms_norm_rounds_as_the_torch_path(rows, n):
+    """One pass per row, rounding where `rms_norm_torch` rounds: the same bf16 values
+    (only the fp32 sum's order differs, which these inputs do not reach)."""
+    from kvdeck.kernels.rmsnorm import rms_norm_torch
+
+    generator = torch.Generator().manual_seed(rows * n)
+    x = (torch.randn(rows, n, generator=generator) * 3).bfloat16()
+    residual = torch.randn(rows, n, generator=generator).bfloat16()
+    weight = torch.randn(n, generator=generator).bfloat16()
+    assert torch.equal(cpu_native.rms_norm(x, weight, 1e-5), rms_norm_torch(x, weight, 1e-5))
+    normed, summed = cpu_native.rms_norm(x, weight, 1e-5, residual)
+    expected_normed, expected_summed = rms_norm_torch(x, weight, 1e-5, residual)
+    assert torch.equal(summed, expected_summed)
+    assert torch.equal(normed, expected_normed)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows,d", [(1, 1536), (7, 40), (16, 768)])
+def test_silu_and_mul_rounds_as_the_torch_path(rows, d):
+    from kvdeck.kernels.activation import silu_and_mul_torch
+
+    x = (torch.randn(rows, 2 * d, generator=torch.Generator().manual_seed(d)) * 6).bfloat16()
+    x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamps, and zeros
+    assert torch.equal(cpu_native.silu_and_mul(x), silu_and_mul_torch(x))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rotary_dim", [64, 32])  # full and partial rotary
+def test_rope_on_q_and_k_views_equals_the_torch_path(rotary_dim):
+    from kvdeck.kernels.rope import apply_rope_torch, build_cos_sin_cache
+
+    cache = build_cos_sin_cache(1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim)), 512)
+    qkv = torch.randn(5, (9 + 2 * 3) * 64, generator=torch.Generator().manual_seed(rotary_dim)).bfloat16()
+    q, k = qkv[:, :576].view(5, 9, 64), qkv[:, 576:768].view(5, 3, 64)  # views, as the layer has them
+    positions = torch.tensor([0, 5, 100, 511, 3])
+    q_native, k_native = cpu_native.apply_rope_neox(positions, q, k, cache)
+    q_torch, k_torch = apply_rope_torch(positions, q, k, cache, True)
+    assert torch.equal(q_native, q_torch) and torch.equal(k_native, k_torch)
+
+
+@needs_kernel
+def test_element_wise_kernels_refuse_what_they_cannot_read():
+    with pytest.raises(ValueError, match="weight of shape"):
+        cpu_native.rms_norm(torch.randn(2, 8).bfloat16(), torch.randn(9).bfloat16(), 1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        cpu_native.rms_norm(torch.randn(2, 8).bfloat16(), torch.randn(8).bfloat16(), 1e-5,
+                            torch.randn(3, 8).bfloat16())
+    with pytest.raises(ValueError, match="gate | up"):
+        cpu_native.silu_and_mul(torch.randn(2, 7).bfloat16())
+    with pytest.raises(ValueError, match="bf16 CPU rows"):
+        cpu_native.silu_and_mul(torch.randn(2, 8))
+    q = torch.randn(2, 4, 16).bfloat16()
+    with pytest.raises(ValueError, match="position per token"):
+        cpu_native.apply_rope_neox(torch.tensor([0]), q, q, torch.zeros(8, 16))
+
+
+@needs_kernel
+def test_the_torch_backend_takes_the_native_element_wise_kernels_for_bf16_only(monkeypatch):
+    from kvdeck.kernels.dispatch import TORCH_OPS
+
+    calls = []
+    for name in ("rms_norm", "silu_and_mul", "apply_rope_neox"):
+        real = getattr(cpu_native, name)
+        monkeypatch.setattr(cpu_native, name, lambda *a, _n=name, _r=real: calls.append(_n) or _r(*a))
+    for dtype in (torch.bfloat16, torch.float32):
+        x = torch.randn(3, 64).to(dtype)
+        TORCH_OPS.rms_norm(x, torch.ones(64, dtype=dtype), 1e-5, x)
+        TORCH_OPS.silu_and_mul(x)
+        q = torch.randn(3, 4, 16).to(dtype)
+        TORCH_OPS.apply_rope(torch.arange(3), q, q[:, :2], torch.zeros(8, 16))
+        TORCH_OPS.apply_rope(torch.arange(3), q, q[:, :2], torch.zeros(8, 16), False)  # GPT-J form: torch
+    assert calls == ["rms_norm", "silu_and_mul", "apply_rope_neox"]
