@@ -65,6 +65,11 @@ def worth_a_second_copy(weight_bytes: int) -> bool:
     return weight_bytes <= memory * MAX_SHARE_OF_MEMORY and available()
 
 
+def gemv_takes(x: torch.Tensor) -> bool:
+    """Whether x [..., K] has few enough rows for `bf16_gemv` to beat oneDNN (GEMV_MAX_ROWS)."""
+    return x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
+
+
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """`bf16_gemv` as a registered op under torch.compile (an opaque call in the graph)."""
     if torch.compiler.is_compiling():
@@ -74,9 +79,7 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] times weight [N, K] (+ bias [N]), all bf16 on CPU, at most GEMV_MAX_ROWS rows."""
-    library = _library()
-    if library is None:
-        raise RuntimeError("the CPU GEMV kernel is not available on this machine")
+    library = _require()
     flat = x.reshape(-1, x.shape[-1])
     rows, k_len = flat.shape
     n_len = weight.shape[0]
@@ -112,9 +115,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     """Paged attention of one query token per row (q [rows, heads, dim]) over the bf16
     caches [num_blocks, block_size, kv_heads, dim]; the same contract as
     kernels/attention.py's `paged_attention_torch` for a decode-only step."""
-    library = _library()
-    if library is None:
-        raise RuntimeError("the native CPU kernels are not available on this machine")
+    library = _require()
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     if (q.stride(2) != 1 or q.stride(1) != dim or not k_cache.is_contiguous() or not v_cache.is_contiguous()
@@ -156,6 +157,18 @@ def elementwise_applies(x: torch.Tensor) -> bool:
             and not torch.compiler.is_compiling() and available())
 
 
+def rope_applies(q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool) -> bool:
+    """Whether `apply_rope_neox` can take this rotation: the rotate-half form on bf16 q and k
+    whose heads are contiguous (views into the qkv projection are), an fp32 cache."""
+    return (is_neox and elementwise_applies(q) and k.dtype == torch.bfloat16 and _heads_contiguous(q)
+            and _heads_contiguous(k) and cos_sin_cache.dtype == torch.float32
+            and cos_sin_cache.is_contiguous())
+
+
+def _heads_contiguous(x: torch.Tensor) -> bool:  # [tokens, heads, dim], each head's dims in a row
+    return x.stride(2) == 1 and x.stride(1) == x.shape[2]
+
+
 def _rows(x: torch.Tensor, what: str) -> torch.Tensor:
     flat = x.reshape(-1, x.shape[-1])
     if flat.stride(-1) != 1 or flat.dtype != torch.bfloat16 or flat.device.type != "cpu":
@@ -173,18 +186,18 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
         raise ValueError(f"rms_norm wants a contiguous bf16 weight of shape ({n},), got {weight.dtype} "
                          f"{tuple(weight.shape)}")
     out = torch.empty((rows, n), dtype=torch.bfloat16)
-    summed = None
-    if residual is not None:
-        residual_rows = _rows(residual, "rms_norm's residual")
-        if residual_rows.shape != flat.shape:
-            raise ValueError(f"rms_norm's residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
-        summed = torch.empty((rows, n), dtype=torch.bfloat16)
-    library.kvdeck_rms_norm_bf16(flat.data_ptr(), flat.stride(0),
-                                 residual_rows.data_ptr() if summed is not None else None,
-                                 residual_rows.stride(0) if summed is not None else 0, weight.data_ptr(), eps,
-                                 rows, n, summed.data_ptr() if summed is not None else None, out.data_ptr())
-    out = out.view(x.shape)
-    return out if summed is None else (out, summed.view(x.shape))
+    if residual is None:
+        library.kvdeck_rms_norm_bf16(flat.data_ptr(), flat.stride(0), None, 0, weight.data_ptr(), eps,
+                                     rows, n, None, out.data_ptr())
+        return out.view(x.shape)
+    residual_rows = _rows(residual, "rms_norm's residual")
+    if residual_rows.shape != flat.shape:
+        raise ValueError(f"rms_norm's residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
+    summed = torch.empty((rows, n), dtype=torch.bfloat16)
+    library.kvdeck_rms_norm_bf16(flat.data_ptr(), flat.stride(0), residual_rows.data_ptr(),
+                                 residual_rows.stride(0), weight.data_ptr(), eps, rows, n, summed.data_ptr(),
+                                 out.data_ptr())
+    return out.view(x.shape), summed.view(x.shape)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -207,8 +220,7 @@ def apply_rope_neox(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     tokens, q_heads, dim = q.shape
     k_heads = k.shape[1]
     rot_dim = cos_sin_cache.shape[-1]
-    if (q.stride(2) != 1 or q.stride(1) != dim or k.stride(2) != 1 or k.stride(1) != dim
-            or k.shape[0] != tokens or k.shape[2] != dim
+    if (not _heads_contiguous(q) or not _heads_contiguous(k) or k.shape[0] != tokens or k.shape[2] != dim
             or q.dtype != torch.bfloat16 or k.dtype != torch.bfloat16
             or cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous()
             or rot_dim > dim or rot_dim % 2 or positions.shape != (tokens,)):

@@ -49,9 +49,7 @@ def rms_norm_torch_backend(x, weight, eps, residual=None):
 
 def apply_rope_torch_backend(positions, q, k, cos_sin_cache, is_neox=True):
     """`apply_rope_torch`, or for bf16 rotate-half rotary on such a CPU one native call."""
-    if (is_neox and cpu_native.elementwise_applies(q) and k.dtype == torch.bfloat16
-            and k.stride(-1) == 1 and q.stride(1) == q.shape[2] and k.stride(1) == k.shape[2]
-            and cos_sin_cache.dtype == torch.float32 and cos_sin_cache.is_contiguous()):
+    if cpu_native.rope_applies(q, k, cos_sin_cache, is_neox):
         return cpu_native.apply_rope_neox(positions, q, k, cos_sin_cache)
     return apply_rope_torch(positions, q, k, cos_sin_cache, is_neox)
 

@@ -123,7 +123,7 @@ class UnquantizedLinearMethod:
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         # The packed weight by number: a compiled graph must not touch the mkldnn tensor.
         if layer.packed_number is not None:
-            if layer.dense_weight is not None and x.numel() <= cpu_native.GEMV_MAX_ROWS * x.shape[-1]:
+            if layer.dense_weight is not None and cpu_native.gemv_takes(x):
                 return cpu_native.small_batch_linear(x, layer.dense_weight, layer.bias)
             return packed_linear(x, layer.packed_number, layer.output_size, layer.bias)
         return nn.functional.linear(x, layer.weight, layer.bias)
@@ -145,7 +145,7 @@ class PackedOutputHead(nn.Module):
         self.dense_weight = weight.data if keep_dense else None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.dense_weight is not None and hidden.numel() <= cpu_native.GEMV_MAX_ROWS * hidden.shape[-1]:
+        if self.dense_weight is not None and cpu_native.gemv_takes(hidden):
             return cpu_native.small_batch_linear(hidden, self.dense_weight, None)
         return packed_linear(hidden, self.packed_number, self.weight.shape[0])
 
