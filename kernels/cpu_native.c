@@ -23,6 +23,8 @@
 #include <string.h>
 #include <omp.h>
 
+#include "cpu_native.h"
+
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define KVDECK_NATIVE 1
@@ -52,6 +54,37 @@ static inline float from_bf16(uint16_t value) {
 /* Sixteen bf16 values (the lanes in `mask`; the others 0) as fp32. */
 static inline __m512 widen(const uint16_t* p, __mmask16 mask) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
+}
+
+static inline __mmask16 lanes_from(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
+}
+
+static inline void narrow_store(uint16_t* p, __mmask16 mask, __m512 v) {
+    _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+static inline __m512 round_bf16(__m512 v) {  /* v rounded to bf16, back in fp32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
+}
+
+/* e^x to about 2 ulp of fp32: 2^n * p(r), r = x - n ln2 (Cody-Waite), p of degree 6. */
+static inline __m512 exp_ps(__m512 x) {
+    /* above 88.7 the result is inf (scalef overflows), below -103.9 it is 0, as expf */
+    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)), _mm512_set1_ps(-104.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
 }
 
 /* Weight rows n0..n1 against `rows` (<= 8) rows of x; the row count is a compile-time
@@ -131,14 +164,80 @@ int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const ui
  *
  * Each (row, head) walks its context once (the last `window` positions with a window),
  * with an online softmax (flash attention's running maximum and denominator), so nothing
- * of size context is allocated; scores are fp32 dot products, capped as c * tanh(s / c)
- * when soft_cap > 0 (Gemma 2), and the output is rounded to bf16 once at the end. Rows and
- * heads are shared among the threads.
+ * of size context is allocated. The keys go sixteen at a time: their scores (fp32 sums of
+ * bf16 products, vdpbf16ps) fill one vector, which takes one maximum, one rescale and one
+ * vector exp, where a key at a time made every key wait on the previous one's exp (4x
+ * slower at SmolLM2's 64-dim heads). Scores are capped as c * tanh(s / c) when soft_cap > 0
+ * (Gemma 2), and the output is rounded to bf16 once at the end. Rows and heads are shared
+ * among the threads.
  *
  * q [rows, heads, dim] (row stride q_stride), caches [num_blocks, block_size, kv_heads, dim]
  * contiguous, block_tables [rows, bt_stride] int32, seq_lens [rows] int32 (context length
  * including this step's token), out [rows, heads, dim] contiguous. */
 #define MAX_HEAD_DIM 512
+#define KEY_TILE 16
+
+#if KVDECK_NATIVE
+/* One (row, head): the attention of `query` over positions first..len-1 of its table. */
+static void attend_one(const uint16_t* query, const uint16_t* k_cache, const uint16_t* v_cache,
+                       const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                       int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
+                       uint16_t* result) {
+    const int64_t chunks = (dim + 15) / 16, pairs = (dim + 31) / 32;
+    __m512 acc[MAX_HEAD_DIM / 16];
+    __m512bh qv[MAX_HEAD_DIM / 32];
+    __mmask16 lanes[MAX_HEAD_DIM / 16];
+    __mmask32 pair_lanes[MAX_HEAD_DIM / 32];
+    for (int64_t c = 0; c < chunks; c++) {
+        lanes[c] = lanes_from(dim - c * 16);
+        acc[c] = _mm512_setzero_ps();
+    }
+    for (int64_t c = 0; c < pairs; c++) {
+        const int64_t left = dim - c * 32;
+        pair_lanes[c] = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
+        qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(pair_lanes[c], query + c * 32);
+    }
+    float running_max = -INFINITY, denominator = 0.0f;
+    for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
+        const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
+        const __mmask16 tile = lanes_from(count);
+        int64_t offsets[KEY_TILE];
+        float scores[KEY_TILE];
+        for (int64_t j = 0; j < count; j++) {
+            const int64_t p = p0 + j;
+            const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+            offsets[j] = (slot * kv_heads + kv_head) * dim;
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t c = 0; c < pairs; c++)
+                dot = _mm512_dpbf16_ps(dot, qv[c], (__m512bh)_mm512_maskz_loadu_epi16(
+                                                       pair_lanes[c], k_cache + offsets[j] + c * 32));
+            scores[j] = _mm512_reduce_add_ps(dot) * scale;
+            if (soft_cap > 0.0f) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
+        }
+        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tile, scores);
+        const float tile_max = _mm512_reduce_max_ps(s);
+        if (tile_max > running_max) {  /* a new maximum: rescale what was summed so far */
+            const float rescale = expf(running_max - tile_max);
+            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], _mm512_set1_ps(rescale));
+            denominator *= rescale;
+            running_max = tile_max;
+        }
+        const __m512 weights = _mm512_maskz_mov_ps(tile, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(running_max))));
+        denominator += _mm512_reduce_add_ps(weights);
+        float weight[KEY_TILE];
+        _mm512_storeu_ps(weight, weights);
+        for (int64_t j = 0; j < count; j++) {
+            const __m512 w = _mm512_set1_ps(weight[j]);
+            for (int64_t c = 0; c < chunks; c++)
+                acc[c] = _mm512_fmadd_ps(w, widen(v_cache + offsets[j] + c * 16, lanes[c]), acc[c]);
+        }
+    }
+    const __m512 inverse = _mm512_set1_ps(denominator > 0.0f ? 1.0f / denominator : 0.0f);
+    for (int64_t c = 0; c < chunks; c++)
+        _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
+                                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
+}
+#endif
 
 int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stride, int64_t heads,
                                  int64_t dim, const uint16_t* k_cache, const uint16_t* v_cache,
@@ -147,51 +246,16 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  float scale, float soft_cap, uint16_t* out) {
 #if KVDECK_NATIVE
     if (dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads, chunks = (dim + 15) / 16, work = rows * heads;
+    const int64_t group = heads / kv_heads, work = rows * heads;
     int64_t context = 0;
     for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
     const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
     for (int64_t item = 0; item < work; item++) {
-        const int64_t r = item / heads, h = item % heads, kv_head = h / group;
+        const int64_t r = item / heads, h = item % heads;
         const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
-        const uint16_t* query = q + r * q_stride + h * dim;
-        const int32_t* table = block_tables + r * bt_stride;
-        __m512 qv[MAX_HEAD_DIM / 16], acc[MAX_HEAD_DIM / 16];
-        __mmask16 lanes[MAX_HEAD_DIM / 16];
-        for (int64_t c = 0; c < chunks; c++) {
-            lanes[c] = dim - c * 16 >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (dim - c * 16)) - 1u);
-            qv[c] = widen(query + c * 16, lanes[c]);
-            acc[c] = _mm512_setzero_ps();
-        }
-        float running_max = -INFINITY, denominator = 0.0f;
-        for (int64_t p = first; p < len; p++) {
-            const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-            const int64_t offset = (slot * kv_heads + kv_head) * dim;
-            __m512 dot = _mm512_setzero_ps();
-            for (int64_t c = 0; c < chunks; c++)
-                dot = _mm512_fmadd_ps(qv[c], widen(k_cache + offset + c * 16, lanes[c]), dot);
-            float score = _mm512_reduce_add_ps(dot) * scale;
-            if (soft_cap > 0.0f) score = soft_cap * tanhf(score / soft_cap);
-            float weight = 1.0f;
-            if (score > running_max) {  /* a new maximum: rescale what was summed so far */
-                const __m512 rescale = _mm512_set1_ps(expf(running_max - score));
-                for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], rescale);
-                denominator *= expf(running_max - score);
-                running_max = score;
-            } else {
-                weight = expf(score - running_max);
-            }
-            denominator += weight;
-            const __m512 w = _mm512_set1_ps(weight);
-            for (int64_t c = 0; c < chunks; c++)
-                acc[c] = _mm512_fmadd_ps(w, widen(v_cache + offset + c * 16, lanes[c]), acc[c]);
-        }
-        const __m512 inverse = _mm512_set1_ps(denominator > 0.0f ? 1.0f / denominator : 0.0f);
-        uint16_t* result = out + (r * heads + h) * dim;
-        for (int64_t c = 0; c < chunks; c++)
-            _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
-                                     (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
+        attend_one(q + r * q_stride + h * dim, k_cache, v_cache, block_tables + r * bt_stride, first, len,
+                   block_size, kv_heads, h / group, dim, scale, soft_cap, out + (r * heads + h) * dim);
     }
     return 0;
 #else
@@ -207,38 +271,6 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
  * differ from it only by the order of the fp32 sum in the norm and by the last bits of exp.
  * Rows are shared among the threads when there are enough elements. */
 
-#if KVDECK_NATIVE
-static inline __mmask16 lanes_from(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
-
-static inline void narrow_store(uint16_t* p, __mmask16 mask, __m512 v) {
-    _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
-}
-
-static inline __m512 round_bf16(__m512 v) {  /* v rounded to bf16, back in fp32 */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
-
-/* e^x to about 2 ulp of fp32: 2^n * p(r), r = x - n ln2 (Cody-Waite), p of degree 6. */
-static inline __m512 exp_ps(__m512 x) {
-    /* above 88.7 the result is inf (scalef overflows), below -103.9 it is 0, as expf */
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)), _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-#endif
 
 /* out = weight * bf16(v * rsqrt(mean(v^2) + eps)), v = x, or with a residual v = bf16(x +
  * residual), which is also written to `summed` (the next residual). x, residual: row

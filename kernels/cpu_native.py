@@ -37,7 +37,9 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_native.c")
+# The kernels, and the decoder stack that composes them (kernels/cpu_decode_stack.py).
+SOURCES = [Path(__file__).with_name(name) for name in ("cpu_native.c", "cpu_decode_stack.c")]
+HEADER = Path(__file__).with_name("cpu_native.h")
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm"]
 # Rows up to which a linear layer takes the kernel. Up to four rows it streams the weights
 # near the memory's speed and beats oneDNN's packed GEMM (SmolLM2's projections 1.2-1.6x,
@@ -277,10 +279,13 @@ def _library() -> ctypes.CDLL | None:
         "kvdeck_rms_norm_bf16": [ptr, i64, ptr, i64, ptr, ctypes.c_float, i64, i64, ptr, ptr],
         "kvdeck_silu_and_mul_bf16": [ptr, i64, i64, i64, ptr],
         "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
+        "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr],
     }
     for name, argtypes in signatures.items():
         getattr(library, name).restype = ctypes.c_int
         getattr(library, name).argtypes = argtypes
+    library.kvdeck_decode_stack_workspace.restype = i64
+    library.kvdeck_decode_stack_workspace.argtypes = [ptr, i64]
     return library
 
 
@@ -312,7 +317,8 @@ def _built_library() -> Path:
     if shutil.which(compiler) is None:
         raise FileNotFoundError(f"no C compiler ({compiler!r}) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    texts = [path.read_text() for path in (*SOURCES, HEADER)]
+    key = hashlib.sha256("\n".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
     target = _cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
@@ -322,8 +328,8 @@ def _built_library() -> Path:
     fd, partial = tempfile.mkstemp(prefix=".cpu_native-", suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", partial], capture_output=True, text=True,
-                       check=True)
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial], capture_output=True,
+                       text=True, check=True)
         os.replace(partial, target)
     finally:
         if os.path.exists(partial):

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from kvdeck.kernels import cpu_native
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("app", "assets", "engine", "kernels", "quant", "tui")
 HF_KERNELS = "kernels==0.17.2"  # Hugging Face's package whose name kvdeck's folder used to shadow
@@ -65,7 +67,9 @@ def test_the_wheel_holds_only_the_kvdeck_namespace(wheel):
     assert set(listed) == on_disk
     for data in ("kvdeck/assets/demo_model/model.safetensors", "kvdeck/assets/demo_model/tokenizer.json",
                  "kvdeck/assets/demo_draft/model.safetensors",
-                 "kvdeck/assets/calibration/calibration.txt", "kvdeck/tui/styles/kvdeck.tcss"):
+                 "kvdeck/assets/calibration/calibration.txt", "kvdeck/tui/styles/kvdeck.tcss",
+                 # the native CPU kernels' sources, compiled at first use (kernels/cpu_native.py)
+                 *(f"kvdeck/kernels/{source.name}" for source in (*cpu_native.SOURCES, cpu_native.HEADER))):
         assert data in names, f"package data {data} is missing from the wheel"
 
 

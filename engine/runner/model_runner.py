@@ -24,6 +24,7 @@ from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.models import model_class_for
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
+from kvdeck.engine.runner.models.native_decode import bind_decoder_stack, unbind_decoder_stack
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.arith import cdiv
@@ -234,9 +235,11 @@ class ModelRunner:
         """Allocate a pool of `num_blocks` blocks (a plan's, or a profiling scratch pool)."""
         self.kv_pool.allocate(num_blocks, self.device)
         self.kv_pool.bind(self.attention_layers)
+        bind_decoder_stack(self.model)
         self.num_blocks = num_blocks
 
     def release_kv_cache(self) -> None:
+        unbind_decoder_stack(self.model)  # it holds the caches' addresses
         self.kv_pool.release(self.attention_layers)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -93,7 +93,7 @@ def test_a_failed_build_leaves_no_file_and_the_layers_keep_onednn(tmp_path, monk
     monkeypatch.setenv("KVDECK_HOME", str(tmp_path))
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_native, "SOURCE", broken)
+    monkeypatch.setattr(cpu_native, "SOURCES", [broken, *cpu_native.SOURCES[1:]])
     monkeypatch.setattr(cpu_native, "_cpu_has_avx512_bf16", lambda: True)
     monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
     cpu_native._library.cache_clear()

@@ -8,6 +8,7 @@ from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import Linear, LinearMethod
 from kvdeck.engine.runner.models.rotary import RotaryEmbedding
 from kvdeck.engine.types.model_config import ModelConfig
+from kvdeck.kernels.cpu_decode_stack import DecoderStack
 from kvdeck.kernels.dispatch import KernelOps
 
 
@@ -104,12 +105,20 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.rotary = rotary
+        # Every layer of a decode step in one native call, where it applies (bound by the
+        # runner with the KV cache: engine/runner/models/native_decode.py).
+        self.decoder_stack: DecoderStack | None = None
 
     def forward(self, input_ids, positions, meta):
         hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
+        stack = self.decoder_stack
+        if stack is not None and stack.takes(hidden, meta.max_query_len) and not meta.other_groups:
+            hidden, residual = stack.run(hidden, positions, self.rotary.cos_sin_cache, meta.slot_mapping,
+                                         meta.block_tables, meta.seq_lens)
+        else:
+            residual = None
+            for layer in self.layers:
+                hidden, residual = layer(positions, hidden, residual, meta)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

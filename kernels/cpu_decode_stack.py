@@ -1,0 +1,134 @@
+"""A Llama-family decode step in one native call (`cpu_decode_stack.c`).
+
+`DecoderStack` holds one `DecoderLayerWeights` per layer (bf16 tensors: the norms, the
+row-major projections the GEMV reads, the layer's KV cache) and runs a decode step of at
+most `cpu_native.GEMV_MAX_ROWS` rows through every layer without coming back to Python:
+the same kernels in the same order as the model's forward, so the same bits, without the
+fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms).
+"""
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from kvdeck.kernels import cpu_native
+
+
+@dataclass(slots=True)
+class DecoderLayerWeights:
+    """One decoder layer, as `cpu_decode_stack.c`'s kvdeck_decoder_layer reads it."""
+
+    input_norm: torch.Tensor  # [H]
+    qkv: torch.Tensor  # [Q + 2 KV, H]
+    qkv_bias: torch.Tensor | None  # [Q + 2 KV]
+    q_norm: torch.Tensor | None  # [head_dim] (Qwen3; with k_norm)
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor  # [H, Q]
+    post_norm: torch.Tensor  # [H]
+    gate_up: torch.Tensor  # [2 I, H]
+    down: torch.Tensor  # [H, I]
+    k_cache: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    v_cache: torch.Tensor
+    scale: float  # the attention's score scale
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_void_p) for name in (
+        "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm", "gate_up", "down",
+        "k_cache", "v_cache")] + [("scale", ctypes.c_float)]
+
+
+class _Stack(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int64) for name in (
+        "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size", "rot_dim")] + [
+        ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
+
+
+class DecoderStack:
+    """The layers of one model for `run`; built once the KV cache is bound (it holds the
+    caches' addresses), rebuilt when the pool is."""
+
+    def __init__(self, layers: list[DecoderLayerWeights], *, heads: int, kv_heads: int, head_dim: int,
+                 rot_dim: int, eps: float) -> None:
+        library = cpu_native._require()
+        if not layers:
+            raise ValueError("a decoder stack needs at least one layer")
+        hidden = layers[0].input_norm.shape[0]
+        intermediate = layers[0].down.shape[1]
+        q, kv = heads * head_dim, kv_heads * head_dim
+        if head_dim > cpu_native.MAX_HEAD_DIM or heads % kv_heads or rot_dim > head_dim or rot_dim % 2:
+            raise ValueError(f"a decoder stack wants kv heads dividing the heads, a head of at most "
+                             f"{cpu_native.MAX_HEAD_DIM} dims and an even rotary part of it; got "
+                             f"{heads} heads, {kv_heads} kv heads, head_dim {head_dim}, rot_dim {rot_dim}")
+        shapes = {"input_norm": (hidden,), "qkv": (q + 2 * kv, hidden), "qkv_bias": (q + 2 * kv,),
+                  "q_norm": (head_dim,), "k_norm": (head_dim,), "o_proj": (hidden, q), "post_norm": (hidden,),
+                  "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
+        block_size = layers[0].k_cache.shape[1]
+        for index, layer in enumerate(layers):
+            if (layer.q_norm is None) != (layer.k_norm is None):
+                raise ValueError(f"layer {index}: q and k norms come together or not at all")
+            for name, shape in shapes.items():
+                _check(getattr(layer, name), shape, f"layer {index}'s {name}", optional=name in (
+                    "qkv_bias", "q_norm", "k_norm"))
+            cache_shape = (layer.k_cache.shape[0], block_size, kv_heads, head_dim)
+            _check(layer.k_cache, cache_shape, f"layer {index}'s k_cache")
+            _check(layer.v_cache, cache_shape, f"layer {index}'s v_cache")
+        self.layers = layers  # the tensors outlive the addresses held below
+        self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
+        self._layer_array = (_Layer * len(layers))(*(_Layer(
+            *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
+            for layer in layers))
+        self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
+                             rot_dim, eps, self._layer_array)
+        self._run = library.kvdeck_decode_stack_bf16
+        size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
+        self._workspace = torch.empty(size, dtype=torch.bfloat16)
+
+    def takes(self, hidden: torch.Tensor, max_query_len: int) -> bool:
+        """Whether `run` takes this step: one token per row, few rows, run eagerly (a
+        compiled graph cannot trace a ctypes call)."""
+        return (max_query_len == 1 and hidden.shape[0] <= cpu_native.GEMV_MAX_ROWS
+                and not torch.compiler.is_compiling())
+
+    def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
+            slot_mapping: torch.Tensor, block_tables: torch.Tensor,
+            seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One decode step: hidden [rows, H] (the embeddings) through every layer, rows <=
+        GEMV_MAX_ROWS, one token per row. Returns (the last layer's output, the residual),
+        what the final norm takes."""
+        rows = hidden.shape[0]
+        if (hidden.shape != (rows, self.hidden) or hidden.dtype != torch.bfloat16 or not 0 < rows
+                <= cpu_native.GEMV_MAX_ROWS):
+            raise ValueError(f"a decoder stack step wants bf16 hidden [rows <= {cpu_native.GEMV_MAX_ROWS}, "
+                             f"{self.hidden}], got {hidden.dtype} {tuple(hidden.shape)}")
+        positions = positions.to(torch.int64).contiguous()
+        slots = slot_mapping.to(torch.int64).contiguous()
+        tables = block_tables.to(torch.int32).contiguous()
+        lens = seq_lens.to(torch.int32).contiguous()
+        if (positions.shape != (rows,) or slots.shape != (rows,) or lens.shape != (rows,)
+                or tables.shape[0] != rows or cos_sin_cache.dtype != torch.float32
+                or not cos_sin_cache.is_contiguous() or cos_sin_cache.shape[1] != self._stack.rot_dim):
+            raise ValueError(f"a decoder stack step wants a position, a slot, a block table and a length per "
+                             f"row ({rows}) and an fp32 cos|sin cache of {self._stack.rot_dim} columns")
+        out = hidden.contiguous().clone()
+        residual = torch.empty_like(out)
+        status = self._run(ctypes.addressof(self._stack), rows, positions.data_ptr(),
+                           cos_sin_cache.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.stride(0),
+                           lens.data_ptr(), out.data_ptr(), residual.data_ptr(), self._workspace.data_ptr())
+        if status != 0:
+            raise RuntimeError("the native decoder stack refused the step")
+        return out, residual
+
+
+def _check(tensor: torch.Tensor | None, shape: tuple, what: str, optional: bool = False) -> None:
+    if tensor is None and optional:
+        return
+    if (tensor is None or tuple(tensor.shape) != shape or tensor.dtype != torch.bfloat16
+            or not tensor.is_contiguous() or tensor.device.type != "cpu"):
+        got = "nothing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
+        raise ValueError(f"{what} must be a contiguous bf16 CPU tensor of shape {shape}, got {got}")
+
+
+def _address(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()

@@ -1,0 +1,26 @@
+/* The entry points of cpu_native.c, for the decoder stack that composes them
+ * (cpu_decode_stack.c). Pointers are bf16 as uint16_t unless named otherwise; each returns
+ * 0, or -1 when this build cannot run it. Contracts: the comments in cpu_native.c. */
+#ifndef KVDECK_CPU_NATIVE_H
+#define KVDECK_CPU_NATIVE_H
+#include <stdint.h>
+
+int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const uint16_t* w,
+                     int64_t n_len, int64_t k_len, const uint16_t* bias, uint16_t* y,
+                     int64_t y_stride);
+int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stride, int64_t heads,
+                                 int64_t dim, const uint16_t* k_cache, const uint16_t* v_cache,
+                                 int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride,
+                                 const int32_t* seq_lens, int64_t block_size, int64_t window,
+                                 float scale, float soft_cap, uint16_t* out);
+int kvdeck_rms_norm_bf16(const uint16_t* x, int64_t x_stride, const uint16_t* residual,
+                         int64_t residual_stride, const uint16_t* weight, float eps, int64_t rows,
+                         int64_t n, uint16_t* summed, uint16_t* out);
+int kvdeck_silu_and_mul_bf16(const uint16_t* x, int64_t x_stride, int64_t rows, int64_t d,
+                             uint16_t* out);
+int kvdeck_rope_neox_bf16(const uint16_t* q, int64_t q_stride, int64_t q_heads, const uint16_t* k,
+                          int64_t k_stride, int64_t k_heads, int64_t tokens, int64_t dim,
+                          const int64_t* positions, const float* cos_sin, int64_t rot_dim,
+                          uint16_t* q_out, uint16_t* k_out);
+
+#endif

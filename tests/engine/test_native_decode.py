@@ -1,0 +1,67 @@
+"""bf16 decode steps through the native decoder stack (engine/runner/models/native_decode.py):
+the same greedy tokens as the model's Python forward for every Llama-family model, bound
+only where it applies, and let go with the KV cache."""
+
+import pytest
+
+import kvdeck.engine.runner.model_runner as model_runner
+from kvdeck import LLM, SamplingParams
+from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu_decode_stack import DecoderStack
+from tests.model_factory import build_tiny_model
+
+pytestmark = pytest.mark.skipif(not cpu_native.available(),
+                                reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
+
+# Past a block edge and past Phi-3's original 64 positions; one prompt shares another's start.
+LONG = [(7 * i) % 300 + 3 for i in range(45)]
+PROMPTS = [[7, 8, 9, 10, 11, 12], LONG, LONG[:40]]
+
+
+def _generate(llm: LLM, max_tokens: int = 40) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+
+
+def _stack(llm: LLM) -> DecoderStack | None:
+    return llm.engine.core.runner.model.model.decoder_stack
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
+def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family):
+    model_dir = build_tiny_model(tmp_path / family, family)
+    options = dict(dtype="bfloat16", kv_cache_memory_gib=0.01, max_num_seqs=3, max_num_batched_tokens=32,
+                   enable_prefix_caching=True)  # chunked prefills beside decodes, a shared prefix
+    calls = []
+    run = DecoderStack.run
+    monkeypatch.setattr(DecoderStack, "run", lambda self, *a: calls.append(a[0].shape[0]) or run(self, *a))
+    native = LLM(str(model_dir), **options)
+    assert _stack(native) is not None
+    native_tokens = _generate(native)
+    assert calls and set(calls) <= {1, 2, 3}  # decode steps of every batch size went native
+    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
+    python = LLM(str(model_dir), **options)
+    assert _stack(python) is None
+    assert native_tokens == _generate(python)
+
+
+def test_bound_only_where_it_applies(tiny_llama_dir, tmp_path):
+    assert _stack(LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)) is None  # fp32: the exact path
+    assert _stack(LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="int8",
+                      kv_cache_memory_gib=0.01)) is None  # an 8-bit cache's scales
+    gemma = build_tiny_model(tmp_path / "gemma2", "gemma2", sliding_window=20)
+    llm = LLM(str(gemma), dtype="bfloat16", kv_cache_memory_gib=0.01)
+    assert not hasattr(llm.engine.core.runner.model.model, "decoder_stack")  # not a Llama decoder
+    mistral = build_tiny_model(tmp_path / "mistral", "mistral", sliding_window=8)
+    assert _stack(LLM(str(mistral), dtype="bfloat16", kv_cache_memory_gib=0.01)) is None  # a window
+
+
+def test_let_go_with_the_kv_cache(tiny_llama_dir):
+    llm = LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory_gib=0.01)
+    runner = llm.engine.core.runner
+    assert _stack(llm) is not None
+    runner.release_kv_cache()
+    assert runner.model.model.decoder_stack is None  # it held the freed caches' addresses
+    runner.allocate_kv_cache(runner.num_blocks)
+    assert _stack(llm) is not None and _stack(llm).layers[0].k_cache.data_ptr() == (
+        runner.attention_layers[0].k_cache.data_ptr())

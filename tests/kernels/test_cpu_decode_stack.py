@@ -1,0 +1,138 @@
+"""A whole decode step in one native call (kernels/cpu_decode_stack.c): bit for bit the
+composition of the single kernels that the model's Python forward runs, with every
+variant the Llama family has (q/k/v bias, per-head q/k norms, partial rotary, GQA), and
+clear refusals."""
+
+import pytest
+import torch
+
+from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu_decode_stack import DecoderLayerWeights, DecoderStack
+
+needs_kernel = pytest.mark.skipif(not cpu_native.available(),
+                                  reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
+
+HIDDEN, INTER, BLOCK = 96, 160, 16
+
+
+def make_layers(num_layers, heads, kv_heads, dim, bias, qk_norm, num_blocks=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rand(*shape, scale=0.2):
+        return (torch.randn(*shape, generator=g) * scale).bfloat16()
+
+    q, kv = heads * dim, kv_heads * dim
+    return [DecoderLayerWeights(
+        input_norm=rand(HIDDEN, scale=1.0), qkv=rand(q + 2 * kv, HIDDEN),
+        qkv_bias=rand(q + 2 * kv) if bias else None,
+        q_norm=rand(dim, scale=1.0) if qk_norm else None, k_norm=rand(dim, scale=1.0) if qk_norm else None,
+        o_proj=rand(HIDDEN, q), post_norm=rand(HIDDEN, scale=1.0), gate_up=rand(2 * INTER, HIDDEN),
+        down=rand(HIDDEN, INTER), k_cache=rand(num_blocks, BLOCK, kv_heads, dim, scale=1.0),
+        v_cache=rand(num_blocks, BLOCK, kv_heads, dim, scale=1.0), scale=dim ** -0.5)
+        for _ in range(num_layers)]
+
+
+def copy_layers(layers):
+    return [DecoderLayerWeights(**{name: value.clone() if name.endswith("cache") else value
+                                   for name, value in ((n, getattr(layer, n)) for n in layer.__slots__)})
+            for layer in layers]
+
+
+def python_step(layers, hidden, positions, cos_sin, slots, tables, lens, heads, kv_heads, dim, eps):
+    """The model's forward (engine/runner/models/llama.py) over the single native kernels."""
+    rows, q_size, kv_size = hidden.shape[0], heads * dim, kv_heads * dim
+    residual = None
+    for layer in layers:
+        if residual is None:
+            residual, x = hidden, cpu_native.rms_norm(hidden, layer.input_norm, eps)
+        else:
+            x, residual = cpu_native.rms_norm(hidden, layer.input_norm, eps, residual)
+        qkv = cpu_native.bf16_gemv(x, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split([q_size, kv_size, kv_size], -1)
+        if layer.q_norm is not None:
+            q = cpu_native.rms_norm(q.reshape(-1, dim), layer.q_norm, eps)
+            k = cpu_native.rms_norm(k.reshape(-1, dim), layer.k_norm, eps)
+        q, k = cpu_native.apply_rope_neox(positions, q.reshape(rows, heads, dim),
+                                          k.reshape(rows, kv_heads, dim), cos_sin)
+        keep = slots >= 0
+        layer.k_cache.view(-1, kv_heads, dim)[slots[keep]] = k[keep]
+        layer.v_cache.view(-1, kv_heads, dim)[slots[keep]] = v.reshape(rows, kv_heads, dim)[keep]
+        attended = cpu_native.decode_attention(q, layer.k_cache, layer.v_cache, tables, lens, layer.scale)
+        out = cpu_native.bf16_gemv(attended.reshape(rows, q_size), layer.o_proj)
+        x, residual = cpu_native.rms_norm(out, layer.post_norm, eps, residual)
+        activated = cpu_native.silu_and_mul(cpu_native.bf16_gemv(x, layer.gate_up))
+        hidden = cpu_native.bf16_gemv(activated, layer.down)
+    return hidden, residual
+
+
+def step_inputs(rows, dim, rot_dim, skip_row=None, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor([5, 40, 17, 33][:rows], dtype=torch.int32)
+    tables = torch.zeros(rows, 3, dtype=torch.int32)
+    for r in range(rows):
+        tables[r] = torch.arange(3 * r, 3 * r + 3, dtype=torch.int32) + 2  # each row its own blocks
+    positions = lens.long() - 1
+    slots = tables[torch.arange(rows), positions // BLOCK].long() * BLOCK + positions % BLOCK
+    if skip_row is not None:
+        slots[skip_row] = -1  # a padding row: its K/V are not written
+    cos_sin = torch.randn(64, rot_dim, generator=g)
+    hidden = torch.randn(rows, HIDDEN, generator=g).bfloat16()
+    return hidden, positions, cos_sin, slots, tables, lens
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("heads,kv_heads,dim,rot_dim,bias,qk_norm", [
+    (6, 2, 32, 32, False, False),  # Llama: GQA, the whole head rotated
+    (4, 4, 48, 48, True, False),  # Qwen2's q/k/v bias, no GQA, a head not a multiple of 32
+    (4, 2, 32, 32, False, True),  # Qwen3's per-head q and k norms
+    (3, 1, 64, 48, False, False),  # Phi-3: three quarters of the head rotated, multi-query
+])
+def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, rot_dim, bias, qk_norm):
+    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm)
+    expected_layers = copy_layers(layers)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim,
+                                                                  skip_row=1 if rows > 2 else None)
+    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6)
+    assert stack.takes(hidden, max_query_len=1)
+    out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
+    want_out, want_residual = python_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
+                                          heads, kv_heads, dim, 1e-6)
+    assert torch.equal(out, want_out) and torch.equal(residual, want_residual)
+    for got, want in zip(layers, expected_layers):  # the same K/V written, nothing else touched
+        assert torch.equal(got.k_cache, want.k_cache) and torch.equal(got.v_cache, want.v_cache)
+    assert out.abs().max() > 0 and not torch.equal(out, hidden)
+
+
+@needs_kernel
+def test_it_leaves_prefill_and_larger_steps_to_the_python_forward():
+    stack = DecoderStack(make_layers(1, 4, 2, 32, False, False), heads=4, kv_heads=2, head_dim=32, rot_dim=32,
+                         eps=1e-6)
+    assert not stack.takes(torch.zeros(3, HIDDEN, dtype=torch.bfloat16), max_query_len=3)
+    assert not stack.takes(torch.zeros(cpu_native.GEMV_MAX_ROWS + 1, HIDDEN, dtype=torch.bfloat16), 1)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(1, 32, 32)
+    with pytest.raises(ValueError, match="bf16 hidden"):
+        stack.run(hidden.float(), positions, cos_sin, slots, tables, lens)
+    with pytest.raises(ValueError, match="a slot"):
+        stack.run(hidden, positions, cos_sin, slots.repeat(2), tables, lens)
+    with pytest.raises(ValueError, match="cos|sin cache of 32 columns"):
+        stack.run(hidden, positions, cos_sin[:, :16].contiguous(), slots, tables, lens)
+
+
+@needs_kernel
+def test_it_refuses_weights_it_cannot_read_and_names_them():
+    layers = make_layers(2, 4, 2, 32, False, False)
+    layers[1].qkv = layers[1].qkv[:, :-1]
+    with pytest.raises(ValueError, match="layer 1's qkv must be a contiguous bf16 CPU tensor of shape"):
+        DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    layers = make_layers(1, 4, 2, 32, False, True)
+    layers[0].k_norm = None
+    with pytest.raises(ValueError, match="q and k norms come together"):
+        DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    with pytest.raises(ValueError, match="kv heads dividing the heads"):
+        DecoderStack(make_layers(1, 4, 3, 32, False, False), heads=4, kv_heads=3, head_dim=32, rot_dim=32,
+                     eps=1e-6)
+    layers = make_layers(1, 4, 2, 32, False, False)
+    layers[0].down = layers[0].down.float()
+    with pytest.raises(ValueError, match="layer 0's down"):
+        DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
