@@ -85,18 +85,19 @@ class DecoderStack:
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
         self._workspace = torch.empty(size, dtype=torch.bfloat16)
 
-    def takes(self, hidden: torch.Tensor, max_query_len: int) -> bool:
-        """Whether `run` takes this step: one token per row, few rows, run eagerly (a
-        compiled graph cannot trace a ctypes call)."""
-        return (max_query_len == 1 and hidden.shape[0] <= cpu_native.GEMV_MAX_ROWS
-                and not torch.compiler.is_compiling())
+    def takes(self, hidden: torch.Tensor) -> bool:
+        """Whether `run` takes a step of these tokens: few enough for the GEMV, run eagerly
+        (a compiled graph cannot trace a ctypes call)."""
+        return hidden.shape[0] <= cpu_native.GEMV_MAX_ROWS and not torch.compiler.is_compiling()
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
             slot_mapping: torch.Tensor, block_tables: torch.Tensor,
             seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One decode step: hidden [rows, H] (the embeddings) through every layer, rows <=
-        GEMV_MAX_ROWS, one token per row. Returns (the last layer's output, the residual),
-        what the final norm takes."""
+        """A step of a few tokens: hidden [rows, H] (their embeddings) through every layer, rows
+        <= GEMV_MAX_ROWS. Each row is one token with its own block-table row and context
+        length (the tokens it attends to, itself included): a decode step's rows as they come,
+        a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
+        residual), what the final norm takes."""
         rows = hidden.shape[0]
         if (hidden.shape != (rows, self.hidden) or hidden.dtype != torch.bfloat16 or not 0 < rows
                 <= cpu_native.GEMV_MAX_ROWS):
@@ -119,6 +120,18 @@ class DecoderStack:
         if status != 0:
             raise RuntimeError("the native decoder stack refused the step")
         return out, residual
+
+
+def token_contexts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                   block_tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence attention metadata (query_start_loc [seqs + 1], seq_lens [seqs], tables
+    [seqs, width]) as `run` reads it, per token: each token's sequence's table, and its
+    context, the sequence's length less the tokens after it in its chunk (causal)."""
+    starts = query_start_loc.long()
+    query_lens = starts[1:] - starts[:-1]
+    owner = torch.repeat_interleave(torch.arange(query_lens.shape[0]), query_lens)
+    after = starts[1:][owner] - 1 - torch.arange(owner.shape[0])
+    return block_tables[owner], seq_lens[owner] - after
 
 
 def _check(tensor: torch.Tensor | None, shape: tuple, what: str, optional: bool = False) -> None:

@@ -18,9 +18,9 @@ LONG = [(7 * i) % 300 + 3 for i in range(45)]
 PROMPTS = [[7, 8, 9, 10, 11, 12], LONG, LONG[:40]]
 
 
-def _generate(llm: LLM, max_tokens: int = 40) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, params)]
+def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
 def _stack(llm: LLM) -> DecoderStack | None:
@@ -65,3 +65,19 @@ def test_let_go_with_the_kv_cache(tiny_llama_dir):
     runner.allocate_kv_cache(runner.num_blocks)
     assert _stack(llm) is not None and _stack(llm).layers[0].k_cache.data_ptr() == (
         runner.attention_layers[0].k_cache.data_ptr())
+
+
+def test_speculative_verification_through_the_stack_keeps_plain_decodings_tokens(tiny_llama_dir, monkeypatch):
+    """A verify step (the last token and its drafts, a chunk of up to four tokens) runs
+    native too, one row a token; rows never mix in the stack, so greedy speculative output
+    is plain bf16 decoding's token for token."""
+    options = dict(dtype="bfloat16", kv_cache_memory_gib=0.01, max_num_seqs=1)
+    prompts = [[5, 6, 7, 8, 9] * 6, [11, 12, 13] * 10]  # repetitive: the n-gram proposer drafts
+    plain = _generate(LLM(str(tiny_llama_dir), **options), prompts)
+    chunks = []
+    run = DecoderStack.run
+    monkeypatch.setattr(DecoderStack, "run", lambda self, *a: chunks.append(a[0].shape[0]) or run(self, *a))
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    speculative = LLM(str(tiny_llama_dir), speculative_config=config, **options)
+    assert _generate(speculative, prompts) == plain
+    assert 4 in chunks  # verify steps of the last token and three drafts went native

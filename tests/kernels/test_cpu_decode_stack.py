@@ -94,7 +94,7 @@ def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, ro
     hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim,
                                                                   skip_row=1 if rows > 2 else None)
     stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6)
-    assert stack.takes(hidden, max_query_len=1)
+    assert stack.takes(hidden)
     out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
     want_out, want_residual = python_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
                                           heads, kv_heads, dim, 1e-6)
@@ -105,11 +105,42 @@ def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, ro
 
 
 @needs_kernel
-def test_it_leaves_prefill_and_larger_steps_to_the_python_forward():
+def test_a_chunk_of_tokens_is_the_same_as_one_token_at_a_time():
+    """A speculative verify chunk (a decode row and a chunk of three tokens in one step, each
+    token a row over its causal context) gives each token exactly what decoding it alone
+    after the ones before would: rows never mix, so verification agrees with plain decoding."""
+    from kvdeck.kernels.cpu_decode_stack import token_contexts
+
+    heads, kv_heads, dim = 4, 2, 32
+    layers = make_layers(2, heads, kv_heads, dim, False, False)
+    one_at_a_time = copy_layers(layers)
+    g = torch.Generator().manual_seed(3)
+    hidden = torch.randn(4, HIDDEN, generator=g).bfloat16()
+    cos_sin = torch.randn(64, dim, generator=g)
+    tables = torch.tensor([[2, 3, 4], [5, 6, 7]], dtype=torch.int32)
+    seq_lens = torch.tensor([9, 20], dtype=torch.int32)  # sequence 1's last three tokens are the chunk
+    starts = torch.tensor([0, 1, 4], dtype=torch.int32)
+    positions = torch.tensor([8, 17, 18, 19])
+    owner = [0, 1, 1, 1]
+    slots = torch.tensor([int(tables[seq, pos // BLOCK]) * BLOCK + int(pos) % BLOCK
+                          for seq, pos in zip(owner, positions)])
+    token_tables, token_lens = token_contexts(starts, seq_lens, tables)
+    assert token_lens.tolist() == [9, 18, 19, 20] and token_tables[1:].tolist() == [tables[1].tolist()] * 3
+    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim, eps=1e-6)
+    chunk_out, chunk_residual = stack.run(hidden, positions, cos_sin, slots, token_tables, token_lens)
+    single = DecoderStack(one_at_a_time, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim, eps=1e-6)
+    for row in range(4):
+        out, residual = single.run(hidden[row:row + 1], positions[row:row + 1], cos_sin, slots[row:row + 1],
+                                   tables[owner[row]:owner[row] + 1], token_lens[row:row + 1])
+        assert torch.equal(out[0], chunk_out[row]) and torch.equal(residual[0], chunk_residual[row])
+
+
+@needs_kernel
+def test_it_leaves_larger_steps_to_the_python_forward_and_refuses_bad_metadata():
     stack = DecoderStack(make_layers(1, 4, 2, 32, False, False), heads=4, kv_heads=2, head_dim=32, rot_dim=32,
                          eps=1e-6)
-    assert not stack.takes(torch.zeros(3, HIDDEN, dtype=torch.bfloat16), max_query_len=3)
-    assert not stack.takes(torch.zeros(cpu_native.GEMV_MAX_ROWS + 1, HIDDEN, dtype=torch.bfloat16), 1)
+    assert stack.takes(torch.zeros(cpu_native.GEMV_MAX_ROWS, HIDDEN, dtype=torch.bfloat16))
+    assert not stack.takes(torch.zeros(cpu_native.GEMV_MAX_ROWS + 1, HIDDEN, dtype=torch.bfloat16))
     hidden, positions, cos_sin, slots, tables, lens = step_inputs(1, 32, 32)
     with pytest.raises(ValueError, match="bf16 hidden"):
         stack.run(hidden.float(), positions, cos_sin, slots, tables, lens)

@@ -8,7 +8,7 @@ from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import Linear, LinearMethod
 from kvdeck.engine.runner.models.rotary import RotaryEmbedding
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels.cpu_decode_stack import DecoderStack
+from kvdeck.kernels.cpu_decode_stack import DecoderStack, token_contexts
 from kvdeck.kernels.dispatch import KernelOps
 
 
@@ -105,16 +105,19 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, ops)
         self.rotary = rotary
-        # Every layer of a decode step in one native call, where it applies (bound by the
-        # runner with the KV cache: engine/runner/models/native_decode.py).
+        # Every layer of a step of a few tokens in one native call, where it applies (bound
+        # by the runner with the KV cache: engine/runner/models/native_decode.py).
         self.decoder_stack: DecoderStack | None = None
 
     def forward(self, input_ids, positions, meta):
         hidden = self.embed_tokens(input_ids)
         stack = self.decoder_stack
-        if stack is not None and stack.takes(hidden, meta.max_query_len) and not meta.other_groups:
+        if stack is not None and stack.takes(hidden) and not meta.other_groups:
+            tables, lens = meta.block_tables, meta.seq_lens
+            if meta.max_query_len > 1:  # a short chunk (a speculative verify): one row a token
+                tables, lens = token_contexts(meta.query_start_loc, lens, tables)
             hidden, residual = stack.run(hidden, positions, self.rotary.cos_sin_cache, meta.slot_mapping,
-                                         meta.block_tables, meta.seq_lens)
+                                         tables, lens)
         else:
             residual = None
             for layer in self.layers:
