@@ -32,9 +32,29 @@ typedef struct {
 
 typedef struct {
     int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, rot_dim;
+    int64_t num_blocks;  /* of each layer's caches */
     float eps;
     const kvdeck_decoder_layer* layers;
 } kvdeck_decoder_stack;
+
+/* Whether every index the step will follow lies inside what it indexes: a position inside
+ * the cos|sin table, a slot (or -1) and every block of each row's context inside the cache,
+ * a context that fits its table row. The Python path would raise on any of these; here a
+ * wrong one would read or write outside the tensors. */
+static int step_in_range(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* positions,
+                         int64_t max_positions, const int64_t* slots, const int32_t* block_tables,
+                         int64_t bt_stride, const int32_t* seq_lens) {
+    const int64_t num_slots = s->num_blocks * s->block_size;
+    for (int64_t r = 0; r < rows; r++) {
+        if (positions[r] < 0 || positions[r] >= max_positions || slots[r] < -1 || slots[r] >= num_slots
+            || seq_lens[r] < 1 || seq_lens[r] > bt_stride * s->block_size)
+            return 0;
+        const int32_t* table = block_tables + r * bt_stride;
+        for (int64_t b = 0; b < (seq_lens[r] + s->block_size - 1) / s->block_size; b++)
+            if (table[b] < 0 || table[b] >= s->num_blocks) return 0;
+    }
+    return 1;
+}
 
 /* The workspace (in bf16 elements) a step of `rows` rows needs. */
 int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t rows) {
@@ -42,12 +62,15 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
     return rows * (s->hidden + (q + 2 * kv) + 2 * (q + kv) + q + 3 * s->intermediate);
 }
 
-/* positions, slots [rows] int64 (a negative slot is not written), cos_sin [max_positions,
- * rot_dim] fp32, block_tables [rows, bt_stride] int32, seq_lens [rows] int32. */
+/* positions, slots [rows] int64 (slot -1: not written), cos_sin [max_positions, rot_dim] fp32,
+ * block_tables [rows, bt_stride] int32, seq_lens [rows] int32. Returns 0, -2 when an index
+ * is out of range (nothing is touched), -1 when a kernel refuses. */
 int kvdeck_decode_stack_bf16(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* positions,
-                             const float* cos_sin, const int64_t* slots, const int32_t* block_tables,
-                             int64_t bt_stride, const int32_t* seq_lens, uint16_t* hidden,
-                             uint16_t* residual, uint16_t* workspace) {
+                             const float* cos_sin, int64_t max_positions, const int64_t* slots,
+                             const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                             uint16_t* hidden, uint16_t* residual, uint16_t* workspace) {
+    if (!step_in_range(s, rows, positions, max_positions, slots, block_tables, bt_stride, seq_lens))
+        return -2;
     const int64_t h = s->hidden, d = s->head_dim, q = s->heads * d, kv = s->kv_heads * d;
     const int64_t qkv_width = q + 2 * kv, inter = s->intermediate;
     uint16_t* normed = workspace;                   /* [rows, H] */
@@ -84,7 +107,7 @@ int kvdeck_decode_stack_bf16(const kvdeck_decoder_stack* s, int64_t rows, const 
         status |= kvdeck_rope_neox_bf16(q_source, q_stride, s->heads, k_source, k_stride, s->kv_heads, rows, d,
                                         positions, cos_sin, s->rot_dim, q_rotated, k_rotated);
         for (int64_t r = 0; r < rows; r++) {
-            if (slots[r] < 0) continue;
+            if (slots[r] == -1) continue;
             memcpy(layer->k_cache + slots[r] * kv, k_rotated + r * kv, (size_t)kv * sizeof(uint16_t));
             memcpy(layer->v_cache + slots[r] * kv, qkv + r * qkv_width + q + kv, (size_t)kv * sizeof(uint16_t));
         }

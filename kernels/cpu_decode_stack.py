@@ -41,7 +41,8 @@ class _Layer(ctypes.Structure):
 
 class _Stack(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
-        "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size", "rot_dim")] + [
+        "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size", "rot_dim",
+        "num_blocks")] + [
         ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
 
 
@@ -64,14 +65,14 @@ class DecoderStack:
         shapes = {"input_norm": (hidden,), "qkv": (q + 2 * kv, hidden), "qkv_bias": (q + 2 * kv,),
                   "q_norm": (head_dim,), "k_norm": (head_dim,), "o_proj": (hidden, q), "post_norm": (hidden,),
                   "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
-        block_size = layers[0].k_cache.shape[1]
+        num_blocks, block_size = layers[0].k_cache.shape[:2]
         for index, layer in enumerate(layers):
             if (layer.q_norm is None) != (layer.k_norm is None):
                 raise ValueError(f"layer {index}: q and k norms come together or not at all")
             for name, shape in shapes.items():
                 _check(getattr(layer, name), shape, f"layer {index}'s {name}", optional=name in (
                     "qkv_bias", "q_norm", "k_norm"))
-            cache_shape = (layer.k_cache.shape[0], block_size, kv_heads, head_dim)
+            cache_shape = (num_blocks, block_size, kv_heads, head_dim)
             _check(layer.k_cache, cache_shape, f"layer {index}'s k_cache")
             _check(layer.v_cache, cache_shape, f"layer {index}'s v_cache")
         self.layers = layers  # the tensors outlive the addresses held below
@@ -80,7 +81,7 @@ class DecoderStack:
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
-                             rot_dim, eps, self._layer_array)
+                             rot_dim, num_blocks, eps, self._layer_array)
         self._run = library.kvdeck_decode_stack_bf16
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
         self._workspace = torch.empty(size, dtype=torch.bfloat16)
@@ -115,8 +116,14 @@ class DecoderStack:
         out = hidden.contiguous().clone()
         residual = torch.empty_like(out)
         status = self._run(ctypes.addressof(self._stack), rows, positions.data_ptr(),
-                           cos_sin_cache.data_ptr(), slots.data_ptr(), tables.data_ptr(), tables.stride(0),
-                           lens.data_ptr(), out.data_ptr(), residual.data_ptr(), self._workspace.data_ptr())
+                           cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], slots.data_ptr(),
+                           tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(),
+                           residual.data_ptr(), self._workspace.data_ptr())
+        if status == -2:
+            raise ValueError(f"a decoder stack step indexes outside its tables: positions "
+                             f"{positions.tolist()} (table of {cos_sin_cache.shape[0]}), slots "
+                             f"{slots.tolist()}, lengths {lens.tolist()} over tables of {tables.shape[1]} "
+                             f"blocks (cache of {self._stack.num_blocks})")
         if status != 0:
             raise RuntimeError("the native decoder stack refused the step")
         return out, residual

@@ -279,7 +279,7 @@ def _library() -> ctypes.CDLL | None:
         "kvdeck_rms_norm_bf16": [ptr, i64, ptr, i64, ptr, ctypes.c_float, i64, i64, ptr, ptr],
         "kvdeck_silu_and_mul_bf16": [ptr, i64, i64, i64, ptr],
         "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
-        "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, ptr, ptr, i64, ptr, ptr, ptr, ptr],
+        "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
     }
     for name, argtypes in signatures.items():
         getattr(library, name).restype = ctypes.c_int

@@ -151,6 +151,27 @@ def test_it_leaves_larger_steps_to_the_python_forward_and_refuses_bad_metadata()
 
 
 @needs_kernel
+def test_an_index_out_of_range_is_refused_before_anything_is_written():
+    """The Python path would raise on these (index_copy_, a table lookup); the stack checks
+    them all first rather than read or write outside the caches."""
+    layers = make_layers(2, 4, 2, 32, False, False, num_blocks=24)
+    before = [layer.k_cache.clone() for layer in layers]
+    stack = DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(2, 32, 32)
+    bad_steps = {
+        "position past the rotary table": (positions + 64, slots, tables, lens),
+        "slot past the cache": (positions, slots + 24 * BLOCK, tables, lens),
+        "block id past the cache": (positions, slots, tables + 24, lens),
+        "context longer than its table": (positions, slots, tables, lens + 3 * BLOCK),
+    }
+    for why, (bad_positions, bad_slots, bad_tables, bad_lens) in bad_steps.items():
+        with pytest.raises(ValueError, match="indexes outside its tables"):
+            stack.run(hidden, bad_positions, cos_sin, bad_slots, bad_tables, bad_lens)
+        assert all(torch.equal(layer.k_cache, old) for layer, old in zip(layers, before)), why
+    stack.run(hidden, positions, cos_sin, slots, tables, lens)  # and the stack still works
+
+
+@needs_kernel
 def test_it_refuses_weights_it_cannot_read_and_names_them():
     layers = make_layers(2, 4, 2, 32, False, False)
     layers[1].qkv = layers[1].qkv[:, :-1]

@@ -55,9 +55,8 @@ def unbind_decoder_stack(model: nn.Module) -> None:
 
 
 def _why_not(model: LlamaModel) -> str | None:
-    """Why the stack cannot run this model's decode steps, or None when it can."""
-    if not cpu_native.available():
-        return "the native CPU kernels are not available"
+    """Why the stack cannot run this model's decode steps, or None when it can (the build
+    of the native kernels is asked about last: only a bf16 CPU model gets that far)."""
     norms = {model.norm.eps}
     for index, layer in enumerate(model.layers):
         if not isinstance(layer, LlamaDecoderLayer):
@@ -80,6 +79,8 @@ def _why_not(model: LlamaModel) -> str | None:
             norms |= {attention.q_norm.eps, attention.k_norm.eps}
     if len(norms) != 1:
         return "the norms differ in eps"
+    if not cpu_native.available():
+        return "the native CPU kernels are not available"
     return None
 
 
