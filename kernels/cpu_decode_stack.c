@@ -1,6 +1,9 @@
-/* A decode step of a Llama-family decoder stack in one call: every layer's RMSNorm, qkv
- * projection (with Qwen2's bias, Qwen3's per-head q/k norms), rotary, KV-cache write,
- * attention, output projection, RMSNorm and SiLU MLP, for one to a few rows.
+/* A step of a few tokens through a Llama-family decoder stack in one call: every layer's
+ * RMSNorm, qkv projection (with Qwen2's bias, Qwen3's per-head q/k norms), rotary, KV-cache
+ * write, attention, output projection, RMSNorm and SiLU MLP. A row is a token with its own
+ * block-table row and context length: decode rows, or a short chunk's tokens (a
+ * speculative verify), each attending causally. Rows never mix, so a token's result does
+ * not depend on what else is in the step.
  *
  * It composes cpu_native.c's kernels in the order and with the roundings of the model's
  * Python forward (engine/runner/models/llama.py over kernels/dispatch.py), so its result

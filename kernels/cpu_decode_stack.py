@@ -1,10 +1,11 @@
-"""A Llama-family decode step in one native call (`cpu_decode_stack.c`).
+"""A Llama-family step of a few tokens in one native call (`cpu_decode_stack.c`).
 
 `DecoderStack` holds one `DecoderLayerWeights` per layer (bf16 tensors: the norms, the
-row-major projections the GEMV reads, the layer's KV cache) and runs a decode step of at
-most `cpu_native.GEMV_MAX_ROWS` rows through every layer without coming back to Python:
-the same kernels in the same order as the model's forward, so the same bits, without the
-fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms).
+row-major projections the GEMV reads, the layer's KV cache) and runs a step of at most
+`cpu_native.GEMV_MAX_ROWS` tokens through every layer without coming back to Python: the
+same kernels in the same order as the model's forward, so the same bits, without the
+fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms). Every index
+the step follows is checked first (a bad one is a ValueError, nothing written).
 """
 
 import ctypes

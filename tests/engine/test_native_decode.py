@@ -18,8 +18,8 @@ LONG = [(7 * i) % 300 + 3 for i in range(45)]
 PROMPTS = [[7, 8, 9, 10, 11, 12], LONG, LONG[:40]]
 
 
-def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+def _generate(llm: LLM, prompts: list[list[int]] = PROMPTS, max_tokens: int = 40) -> list[list[int]]:
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
@@ -43,6 +43,24 @@ def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family):
     python = LLM(str(model_dir), **options)
     assert _stack(python) is None
     assert native_tokens == _generate(python)
+
+
+def test_preemption_and_a_small_pool_keep_the_python_forwards_tokens(tmp_path, monkeypatch):
+    """Phi-3 (partial LongRoPE rotation, past its original 64 positions) in a pool too small
+    for three requests at once: preempted requests recompute, every block comes back. The
+    budget keeps each recompute one chunk of more than 4 tokens, so both runs prefill on
+    SDPA (a chunk of at most 4 tokens would run native on one side, with other roundings)."""
+    model_dir = build_tiny_model(tmp_path / "phi3", "phi3")
+    options = dict(dtype="bfloat16", num_gpu_blocks_override=10, max_model_len=128, max_num_seqs=3,
+                   max_num_batched_tokens=256)
+    native = LLM(str(model_dir), **options)
+    assert _stack(native) is not None
+    native_tokens = _generate(native, max_tokens=64)
+    stats = native.stats()
+    assert stats.num_preemptions > 0
+    assert sum(stats.block_ref_counts) == 0 and stats.num_free_blocks == stats.num_blocks
+    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
+    assert native_tokens == _generate(LLM(str(model_dir), **options), max_tokens=64)
 
 
 def test_bound_only_where_it_applies(tiny_llama_dir, tmp_path):

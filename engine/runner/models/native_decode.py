@@ -1,13 +1,14 @@
-"""Decode steps of a Llama-family model in one native call a step (kernels/cpu_decode_stack.py).
+"""Small steps of a Llama-family model in one native call a step (kernels/cpu_decode_stack.py).
 
 On a CPU with the native bf16 kernels, a decode step of a few rows spends about a third of
 its time between the kernels: the Python calls, views and allocations of every layer.
 `bind_decoder_stack` hands such a model's layers to a `DecoderStack` once its KV cache is
-bound, and `LlamaModel.forward` sends it the steps it takes (decode-only, at most
-cpu_native.GEMV_MAX_ROWS rows, eager). The stack runs the kernels the layers would run, in
-their order, so the tokens are the same; anything it does not cover (windows, soft caps,
-8-bit caches, quantised weights, other kernel backends, a second weight copy not kept)
-leaves the model on its Python forward.
+bound, and `LlamaModel.forward` sends it the steps it takes (at most
+cpu_native.GEMV_MAX_ROWS tokens, decode rows or a short chunk such as a speculative verify,
+eager). The stack runs the kernels the layers would run, in their order, so decode steps
+give the same tokens; anything it does not cover (windows, soft caps, 8-bit caches,
+quantised weights, other kernel backends, a second weight copy not kept) leaves the model
+on its Python forward.
 """
 
 import logging
