@@ -87,10 +87,11 @@ class DecoderStack:
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
         self._workspace = torch.empty(size, dtype=torch.bfloat16)
 
-    def takes(self, hidden: torch.Tensor) -> bool:
-        """Whether `run` takes a step of these tokens: few enough for the GEMV, run eagerly
-        (a compiled graph cannot trace a ctypes call)."""
-        return hidden.shape[0] <= cpu_native.GEMV_MAX_ROWS and not torch.compiler.is_compiling()
+    def takes(self, tokens: torch.Tensor) -> bool:
+        """Whether `run` takes a step of these tokens (their ids or hidden states, one row a
+        token): few enough for the GEMV, run eagerly (a compiled graph cannot trace a ctypes
+        call)."""
+        return tokens.shape[0] <= cpu_native.GEMV_MAX_ROWS and not torch.compiler.is_compiling()
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
             slot_mapping: torch.Tensor, block_tables: torch.Tensor,

@@ -11,8 +11,10 @@ import logging
 
 import pytest
 
+import kvdeck.engine.runner.model_runner as model_runner
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.runner import compiled_forward
+from kvdeck.kernels import cpu_native
 from tests.model_factory import hf_greedy
 
 PROMPTS = ["Hello there", "The quick brown fox", "Paged", "a b c d e f", "Blocks of keys",
@@ -36,8 +38,10 @@ def test_inductor_decode_matches_transformers(tiny_llama_dir):
 def test_bf16_compiled_within_tolerance_of_eager(tiny_llama_dir, monkeypatch):
     """bf16 (packed oneDNN weights where the CPU has bf16): each compiled graph is checked
     against the eager forward within 5e-2 of the largest hidden value (BF16_TOLERANCE), and
-    the greedy tokens are eager bf16's."""
+    the greedy tokens are eager bf16's. Without the native decoder stack, which would take
+    these small steps (the next test)."""
     monkeypatch.setattr(compiled_forward, "COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
     options = dict(kv_cache_memory_gib=0.01, max_num_seqs=2, dtype="bfloat16")
     eager = LLM(str(tiny_llama_dir), **options)
     compiled = LLM(str(tiny_llama_dir), compile_decode=True, **options)
@@ -45,6 +49,21 @@ def test_bf16_compiled_within_tolerance_of_eager(tiny_llama_dir, monkeypatch):
     prompts = [tok.encode(p) for p in PROMPTS[:2]]
     assert _greedy(compiled, prompts, [6, 6]) == _greedy(eager, prompts, [6, 6])
     assert compiled.engine.core.runner.decode_graphs.checked == {2}
+
+
+@pytest.mark.skipif(not cpu_native.available(), reason="needs the native CPU kernels")
+def test_the_native_decoder_stack_takes_the_small_steps_first(tiny_llama_dir, monkeypatch):
+    """Where the decoder stack takes a step (bf16, at most 4 rows) it runs instead of the
+    compiled graph, which it outruns (models/native_decode.py); the graphs keep the rest."""
+    monkeypatch.setattr(compiled_forward, "COMPILE_BACKEND", "aot_eager")
+    options = dict(kv_cache_memory_gib=0.01, max_num_seqs=2, dtype="bfloat16")
+    compiled = LLM(str(tiny_llama_dir), compile_decode=True, **options)
+    runner = compiled.engine.core.runner
+    assert runner.model.model.decoder_stack is not None
+    tok = compiled.get_tokenizer()
+    prompts = [tok.encode(p) for p in PROMPTS[:2]]
+    assert _greedy(compiled, prompts, [6, 6]) == _greedy(LLM(str(tiny_llama_dir), **options), prompts, [6, 6])
+    assert runner.decode_graphs.checked == set()  # no graph was needed
 
 
 def test_a_graph_beyond_the_tolerance_leaves_the_engine_eager(tiny_llama_dir, monkeypatch, caplog):
