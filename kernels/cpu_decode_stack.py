@@ -77,7 +77,7 @@ class DecoderStack:
             _check(layer.k_cache, cache_shape, f"layer {index}'s k_cache")
             _check(layer.v_cache, cache_shape, f"layer {index}'s v_cache")
         self.layers = layers  # the tensors outlive the addresses held below
-        self.hidden, self.heads, self.kv_heads, self.head_dim = hidden, heads, kv_heads, head_dim
+        self.hidden = hidden
         self._layer_array = (_Layer * len(layers))(*(_Layer(
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))

@@ -21,10 +21,9 @@ from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_bud
 from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process
 from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
-from kvdeck.engine.runner.models import model_class_for
+from kvdeck.engine.runner.models import model_class_for, native_decode
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
-from kvdeck.engine.runner.models.native_decode import bind_decoder_stack, unbind_decoder_stack
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.types.arith import cdiv
@@ -235,11 +234,11 @@ class ModelRunner:
         """Allocate a pool of `num_blocks` blocks (a plan's, or a profiling scratch pool)."""
         self.kv_pool.allocate(num_blocks, self.device)
         self.kv_pool.bind(self.attention_layers)
-        bind_decoder_stack(self.model)
+        native_decode.bind_decoder_stack(self.model)
         self.num_blocks = num_blocks
 
     def release_kv_cache(self) -> None:
-        unbind_decoder_stack(self.model)  # it holds the caches' addresses
+        native_decode.unbind_decoder_stack(self.model)  # it holds the caches' addresses
         self.kv_pool.release(self.attention_layers)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -397,16 +396,9 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         graphs = self.decode_graphs
         if (graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0])
-                and not self._decoder_stack_takes(inputs.input_ids)):
+                and not native_decode.decoder_stack_takes(self.model, inputs.input_ids)):
             return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model(inputs.input_ids, inputs.positions, inputs.meta)
-
-    def _decoder_stack_takes(self, input_ids: torch.Tensor) -> bool:
-        """Whether the native decoder stack takes this step (models/native_decode.py): where
-        it does, it beats a compiled CPU graph (SmolLM2 bf16 at batch 1: 9.7 ms against
-        about 19), so the eager forward runs it."""
-        stack = getattr(getattr(self.model, "model", None), "decoder_stack", None)
-        return stack is not None and stack.takes(input_ids)
 
     @torch.inference_mode()
     def execute(self, batch: BatchPlan, token_masks: TokenMasks | None = None,

@@ -11,10 +11,10 @@ import logging
 
 import pytest
 
-import kvdeck.engine.runner.model_runner as model_runner
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.runner import compiled_forward
-from kvdeck.kernels import cpu_native
+from kvdeck.engine.runner.models import native_decode
+from tests.kernels.test_cpu_native import needs_kernel
 from tests.model_factory import hf_greedy
 
 PROMPTS = ["Hello there", "The quick brown fox", "Paged", "a b c d e f", "Blocks of keys",
@@ -41,7 +41,7 @@ def test_bf16_compiled_within_tolerance_of_eager(tiny_llama_dir, monkeypatch):
     the greedy tokens are eager bf16's. Without the native decoder stack, which would take
     these small steps (the next test)."""
     monkeypatch.setattr(compiled_forward, "COMPILE_BACKEND", "aot_eager")
-    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
+    monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)
     options = dict(kv_cache_memory_gib=0.01, max_num_seqs=2, dtype="bfloat16")
     eager = LLM(str(tiny_llama_dir), **options)
     compiled = LLM(str(tiny_llama_dir), compile_decode=True, **options)
@@ -51,7 +51,7 @@ def test_bf16_compiled_within_tolerance_of_eager(tiny_llama_dir, monkeypatch):
     assert compiled.engine.core.runner.decode_graphs.checked == {2}
 
 
-@pytest.mark.skipif(not cpu_native.available(), reason="needs the native CPU kernels")
+@needs_kernel
 def test_the_native_decoder_stack_takes_the_small_steps_first(tiny_llama_dir, monkeypatch):
     """Where the decoder stack takes a step (bf16, at most 4 rows) it runs instead of the
     compiled graph, which it outruns (models/native_decode.py); the graphs keep the rest."""

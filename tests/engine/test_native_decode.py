@@ -4,14 +4,13 @@ only where it applies, and let go with the KV cache."""
 
 import pytest
 
-import kvdeck.engine.runner.model_runner as model_runner
 from kvdeck import LLM, SamplingParams
-from kvdeck.kernels import cpu_native
+from kvdeck.engine.runner.models import native_decode
 from kvdeck.kernels.cpu_decode_stack import DecoderStack
+from tests.kernels.test_cpu_native import needs_kernel
 from tests.model_factory import build_tiny_model
 
-pytestmark = pytest.mark.skipif(not cpu_native.available(),
-                                reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
+pytestmark = needs_kernel
 
 # Past a block edge and past Phi-3's original 64 positions; one prompt shares another's start.
 LONG = [(7 * i) % 300 + 3 for i in range(45)]
@@ -39,7 +38,7 @@ def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family):
     assert _stack(native) is not None
     native_tokens = _generate(native)
     assert calls and set(calls) <= {1, 2, 3}  # decode steps of every batch size went native
-    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
+    monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)
     python = LLM(str(model_dir), **options)
     assert _stack(python) is None
     assert native_tokens == _generate(python)
@@ -59,7 +58,7 @@ def test_preemption_and_a_small_pool_keep_the_python_forwards_tokens(tmp_path, m
     stats = native.stats()
     assert stats.num_preemptions > 0
     assert sum(stats.block_ref_counts) == 0 and stats.num_free_blocks == stats.num_blocks
-    monkeypatch.setattr(model_runner, "bind_decoder_stack", lambda model: False)
+    monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)
     assert native_tokens == _generate(LLM(str(model_dir), **options), max_tokens=64)
 
 

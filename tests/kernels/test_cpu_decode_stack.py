@@ -8,9 +8,7 @@ import torch
 
 from kvdeck.kernels import cpu_native
 from kvdeck.kernels.cpu_decode_stack import DecoderLayerWeights, DecoderStack
-
-needs_kernel = pytest.mark.skipif(not cpu_native.available(),
-                                  reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
+from tests.kernels.test_cpu_native import needs_kernel
 
 HIDDEN, INTER, BLOCK = 96, 160, 16
 

@@ -112,7 +112,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, meta):
         hidden = self.embed_tokens(input_ids)
         stack = self.decoder_stack
-        if stack is not None and stack.takes(hidden) and not meta.other_groups:
+        if stack is not None and stack.takes(hidden):  # bound only with one KV group
             tables, lens = meta.block_tables, meta.seq_lens
             if meta.max_query_len > 1:  # a short chunk (a speculative verify): one row a token
                 tables, lens = token_contexts(meta.query_start_loc, lens, tables)
