@@ -1,11 +1,13 @@
 """A Llama-family step of a few tokens in one native call (`cpu_decode_stack.c`).
 
-`DecoderStack` holds one `DecoderLayerWeights` per layer (bf16 tensors: the norms, the
-row-major projections the GEMV reads, the layer's KV cache) and runs a step of at most
-`cpu_native.GEMV_MAX_ROWS` tokens through every layer without coming back to Python: the
-same kernels in the same order as the model's forward, so the same bits, without the
-fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms). Every index
-the step follows is checked first (a bad one is a ValueError, nothing written).
+`DecoderStack` holds one `DecoderLayerWeights` per layer (tensors of one dtype, bf16 or
+fp32: the norms, the row-major projections the GEMV reads, the layer's KV cache) and runs
+a step of at most `cpu_native.GEMV_MAX_ROWS` tokens through every layer without coming
+back to Python, without the fifteen-odd Python calls a layer that cost a third of a
+SmolLM2 step (15 ms). In bf16 it runs the same kernels in the same order as the model's
+forward, so the same bits; in fp32 their fp32 twins, the forward's formulas up to the
+order of the sums. Every index the step follows is checked first (a bad one is a
+ValueError, nothing written).
 """
 
 import ctypes
@@ -15,10 +17,15 @@ import torch
 
 from kvdeck.kernels import cpu_native
 
+# The element types the stack runs in, and its step function for each (cpu_decode_stack.c).
+STEP_FUNCTIONS = {torch.bfloat16: "kvdeck_decode_stack_bf16", torch.float32: "kvdeck_decode_stack_f32"}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+
 
 @dataclass(slots=True)
 class DecoderLayerWeights:
-    """One decoder layer, as `cpu_decode_stack.c`'s kvdeck_decoder_layer reads it."""
+    """One decoder layer, as `cpu_decode_stack.c`'s kvdeck_decoder_layer reads it (every
+    tensor of the stack's dtype)."""
 
     input_norm: torch.Tensor  # [H]
     qkv: torch.Tensor  # [Q + 2 KV, H]
@@ -57,6 +64,9 @@ class DecoderStack:
         if not layers:
             raise ValueError("a decoder stack needs at least one layer")
         hidden = layers[0].input_norm.shape[0]
+        dtype = layers[0].input_norm.dtype
+        if dtype not in STEP_FUNCTIONS:
+            raise ValueError(f"a decoder stack runs in bf16 or fp32, not {dtype}")
         intermediate = layers[0].down.shape[1]
         q, kv = heads * head_dim, kv_heads * head_dim
         if head_dim > cpu_native.MAX_HEAD_DIM or heads % kv_heads or rot_dim > head_dim or rot_dim % 2:
@@ -71,21 +81,22 @@ class DecoderStack:
             if (layer.q_norm is None) != (layer.k_norm is None):
                 raise ValueError(f"layer {index}: q and k norms come together or not at all")
             for name, shape in shapes.items():
-                _check(getattr(layer, name), shape, f"layer {index}'s {name}", optional=name in (
+                _check(getattr(layer, name), shape, dtype, f"layer {index}'s {name}", optional=name in (
                     "qkv_bias", "q_norm", "k_norm"))
             cache_shape = (num_blocks, block_size, kv_heads, head_dim)
-            _check(layer.k_cache, cache_shape, f"layer {index}'s k_cache")
-            _check(layer.v_cache, cache_shape, f"layer {index}'s v_cache")
+            _check(layer.k_cache, cache_shape, dtype, f"layer {index}'s k_cache")
+            _check(layer.v_cache, cache_shape, dtype, f"layer {index}'s v_cache")
         self.layers = layers  # the tensors outlive the addresses held below
         self.hidden = hidden
+        self.dtype = dtype
         self._layer_array = (_Layer * len(layers))(*(_Layer(
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
                              rot_dim, num_blocks, eps, self._layer_array)
-        self._run = library.kvdeck_decode_stack_bf16
+        self._run = getattr(library, STEP_FUNCTIONS[dtype])
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
-        self._workspace = torch.empty(size, dtype=torch.bfloat16)
+        self._workspace = torch.empty(size, dtype=dtype)
 
     def takes(self, tokens: torch.Tensor) -> bool:
         """Whether `run` takes a step of these tokens (their ids or hidden states, one row a
@@ -102,10 +113,11 @@ class DecoderStack:
         a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
         residual), what the final norm takes."""
         rows = hidden.shape[0]
-        if (hidden.shape != (rows, self.hidden) or hidden.dtype != torch.bfloat16 or not 0 < rows
+        if (hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows
                 <= cpu_native.GEMV_MAX_ROWS):
-            raise ValueError(f"a decoder stack step wants bf16 hidden [rows <= {cpu_native.GEMV_MAX_ROWS}, "
-                             f"{self.hidden}], got {hidden.dtype} {tuple(hidden.shape)}")
+            raise ValueError(f"a decoder stack step wants {_DTYPE_NAMES[self.dtype]} hidden [rows <= "
+                             f"{cpu_native.GEMV_MAX_ROWS}, {self.hidden}], got {hidden.dtype} "
+                             f"{tuple(hidden.shape)}")
         positions = positions.to(torch.int64).contiguous()
         slots = slot_mapping.to(torch.int64).contiguous()
         tables = block_tables.to(torch.int32).contiguous()
@@ -143,13 +155,15 @@ def token_contexts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
     return block_tables[owner], seq_lens[owner] - after
 
 
-def _check(tensor: torch.Tensor | None, shape: tuple, what: str, optional: bool = False) -> None:
+def _check(tensor: torch.Tensor | None, shape: tuple, dtype: torch.dtype, what: str,
+           optional: bool = False) -> None:
     if tensor is None and optional:
         return
-    if (tensor is None or tuple(tensor.shape) != shape or tensor.dtype != torch.bfloat16
+    if (tensor is None or tuple(tensor.shape) != shape or tensor.dtype != dtype
             or not tensor.is_contiguous() or tensor.device.type != "cpu"):
         got = "nothing" if tensor is None else f"{tensor.dtype} {tuple(tensor.shape)} on {tensor.device}"
-        raise ValueError(f"{what} must be a contiguous bf16 CPU tensor of shape {shape}, got {got}")
+        raise ValueError(f"{what} must be a contiguous {_DTYPE_NAMES[dtype]} CPU tensor of shape {shape}, "
+                         f"got {got}")
 
 
 def _address(tensor: torch.Tensor | None) -> int | None:

@@ -24,13 +24,7 @@
 #include <omp.h>
 
 #include "cpu_native.h"
-
-#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#define KVDECK_NATIVE 1
-#else
-#define KVDECK_NATIVE 0
-#endif
+#include "cpu_simd.h"
 
 /* 1 when this build has the AVX512-BF16 path (the Python side uses nothing else). */
 int kvdeck_gemv_native(void) { return KVDECK_NATIVE; }
@@ -56,10 +50,6 @@ static inline __m512 widen(const uint16_t* p, __mmask16 mask) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mask, p)), 16));
 }
 
-static inline __mmask16 lanes_from(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1u);
-}
-
 static inline void narrow_store(uint16_t* p, __mmask16 mask, __m512 v) {
     _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
 }
@@ -67,24 +57,6 @@ static inline void narrow_store(uint16_t* p, __mmask16 mask, __m512 v) {
 static inline __m512 round_bf16(__m512 v) {  /* v rounded to bf16, back in fp32 */
     return _mm512_castsi512_ps(_mm512_slli_epi32(
         _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
-
-/* e^x to about 2 ulp of fp32: 2^n * p(r), r = x - n ln2 (Cody-Waite), p of degree 6. */
-static inline __m512 exp_ps(__m512 x) {
-    /* above 88.7 the result is inf (scalef overflows), below -103.9 it is 0, as expf */
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(128.0f)), _mm512_set1_ps(-104.0f));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* Weight rows n0..n1 against `rows` (<= 8) rows of x; the row count is a compile-time
@@ -130,9 +102,6 @@ typedef void (*band_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_
 static const band_fn BANDS[9] = {0, band_1, band_2, band_3, band_4, band_5, band_6, band_7, band_8};
 #endif
 
-/* Below this many weight elements one thread does it all: waking the others costs more. */
-#define PARALLEL_MIN_ELEMENTS (1 << 16)
-
 /* x [rows, k_len] (row stride x_stride), w [n_len, k_len] contiguous, bias [n_len] or NULL,
  * y [rows, n_len] (row stride y_stride). Returns 0, or -1 when this build cannot run it. */
 int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const uint16_t* w,
@@ -174,8 +143,6 @@ int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const ui
  * q [rows, heads, dim] (row stride q_stride), caches [num_blocks, block_size, kv_heads, dim]
  * contiguous, block_tables [rows, bt_stride] int32, seq_lens [rows] int32 (context length
  * including this step's token), out [rows, heads, dim] contiguous. */
-#define MAX_HEAD_DIM 512
-#define KEY_TILE 16
 
 #if KVDECK_NATIVE
 /* One (row, head): the attention of `query` over positions first..len-1 of its table. */

@@ -12,6 +12,9 @@
 - `rms_norm`, `silu_and_mul`, `apply_rope_neox`: a bf16 layer's element-wise steps in one
   call each, rounding where the torch references round.
 
+`cpu_native_f32.c` holds the fp32 twins of these kernels; only the decoder stack
+(`cpu_decode_stack.py`) calls them, for an fp32 model's decode steps.
+
 The C source ships with the package and is compiled with the system's C compiler (`cc`,
 or $CC) with -O3 -march=native -fopenmp into the user cache, under a name that hashes
 the source, the flags, the compiler and this CPU's flags, so that a home directory shared
@@ -37,9 +40,12 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-# The kernels, and the decoder stack that composes them (kernels/cpu_decode_stack.py).
-SOURCES = [Path(__file__).with_name(name) for name in ("cpu_native.c", "cpu_decode_stack.c")]
-HEADER = Path(__file__).with_name("cpu_native.h")
+# The kernels (bf16, their fp32 twins), and the decoder stack that composes them
+# (kernels/cpu_decode_stack.py).
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("cpu_native.c", "cpu_native_f32.c", "cpu_decode_stack.c")]
+HEADERS = [Path(__file__).with_name(name)
+           for name in ("cpu_native.h", "cpu_simd.h", "cpu_decode_stack_step.h")]
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm"]
 # Rows up to which a linear layer takes the kernel. Up to four rows it streams the weights
 # near the memory's speed and beats oneDNN's packed GEMM (SmolLM2's projections 1.2-1.6x,
@@ -280,6 +286,7 @@ def _library() -> ctypes.CDLL | None:
         "kvdeck_silu_and_mul_bf16": [ptr, i64, i64, i64, ptr],
         "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
         "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
+        "kvdeck_decode_stack_f32": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
     }
     for name, argtypes in signatures.items():
         getattr(library, name).restype = ctypes.c_int
@@ -307,8 +314,10 @@ def _cache_dir() -> Path:
     override = os.environ.get("KVDECK_HOME")
     if override:
         return Path(override).expanduser() / "cache" / "kernels"
-    import platformdirs
-
+    try:
+        import platformdirs
+    except ImportError:  # a bare image (the GPU one has no platformdirs): its Linux default
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvdeck" / "kernels"
     return Path(platformdirs.user_cache_dir("kvdeck", appauthor=False)) / "kernels"
 
 
@@ -317,7 +326,7 @@ def _built_library() -> Path:
     if shutil.which(compiler) is None:
         raise FileNotFoundError(f"no C compiler ({compiler!r}) on PATH")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    texts = [path.read_text() for path in (*SOURCES, HEADER)]
+    texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
     key = hashlib.sha256("\n".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
     target = _cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
     if target.exists():

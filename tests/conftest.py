@@ -24,3 +24,13 @@ def tiny_model_dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tiny_model_dirs) -> Path:
     return tiny_model_dirs["llama"]
+
+
+@pytest.fixture
+def no_decoder_stack(monkeypatch):
+    """Every model on its per-layer forward: the native decoder stack (which takes CPU
+    decode steps of up to 4 rows, ahead of any decode graph) is not bound, so a test of the
+    graph machinery sees its small steps."""
+    from kvdeck.engine.runner.models import native_decode
+
+    monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)

@@ -69,7 +69,7 @@ def test_the_wheel_holds_only_the_kvdeck_namespace(wheel):
                  "kvdeck/assets/demo_draft/model.safetensors",
                  "kvdeck/assets/calibration/calibration.txt", "kvdeck/tui/styles/kvdeck.tcss",
                  # the native CPU kernels' sources, compiled at first use (kernels/cpu_native.py)
-                 *(f"kvdeck/kernels/{source.name}" for source in (*cpu_native.SOURCES, cpu_native.HEADER))):
+                 *(f"kvdeck/kernels/{source.name}" for source in (*cpu_native.SOURCES, *cpu_native.HEADERS))):
         assert data in names, f"package data {data} is missing from the wheel"
 
 

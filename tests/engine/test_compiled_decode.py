@@ -27,6 +27,7 @@ def _greedy(llm: LLM, prompts: list[list[int]], lengths: list[int]) -> list[list
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
+@pytest.mark.usefixtures("no_decoder_stack")  # the graphs take every decode step
 def test_inductor_decode_matches_transformers(tiny_llama_dir):
     llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, max_num_seqs=1, compile_decode=True)
     tok = llm.get_tokenizer()
@@ -53,8 +54,8 @@ def test_bf16_compiled_within_tolerance_of_eager(tiny_llama_dir, monkeypatch):
 
 @needs_kernel
 def test_the_native_decoder_stack_takes_the_small_steps_first(tiny_llama_dir, monkeypatch):
-    """Where the decoder stack takes a step (bf16, at most 4 rows) it runs instead of the
-    compiled graph, which it outruns (models/native_decode.py); the graphs keep the rest."""
+    """Where the decoder stack takes a step (bf16 or fp32, at most 4 rows) it runs instead of
+    the compiled graph, which it outruns (models/native_decode.py); the graphs keep the rest."""
     monkeypatch.setattr(compiled_forward, "COMPILE_BACKEND", "aot_eager")
     options = dict(kv_cache_memory_gib=0.01, max_num_seqs=2, dtype="bfloat16")
     compiled = LLM(str(tiny_llama_dir), compile_decode=True, **options)
@@ -66,6 +67,7 @@ def test_the_native_decoder_stack_takes_the_small_steps_first(tiny_llama_dir, mo
     assert runner.decode_graphs.checked == set()  # no graph was needed
 
 
+@pytest.mark.usefixtures("no_decoder_stack")  # the graphs take every decode step
 def test_a_graph_beyond_the_tolerance_leaves_the_engine_eager(tiny_llama_dir, monkeypatch, caplog):
     def off_by_a_bit(gm, example_inputs):
         def forward(*args):
@@ -83,6 +85,7 @@ def test_a_graph_beyond_the_tolerance_leaves_the_engine_eager(tiny_llama_dir, mo
     assert llm.engine.core.runner.decode_graphs.checked == set()
 
 
+@pytest.mark.usefixtures("no_decoder_stack")  # the graphs take every decode step
 def test_every_bucket_is_one_graph_compiled_once(tiny_llama_dir, monkeypatch):
     graphs: list[tuple] = []
 
@@ -105,6 +108,7 @@ def test_every_bucket_is_one_graph_compiled_once(tiny_llama_dir, monkeypatch):
     assert len(graphs) == 4  # and the second pass reuses them
 
 
+@pytest.mark.usefixtures("no_decoder_stack")  # the graphs take every decode step
 def test_a_failed_compile_leaves_the_engine_eager(tiny_llama_dir, monkeypatch, caplog):
     def broken_backend(gm, example_inputs):
         raise RuntimeError("no compiler here")

@@ -18,6 +18,8 @@ from kvdeck.engine.runner.decode_graphs import decode_bucket_sizes
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from tests.model_factory import hf_greedy
 
+# The graph machinery, not the native decoder stack, which would take the small steps first.
+pytestmark = pytest.mark.usefixtures("no_decoder_stack")
 
 def test_bucket_sizes():
     assert decode_bucket_sizes(1) == [1]

@@ -1,8 +1,10 @@
-"""bf16 decode steps through the native decoder stack (engine/runner/models/native_decode.py):
-the same greedy tokens as the model's Python forward for every Llama-family model, bound
-only where it applies, and let go with the KV cache."""
+"""bf16 and fp32 decode steps through the native decoder stack
+(engine/runner/models/native_decode.py): the same greedy tokens as the model's Python
+forward for every Llama-family model, bound only where it applies, and let go with the KV
+cache."""
 
 import pytest
+import torch
 
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.runner.models import native_decode
@@ -26,16 +28,17 @@ def _stack(llm: LLM) -> DecoderStack | None:
     return llm.engine.core.runner.model.model.decoder_stack
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
-def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family):
+def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family, dtype):
     model_dir = build_tiny_model(tmp_path / family, family)
-    options = dict(dtype="bfloat16", kv_cache_memory_gib=0.01, max_num_seqs=3, max_num_batched_tokens=32,
+    options = dict(dtype=dtype, kv_cache_memory_gib=0.01, max_num_seqs=3, max_num_batched_tokens=32,
                    enable_prefix_caching=True)  # chunked prefills beside decodes, a shared prefix
     calls = []
     run = DecoderStack.run
     monkeypatch.setattr(DecoderStack, "run", lambda self, *a: calls.append(a[0].shape[0]) or run(self, *a))
     native = LLM(str(model_dir), **options)
-    assert _stack(native) is not None
+    assert _stack(native) is not None and _stack(native).dtype == getattr(torch, dtype)
     native_tokens = _generate(native)
     assert calls and set(calls) <= {1, 2, 3}  # decode steps of every batch size went native
     monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)
@@ -63,7 +66,8 @@ def test_preemption_and_a_small_pool_keep_the_python_forwards_tokens(tmp_path, m
 
 
 def test_bound_only_where_it_applies(tiny_llama_dir, tmp_path):
-    assert _stack(LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)) is None  # fp32: the exact path
+    assert _stack(LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)).dtype == torch.float32  # the default
+    assert _stack(LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, quantization="int8")) is None  # int8
     assert _stack(LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_dtype="int8",
                       kv_cache_memory_gib=0.01)) is None  # an 8-bit cache's scales
     gemma = build_tiny_model(tmp_path / "gemma2", "gemma2", sliding_window=20)

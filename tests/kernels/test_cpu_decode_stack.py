@@ -1,23 +1,28 @@
-"""A whole decode step in one native call (kernels/cpu_decode_stack.c): bit for bit the
-composition of the single kernels that the model's Python forward runs, with every
-variant the Llama family has (q/k/v bias, per-head q/k norms, partial rotary, GQA), and
-clear refusals."""
+"""A whole decode step in one native call (kernels/cpu_decode_stack.c): in bf16 bit for bit
+the composition of the single kernels that the model's Python forward runs, in fp32 the
+torch forward's result up to the order of its sums, with every variant the Llama family
+has (q/k/v bias, per-head q/k norms, partial rotary, GQA), and clear refusals."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kvdeck.kernels import cpu_native
+from kvdeck.kernels.activation import silu_and_mul_torch
+from kvdeck.kernels.attention import paged_attention_torch
 from kvdeck.kernels.cpu_decode_stack import DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.rmsnorm import rms_norm_torch
+from kvdeck.kernels.rope import apply_rope_torch
 from tests.kernels.test_cpu_native import needs_kernel
 
 HIDDEN, INTER, BLOCK = 96, 160, 16
 
 
-def make_layers(num_layers, heads, kv_heads, dim, bias, qk_norm, num_blocks=24, seed=0):
+def make_layers(num_layers, heads, kv_heads, dim, bias, qk_norm, num_blocks=24, seed=0, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
 
     def rand(*shape, scale=0.2):
-        return (torch.randn(*shape, generator=g) * scale).bfloat16()
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
 
     q, kv = heads * dim, kv_heads * dim
     return [DecoderLayerWeights(
@@ -63,7 +68,35 @@ def python_step(layers, hidden, positions, cos_sin, slots, tables, lens, heads, 
     return hidden, residual
 
 
-def step_inputs(rows, dim, rot_dim, skip_row=None, seed=1):
+def torch_step(layers, hidden, positions, cos_sin, slots, tables, lens, heads, kv_heads, dim, eps):
+    """The model's forward over the torch kernels (kernels/dispatch.py's TORCH_OPS), as an
+    fp32 model runs it without the stack."""
+    rows, q_size, kv_size = hidden.shape[0], heads * dim, kv_heads * dim
+    starts = torch.arange(rows + 1, dtype=torch.int32)
+    residual = None
+    for layer in layers:
+        if residual is None:
+            residual, x = hidden, rms_norm_torch(hidden, layer.input_norm, eps)
+        else:
+            x, residual = rms_norm_torch(hidden, layer.input_norm, eps, residual)
+        q, k, v = F.linear(x, layer.qkv, layer.qkv_bias).split([q_size, kv_size, kv_size], -1)
+        if layer.q_norm is not None:
+            q = rms_norm_torch(q.reshape(-1, dim), layer.q_norm, eps)
+            k = rms_norm_torch(k.reshape(-1, dim), layer.k_norm, eps)
+        q, k = apply_rope_torch(positions, q.reshape(rows, heads, dim), k.reshape(rows, kv_heads, dim),
+                                cos_sin)
+        keep = slots >= 0
+        layer.k_cache.view(-1, kv_heads, dim)[slots[keep]] = k[keep]
+        layer.v_cache.view(-1, kv_heads, dim)[slots[keep]] = v.reshape(rows, kv_heads, dim)[keep]
+        attended = paged_attention_torch(q, layer.k_cache, layer.v_cache, tables, starts, lens, layer.scale,
+                                         max_query_len=1, max_seq_len=int(lens.max()))
+        out = F.linear(attended.reshape(rows, q_size), layer.o_proj)
+        x, residual = rms_norm_torch(out, layer.post_norm, eps, residual)
+        hidden = F.linear(silu_and_mul_torch(F.linear(x, layer.gate_up)), layer.down)
+    return hidden, residual
+
+
+def step_inputs(rows, dim, rot_dim, skip_row=None, seed=1, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
     lens = torch.tensor([5, 40, 17, 33][:rows], dtype=torch.int32)
     tables = torch.zeros(rows, 3, dtype=torch.int32)
@@ -74,18 +107,21 @@ def step_inputs(rows, dim, rot_dim, skip_row=None, seed=1):
     if skip_row is not None:
         slots[skip_row] = -1  # a padding row: its K/V are not written
     cos_sin = torch.randn(64, rot_dim, generator=g)
-    hidden = torch.randn(rows, HIDDEN, generator=g).bfloat16()
+    hidden = torch.randn(rows, HIDDEN, generator=g).to(dtype)
     return hidden, positions, cos_sin, slots, tables, lens
 
 
-@needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
-@pytest.mark.parametrize("heads,kv_heads,dim,rot_dim,bias,qk_norm", [
+VARIANTS = pytest.mark.parametrize("heads,kv_heads,dim,rot_dim,bias,qk_norm", [
     (6, 2, 32, 32, False, False),  # Llama: GQA, the whole head rotated
     (4, 4, 48, 48, True, False),  # Qwen2's q/k/v bias, no GQA, a head not a multiple of 32
     (4, 2, 32, 32, False, True),  # Qwen3's per-head q and k norms
     (3, 1, 64, 48, False, False),  # Phi-3: three quarters of the head rotated, multi-query
 ])
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@VARIANTS
 def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, rot_dim, bias, qk_norm):
     layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm)
     expected_layers = copy_layers(layers)
@@ -103,17 +139,46 @@ def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, ro
 
 
 @needs_kernel
-def test_a_chunk_of_tokens_is_the_same_as_one_token_at_a_time():
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@VARIANTS
+def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, heads, kv_heads, dim, rot_dim,
+                                                                        bias, qk_norm):
+    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, dtype=torch.float32)
+    expected_layers = copy_layers(layers)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim, dtype=torch.float32,
+                                                                  skip_row=1 if rows > 2 else None)
+    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6)
+    out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
+    want_out, want_residual = torch_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
+                                         heads, kv_heads, dim, 1e-6)
+    assert out.dtype == residual.dtype == torch.float32
+    # fp32 sums in another order: about 2e-7 of the largest value after one layer, some 5e-6
+    # after three random ones (the errors compound); a wrong formula is off by far more
+    for got, want in [(out, want_out), (residual, want_residual)] + [
+            (a.k_cache, b.k_cache) for a, b in zip(layers, expected_layers)] + [
+            (a.v_cache, b.v_cache) for a, b in zip(layers, expected_layers)]:
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
+    untouched = torch.ones(layers[0].k_cache.shape[:2], dtype=torch.bool)
+    untouched.view(-1)[slots[slots >= 0]] = False
+    fresh = make_layers(3, heads, kv_heads, dim, bias, qk_norm, dtype=torch.float32)
+    for got, old in zip(layers, fresh):  # only the step's slots were written
+        assert torch.equal(got.k_cache[untouched], old.k_cache[untouched])
+    assert out.abs().max() > 0 and not torch.equal(out, hidden)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_chunk_of_tokens_is_the_same_as_one_token_at_a_time(dtype):
     """A speculative verify chunk (a decode row and a chunk of three tokens in one step, each
     token a row over its causal context) gives each token exactly what decoding it alone
     after the ones before would: rows never mix, so verification agrees with plain decoding."""
     from kvdeck.kernels.cpu_decode_stack import token_contexts
 
     heads, kv_heads, dim = 4, 2, 32
-    layers = make_layers(2, heads, kv_heads, dim, False, False)
+    layers = make_layers(2, heads, kv_heads, dim, False, False, dtype=dtype)
     one_at_a_time = copy_layers(layers)
     g = torch.Generator().manual_seed(3)
-    hidden = torch.randn(4, HIDDEN, generator=g).bfloat16()
+    hidden = torch.randn(4, HIDDEN, generator=g).to(dtype)
     cos_sin = torch.randn(64, dim, generator=g)
     tables = torch.tensor([[2, 3, 4], [5, 6, 7]], dtype=torch.int32)
     seq_lens = torch.tensor([9, 20], dtype=torch.int32)  # sequence 1's last three tokens are the chunk
@@ -184,5 +249,12 @@ def test_it_refuses_weights_it_cannot_read_and_names_them():
                      eps=1e-6)
     layers = make_layers(1, 4, 2, 32, False, False)
     layers[0].down = layers[0].down.float()
-    with pytest.raises(ValueError, match="layer 0's down"):
+    with pytest.raises(ValueError, match="layer 0's down must be a contiguous bf16"):
         DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    layers = make_layers(1, 4, 2, 32, False, False, dtype=torch.float32)
+    layers[0].k_cache = layers[0].k_cache.bfloat16()  # the model's dtype, the cache's, must agree
+    with pytest.raises(ValueError, match="layer 0's k_cache must be a contiguous fp32"):
+        DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    with pytest.raises(ValueError, match="bf16 or fp32, not torch.float16"):
+        DecoderStack(make_layers(1, 4, 2, 32, False, False, dtype=torch.float16), heads=4, kv_heads=2,
+                     head_dim=32, rot_dim=32, eps=1e-6)

@@ -2,6 +2,7 @@
 the linear layers' use of it for steps of few rows."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -87,6 +88,14 @@ def test_builds_once_into_the_cache_atomically(tmp_path, monkeypatch):
     assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial file left
     stamp = built.stat().st_mtime_ns
     assert cpu_native._built_library() == built and built.stat().st_mtime_ns == stamp
+
+
+def test_the_cache_needs_no_platformdirs(tmp_path, monkeypatch):
+    """The GPU image has no platformdirs, and an fp32 CPU model asks for the build too."""
+    monkeypatch.delenv("KVDECK_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setitem(sys.modules, "platformdirs", None)  # importing it raises ImportError
+    assert cpu_native._cache_dir() == tmp_path / "kvdeck" / "kernels"
 
 
 def test_a_failed_build_leaves_no_file_and_the_layers_keep_onednn(tmp_path, monkeypatch):

@@ -1,14 +1,18 @@
 """Small steps of a Llama-family model in one native call a step (kernels/cpu_decode_stack.py).
 
-On a CPU with the native bf16 kernels, a decode step of a few rows spends about a third of
-its time between the kernels: the Python calls, views and allocations of every layer.
+On a CPU with the native kernels, a decode step of a few rows spends much of its time
+between the kernels (a third of a SmolLM2 bf16 step; most of the demo's fp32 one): the
+Python calls, views and allocations of every layer.
 `bind_decoder_stack` hands such a model's layers to a `DecoderStack` once its KV cache is
 bound, and `LlamaModel.forward` sends it the steps it takes (at most
 cpu_native.GEMV_MAX_ROWS tokens, decode rows or a short chunk such as a speculative verify,
-eager). The stack runs the kernels the layers would run, in their order, so decode steps
-give the same tokens; anything it does not cover (windows, soft caps, 8-bit caches,
-quantised weights, other kernel backends, a second weight copy not kept) leaves the model
-on its Python forward.
+eager). In bf16 the stack runs the kernels the layers would run, in their order, so decode
+steps give the same tokens; in fp32 it runs their fp32 twins (cpu_native_f32.c), which
+differ from torch's fp32 only in the order of their sums, as transformers' own matmuls
+differ between batch shapes; the tests hold both to the Python forward's greedy tokens.
+Anything it does not cover (windows, soft caps, 8-bit caches, quantised weights, other
+kernel backends, a bf16 model's second weight copy not kept) leaves the model on its
+Python forward; KVDECK_CPU_NATIVE=0 leaves every model there.
 """
 
 import logging
@@ -16,9 +20,10 @@ import logging
 import torch
 from torch import nn
 
+from kvdeck.engine.runner.models.linear import Linear, UnquantizedLinearMethod
 from kvdeck.engine.runner.models.llama import LlamaDecoderLayer, LlamaModel
 from kvdeck.kernels import cpu_native
-from kvdeck.kernels.cpu_decode_stack import DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.cpu_decode_stack import STEP_FUNCTIONS, DecoderLayerWeights, DecoderStack
 from kvdeck.kernels.dispatch import TORCH_OPS
 
 logger = logging.getLogger(__name__)
@@ -66,8 +71,9 @@ def decoder_stack_takes(model: nn.Module, input_ids: torch.Tensor) -> bool:
 
 def _why_not(model: LlamaModel) -> str | None:
     """Why the stack cannot run this model's decode steps, or None when it can (the build
-    of the native kernels is asked about last: only a bf16 CPU model gets that far)."""
+    of the native kernels is asked about last: only a bf16 or fp32 CPU model gets that far)."""
     norms = {model.norm.eps}
+    dtype = model.embed_tokens.weight.dtype
     for index, layer in enumerate(model.layers):
         if not isinstance(layer, LlamaDecoderLayer):
             return f"layer {index} is not a Llama decoder layer"
@@ -77,11 +83,11 @@ def _why_not(model: LlamaModel) -> str | None:
         if (paged.sliding_window is not None or paged.soft_cap is not None or paged.write_options
                 or paged.attend_options or paged.kv_group != 0):
             return f"layer {index}'s attention has a window, a cap, an 8-bit cache or a second KV group"
-        if paged.k_cache.dtype != torch.bfloat16 or paged.k_cache.device.type != "cpu":
-            return "the KV cache is not bf16 on the CPU"
+        if dtype not in STEP_FUNCTIONS or paged.k_cache.dtype != dtype or paged.k_cache.device.type != "cpu":
+            return "the model and its KV cache are not both bf16 or both fp32 on the CPU"
         linears = (attention.qkv_proj, attention.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        if any(linear.dense_weight is None for linear in linears):
-            return "no row-major weight copy is kept (quantised, or the weights too large for two copies)"
+        if any(_row_major_weight(linear, dtype) is None for linear in linears):
+            return "a projection has no row-major weight (quantised, or bf16 too large for a second copy)"
         if any(linear.bias is not None for linear in linears[1:]):
             return f"layer {index} has a bias beyond q/k/v"
         norms |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
@@ -94,13 +100,28 @@ def _why_not(model: LlamaModel) -> str | None:
     return None
 
 
+def _row_major_weight(linear: Linear, dtype: torch.dtype) -> torch.Tensor | None:
+    """The [out, in] weight the stack's GEMV reads: a bf16 layer's kept copy beside oneDNN's
+    packed one, an fp32 layer's own weight; None for anything else (quantised, say)."""
+    if linear.dense_weight is not None:
+        return linear.dense_weight
+    weight = getattr(linear, "weight", None)
+    if (isinstance(linear.method, UnquantizedLinearMethod) and linear.packed_number is None
+            and isinstance(weight, torch.Tensor) and weight.dtype == dtype == torch.float32):
+        return weight.data
+    return None
+
+
 def _layer_weights(layer: LlamaDecoderLayer) -> DecoderLayerWeights:
     attention, paged = layer.self_attn, layer.self_attn.attn
+    dtype = layer.input_layernorm.weight.dtype
     return DecoderLayerWeights(
-        input_norm=layer.input_layernorm.weight.data, qkv=attention.qkv_proj.dense_weight,
+        input_norm=layer.input_layernorm.weight.data, qkv=_row_major_weight(attention.qkv_proj, dtype),
         qkv_bias=None if attention.qkv_proj.bias is None else attention.qkv_proj.bias.data,
         q_norm=None if attention.q_norm is None else attention.q_norm.weight.data,
         k_norm=None if attention.k_norm is None else attention.k_norm.weight.data,
-        o_proj=attention.o_proj.dense_weight, post_norm=layer.post_attention_layernorm.weight.data,
-        gate_up=layer.mlp.gate_up_proj.dense_weight, down=layer.mlp.down_proj.dense_weight,
+        o_proj=_row_major_weight(attention.o_proj, dtype),
+        post_norm=layer.post_attention_layernorm.weight.data,
+        gate_up=_row_major_weight(layer.mlp.gate_up_proj, dtype),
+        down=_row_major_weight(layer.mlp.down_proj, dtype),
         k_cache=paged.k_cache, v_cache=paged.v_cache, scale=paged.scale)

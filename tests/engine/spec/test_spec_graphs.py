@@ -2,10 +2,15 @@
 (its static buffers and padding, replayed eagerly here: `capture=False`), sized for k + 1
 rows per speculating request; outputs stay those of plain greedy decoding."""
 
+import pytest
+
 from kvdeck import LLM, SamplingParams
 
 PROMPTS = ["Hello there", "The quick brown fox", "Paged"]
 
+
+# The graph machinery, not the native decoder stack, which would take the small steps first.
+pytestmark = pytest.mark.usefixtures("no_decoder_stack")
 
 def test_verify_steps_run_through_the_decode_graphs(tiny_model_dirs, tiny_draft_dirs):
     path = tiny_model_dirs["llama"]

@@ -1,0 +1,265 @@
+/* The fp32 twins of cpu_native.c's kernels, which the decoder stack (cpu_decode_stack.c)
+ * composes for an fp32 model's decode steps: the GEMV of a few rows, decode attention over
+ * the paged cache, RMSNorm with the residual, SiLU-and-mul and rotary.
+ *
+ * They compute the torch path's formulas (kernels/rmsnorm.py, activation.py, rope.py,
+ * attention.py) in fp32 with nothing rounded in between, so they differ from it only in
+ * the order of the fp32 sums and the last bits of exp: a few units in the last place, as
+ * two BLAS libraries differ. fp32 stays the comparison with transformers; the tests hold
+ * this path to its greedy tokens.
+ *
+ * The GEMV streams each thread's band of weight rows front to back, as the bf16 one does,
+ * with two accumulators a row so that the fp32 fused multiply-adds (four cycles each) do
+ * not wait on one another. A row's sum runs in the same order whatever the number of rows
+ * in the step: a token's result does not depend on what else is in the step. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <omp.h>
+
+#include "cpu_native.h"
+#include "cpu_simd.h"
+
+#if KVDECK_NATIVE
+/* Weight rows n0..n1 against `rows` (<= 8) rows of x, the row count a compile-time constant
+ * in each instance so that the accumulators stay in registers. */
+#define DEFINE_BAND_F32(ROWS)                                                                     \
+    static void band_f32_##ROWS(const float* x, int64_t x_stride, const float* w, const float* bias, \
+                                float* y, int64_t y_stride, int64_t n0, int64_t n1, int64_t k_len) { \
+        const int64_t k_pairs = k_len & ~(int64_t)31;                                            \
+        for (int64_t n = n0; n < n1; n++) {                                                      \
+            const float* row = w + n * k_len;                                                    \
+            __m512 even[ROWS], odd[ROWS];                                                        \
+            for (int m = 0; m < ROWS; m++) even[m] = odd[m] = _mm512_setzero_ps();              \
+            int64_t k = 0;                                                                       \
+            for (; k < k_pairs; k += 32) {                                                       \
+                const __m512 w0 = _mm512_loadu_ps(row + k), w1 = _mm512_loadu_ps(row + k + 16);  \
+                for (int m = 0; m < ROWS; m++) {                                                 \
+                    even[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * x_stride + k), even[m]); \
+                    odd[m] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + m * x_stride + k + 16), odd[m]); \
+                }                                                                                \
+            }                                                                                    \
+            for (; k < k_len; k += 16) {                                                         \
+                const __mmask16 lanes = lanes_from(k_len - k);                                   \
+                const __m512 w0 = _mm512_maskz_loadu_ps(lanes, row + k);                         \
+                for (int m = 0; m < ROWS; m++)                                                   \
+                    even[m] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(lanes, x + m * x_stride + k), \
+                                              even[m]);                                          \
+            }                                                                                    \
+            const float b = bias ? bias[n] : 0.0f;                                               \
+            for (int m = 0; m < ROWS; m++)                                                       \
+                y[m * y_stride + n] = _mm512_reduce_add_ps(_mm512_add_ps(even[m], odd[m])) + b;  \
+        }                                                                                        \
+    }
+DEFINE_BAND_F32(1)
+DEFINE_BAND_F32(2)
+DEFINE_BAND_F32(3)
+DEFINE_BAND_F32(4)
+DEFINE_BAND_F32(5)
+DEFINE_BAND_F32(6)
+DEFINE_BAND_F32(7)
+DEFINE_BAND_F32(8)
+
+typedef void (*band_f32_fn)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t,
+                            int64_t, int64_t);
+static const band_f32_fn BANDS_F32[9] = {0, band_f32_1, band_f32_2, band_f32_3, band_f32_4, band_f32_5,
+                                         band_f32_6, band_f32_7, band_f32_8};
+#endif
+
+/* y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]): x [rows, k_len] (row stride x_stride), w
+ * [n_len, k_len] contiguous, bias [n_len] or NULL, y [rows, n_len] (row stride y_stride). */
+int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float* w, int64_t n_len,
+                    int64_t k_len, const float* bias, float* y, int64_t y_stride) {
+#if KVDECK_NATIVE
+    /* fp32 weights are twice bf16's bytes a element: the same bytes make a thread worth it */
+    const int threads = 2 * n_len * k_len >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+    for (int64_t first = 0; first < rows; first += 8) {
+        const int64_t count = rows - first < 8 ? rows - first : 8;
+        const band_f32_fn band = BANDS_F32[count];
+        const float* xs = x + first * x_stride;
+        float* ys = y + first * y_stride;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+            band(xs, x_stride, w, bias, ys, y_stride, n_len * me / team, n_len * (me + 1) / team, k_len);
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)rows; (void)x_stride; (void)w; (void)n_len; (void)k_len; (void)bias; (void)y;
+    (void)y_stride;
+    return -1;
+#endif
+}
+
+#if KVDECK_NATIVE
+/* One (row, head): cpu_native.c's attend_one in fp32 (the same online softmax over tiles of
+ * sixteen keys, the scores fp32 dot products). */
+static void attend_one_f32(const float* query, const float* k_cache, const float* v_cache,
+                           const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                           int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
+                           float* result) {
+    const int64_t chunks = (dim + 15) / 16;
+    __m512 acc[MAX_HEAD_DIM / 16], qv[MAX_HEAD_DIM / 16];
+    __mmask16 lanes[MAX_HEAD_DIM / 16];
+    for (int64_t c = 0; c < chunks; c++) {
+        lanes[c] = lanes_from(dim - c * 16);
+        acc[c] = _mm512_setzero_ps();
+        qv[c] = _mm512_maskz_loadu_ps(lanes[c], query + c * 16);
+    }
+    float running_max = -INFINITY, denominator = 0.0f;
+    for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
+        const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
+        const __mmask16 tile = lanes_from(count);
+        int64_t offsets[KEY_TILE];
+        float scores[KEY_TILE];
+        for (int64_t j = 0; j < count; j++) {
+            const int64_t p = p0 + j;
+            const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+            offsets[j] = (slot * kv_heads + kv_head) * dim;
+            __m512 dot = _mm512_setzero_ps();
+            for (int64_t c = 0; c < chunks; c++)
+                dot = _mm512_fmadd_ps(qv[c], _mm512_maskz_loadu_ps(lanes[c], k_cache + offsets[j] + c * 16), dot);
+            scores[j] = _mm512_reduce_add_ps(dot) * scale;
+            if (soft_cap > 0.0f) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
+        }
+        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tile, scores);
+        const float tile_max = _mm512_reduce_max_ps(s);
+        if (tile_max > running_max) {  /* a new maximum: rescale what was summed so far */
+            const float rescale = expf(running_max - tile_max);
+            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], _mm512_set1_ps(rescale));
+            denominator *= rescale;
+            running_max = tile_max;
+        }
+        const __m512 weights = _mm512_maskz_mov_ps(tile, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(running_max))));
+        denominator += _mm512_reduce_add_ps(weights);
+        float weight[KEY_TILE];
+        _mm512_storeu_ps(weight, weights);
+        for (int64_t j = 0; j < count; j++) {
+            const __m512 w = _mm512_set1_ps(weight[j]);
+            for (int64_t c = 0; c < chunks; c++)
+                acc[c] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(lanes[c], v_cache + offsets[j] + c * 16), acc[c]);
+        }
+    }
+    const __m512 inverse = _mm512_set1_ps(denominator > 0.0f ? 1.0f / denominator : 0.0f);
+    for (int64_t c = 0; c < chunks; c++)
+        _mm512_mask_storeu_ps(result + c * 16, lanes[c], _mm512_mul_ps(acc[c], inverse));
+}
+#endif
+
+/* kvdeck_decode_attention_bf16's contract (cpu_native.c) for fp32 q, caches and out. */
+int kvdeck_decode_attention_f32(const float* q, int64_t rows, int64_t q_stride, int64_t heads, int64_t dim,
+                                const float* k_cache, const float* v_cache, int64_t kv_heads,
+                                const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                                int64_t block_size, int64_t window, float scale, float soft_cap, float* out) {
+#if KVDECK_NATIVE
+    if (dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
+    const int64_t group = heads / kv_heads, work = rows * heads;
+    int64_t context = 0;
+    for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
+    const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t item = 0; item < work; item++) {
+        const int64_t r = item / heads, h = item % heads;
+        const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
+        attend_one_f32(q + r * q_stride + h * dim, k_cache, v_cache, block_tables + r * bt_stride, first, len,
+                       block_size, kv_heads, h / group, dim, scale, soft_cap, out + (r * heads + h) * dim);
+    }
+    return 0;
+#else
+    (void)q; (void)rows; (void)q_stride; (void)heads; (void)dim; (void)k_cache; (void)v_cache;
+    (void)kv_heads; (void)block_tables; (void)bt_stride; (void)seq_lens; (void)block_size;
+    (void)window; (void)scale; (void)soft_cap; (void)out;
+    return -1;
+#endif
+}
+
+/* out = weight * (v * 1 / sqrt(mean(v^2) + eps)), v = x, or with a residual v = x + residual,
+ * which is also written to `summed` (the next residual). Strides as kvdeck_rms_norm_bf16. */
+int kvdeck_rms_norm_f32(const float* x, int64_t x_stride, const float* residual, int64_t residual_stride,
+                        const float* weight, float eps, int64_t rows, int64_t n, float* summed, float* out) {
+#if KVDECK_NATIVE
+    const int threads = rows * n >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* xr = x + r * x_stride;
+        float* sr = summed + r * n;
+        __m512 squares = _mm512_setzero_ps();
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 m = lanes_from(n - i);
+            __m512 v = _mm512_maskz_loadu_ps(m, xr + i);
+            if (residual) {
+                v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, residual + r * residual_stride + i));
+                _mm512_mask_storeu_ps(sr + i, m, v);
+            }
+            squares = _mm512_fmadd_ps(v, v, squares);
+        }
+        const __m512 scale = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(squares) / (float)n + eps));
+        const float* source = residual ? sr : xr;
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 m = lanes_from(n - i);
+            const __m512 normed = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, source + i), scale);
+            _mm512_mask_storeu_ps(out + r * n + i, m, _mm512_mul_ps(normed, _mm512_maskz_loadu_ps(m, weight + i)));
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)residual; (void)residual_stride; (void)weight; (void)eps; (void)rows;
+    (void)n; (void)summed; (void)out;
+    return -1;
+#endif
+}
+
+/* out [rows, d] = silu(gate) * up, silu(g) = g / (1 + e^-g); x [rows, 2d] holds gate | up. */
+int kvdeck_silu_and_mul_f32(const float* x, int64_t x_stride, int64_t rows, int64_t d, float* out) {
+#if KVDECK_NATIVE
+    const int threads = rows * d >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float* gate = x + r * x_stride;
+        const float* up = gate + d;
+        for (int64_t i = 0; i < d; i += 16) {
+            const __mmask16 m = lanes_from(d - i);
+            const __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+            const __m512 silu = _mm512_div_ps(
+                g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+            _mm512_mask_storeu_ps(out + r * d + i, m, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(m, up + i)));
+        }
+    }
+    return 0;
+#else
+    (void)x; (void)x_stride; (void)rows; (void)d; (void)out;
+    return -1;
+#endif
+}
+
+/* kvdeck_rope_neox_bf16's rotation (cpu_native.c) on fp32 q and k. */
+int kvdeck_rope_neox_f32(const float* q, int64_t q_stride, int64_t q_heads, const float* k, int64_t k_stride,
+                         int64_t k_heads, int64_t tokens, int64_t dim, const int64_t* positions,
+                         const float* cos_sin, int64_t rot_dim, float* q_out, float* k_out) {
+#if KVDECK_NATIVE
+    const int64_t half = rot_dim / 2, heads = q_heads + k_heads;
+    const int threads = tokens * heads * dim >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    for (int64_t item = 0; item < tokens * heads; item++) {
+        const int64_t t = item / heads, h = item % heads;
+        const float* src = h < q_heads ? q + t * q_stride + h * dim : k + t * k_stride + (h - q_heads) * dim;
+        float* dst = h < q_heads ? q_out + (t * q_heads + h) * dim : k_out + (t * k_heads + h - q_heads) * dim;
+        const float* cos = cos_sin + positions[t] * rot_dim;
+        const float* sin = cos + half;
+        for (int64_t i = 0; i < half; i += 16) {
+            const __mmask16 m = lanes_from(half - i);
+            const __m512 x1 = _mm512_maskz_loadu_ps(m, src + i), x2 = _mm512_maskz_loadu_ps(m, src + half + i);
+            const __m512 c = _mm512_maskz_loadu_ps(m, cos + i), s = _mm512_maskz_loadu_ps(m, sin + i);
+            _mm512_mask_storeu_ps(dst + i, m, _mm512_sub_ps(_mm512_mul_ps(x1, c), _mm512_mul_ps(x2, s)));
+            _mm512_mask_storeu_ps(dst + half + i, m, _mm512_add_ps(_mm512_mul_ps(x2, c), _mm512_mul_ps(x1, s)));
+        }
+        if (rot_dim < dim) memcpy(dst + rot_dim, src + rot_dim, (size_t)(dim - rot_dim) * sizeof(float));
+    }
+    return 0;
+#else
+    (void)q; (void)q_stride; (void)q_heads; (void)k; (void)k_stride; (void)k_heads; (void)tokens; (void)dim;
+    (void)positions; (void)cos_sin; (void)rot_dim; (void)q_out; (void)k_out;
+    return -1;
+#endif
+}
