@@ -12,8 +12,8 @@
 - `rms_norm`, `silu_and_mul`, `apply_rope_neox`: a bf16 layer's element-wise steps in one
   call each, rounding where the torch references round.
 
-`cpu_native_f32.c` holds the fp32 twins of these kernels; only the decoder stack
-(`cpu_decode_stack.py`) calls them, for an fp32 model's decode steps.
+`cpu_native_f32.c` holds the fp32 twins of these kernels, for an fp32 model's decode steps:
+the decoder stack (`cpu_decode_stack.py`) calls them, and the output head `f32_gemv`.
 
 The C source ships with the package and is compiled with the system's C compiler (`cc`,
 or $CC) with -O3 -march=native -fopenmp into the user cache, under a name that hashes
@@ -87,22 +87,40 @@ def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
 def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] times weight [N, K] (+ bias [N]), all bf16 on CPU, at most GEMV_MAX_ROWS rows."""
+    return _gemv(x, weight, bias, torch.bfloat16)
+
+
+def f32_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`bf16_gemv` for fp32 (cpu_native_f32.c): fp32 sums in another order than torch's, each
+    row's the same whatever the row count. An fp32 output head takes it for a step of few
+    rows, where torch's fp32 matmul of one row ran the demo's head (4096 x 256) at about a
+    third of a decode step."""
+    return _gemv(x, weight, bias, torch.float32)
+
+
+_GEMV_FUNCTIONS = {torch.bfloat16: ("bf16_gemv", "kvdeck_gemv_bf16"),
+                   torch.float32: ("f32_gemv", "kvdeck_gemv_f32")}
+
+
+def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+          dtype: torch.dtype) -> torch.Tensor:
     library = _require()
+    name, function = _GEMV_FUNCTIONS[dtype]
     flat = x.reshape(-1, x.shape[-1])
     rows, k_len = flat.shape
     n_len = weight.shape[0]
-    if (flat.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16 or weight.shape[1] != k_len
+    if (flat.dtype != dtype or weight.dtype != dtype or weight.shape[1] != k_len
             or not weight.is_contiguous() or flat.stride(-1) != 1 or flat.device.type != "cpu"
             or weight.device.type != "cpu"):
-        raise ValueError(f"bf16_gemv wants bf16 CPU tensors x [.., {weight.shape[1]}] and a contiguous "
+        raise ValueError(f"{name} wants {dtype} CPU tensors x [.., {weight.shape[1]}] and a contiguous "
                          f"weight, got x {tuple(x.shape)} {x.dtype}, "
                          f"weight {tuple(weight.shape)} {weight.dtype}")
-    if bias is not None and (bias.dtype != torch.bfloat16 or bias.shape != (n_len,)
-                             or not bias.is_contiguous()):
-        raise ValueError(f"bf16_gemv wants a contiguous bf16 bias of shape ({n_len},)")
-    out = torch.empty((rows, n_len), dtype=torch.bfloat16)
-    status = library.kvdeck_gemv_bf16(flat.data_ptr(), rows, flat.stride(0), weight.data_ptr(), n_len, k_len,
-                                      bias.data_ptr() if bias is not None else None, out.data_ptr(), n_len)
+    if bias is not None and (bias.dtype != dtype or bias.shape != (n_len,) or not bias.is_contiguous()):
+        raise ValueError(f"{name} wants a contiguous {dtype} bias of shape ({n_len},)")
+    out = torch.empty((rows, n_len), dtype=dtype)
+    status = getattr(library, function)(flat.data_ptr(), rows, flat.stride(0), weight.data_ptr(), n_len,
+                                        k_len, bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                                        n_len)
     if status != 0:
         raise RuntimeError("the CPU GEMV kernel refused the call")
     return out.view(*x.shape[:-1], n_len)
@@ -271,10 +289,11 @@ def _library() -> ctypes.CDLL | None:
     library.kvdeck_gemv_native.restype = ctypes.c_int
     if library.kvdeck_gemv_native() != 1:
         return None
-    library.kvdeck_gemv_bf16.restype = ctypes.c_int
-    library.kvdeck_gemv_bf16.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
+    for gemv in ("kvdeck_gemv_bf16", "kvdeck_gemv_f32"):
+        getattr(library, gemv).restype = ctypes.c_int
+        getattr(library, gemv).argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
     library.kvdeck_decode_attention_bf16.restype = ctypes.c_int
     library.kvdeck_decode_attention_bf16.argtypes = [
         ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
