@@ -98,25 +98,25 @@ def f32_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return _gemv(x, weight, bias, torch.float32)
 
 
-_GEMV_FUNCTIONS = {torch.bfloat16: ("bf16_gemv", "kvdeck_gemv_bf16"),
-                   torch.float32: ("f32_gemv", "kvdeck_gemv_f32")}
+_GEMV_FUNCTIONS = {torch.bfloat16: ("bf16_gemv", "kvdeck_gemv_bf16", "bf16"),
+                   torch.float32: ("f32_gemv", "kvdeck_gemv_f32", "fp32")}
 
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
           dtype: torch.dtype) -> torch.Tensor:
     library = _require()
-    name, function = _GEMV_FUNCTIONS[dtype]
+    name, function, dtype_name = _GEMV_FUNCTIONS[dtype]
     flat = x.reshape(-1, x.shape[-1])
     rows, k_len = flat.shape
     n_len = weight.shape[0]
     if (flat.dtype != dtype or weight.dtype != dtype or weight.shape[1] != k_len
             or not weight.is_contiguous() or flat.stride(-1) != 1 or flat.device.type != "cpu"
             or weight.device.type != "cpu"):
-        raise ValueError(f"{name} wants {dtype} CPU tensors x [.., {weight.shape[1]}] and a contiguous "
+        raise ValueError(f"{name} wants {dtype_name} CPU tensors x [.., {weight.shape[1]}] and a contiguous "
                          f"weight, got x {tuple(x.shape)} {x.dtype}, "
                          f"weight {tuple(weight.shape)} {weight.dtype}")
     if bias is not None and (bias.dtype != dtype or bias.shape != (n_len,) or not bias.is_contiguous()):
-        raise ValueError(f"{name} wants a contiguous {dtype} bias of shape ({n_len},)")
+        raise ValueError(f"{name} wants a contiguous {dtype_name} bias of shape ({n_len},)")
     out = torch.empty((rows, n_len), dtype=dtype)
     status = getattr(library, function)(flat.data_ptr(), rows, flat.stride(0), weight.data_ptr(), n_len,
                                         k_len, bias.data_ptr() if bias is not None else None, out.data_ptr(),

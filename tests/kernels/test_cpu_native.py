@@ -1,5 +1,5 @@
-"""The bf16 CPU GEMV kernel (kernels/cpu_native.c): its arithmetic, its checks, its build, and
-the linear layers' use of it for steps of few rows."""
+"""The CPU GEMV kernels (kernels/cpu_native.c, bf16; cpu_native_f32.c, fp32): their arithmetic,
+their checks, their build, and the linear layers' use of them for steps of few rows."""
 
 import os
 import sys
@@ -37,6 +37,46 @@ def test_matches_fp32_matmul_for_any_shape_and_row_count(n_len, k_len, rows):
     bias = torch.randn(n_len, generator=generator).bfloat16()
     assert_bf16_close(cpu_native.bf16_gemv(x, weight, bias), reference(x, weight, bias))
     assert_bf16_close(cpu_native.bf16_gemv(x, weight), reference(x, weight, None))
+
+
+@needs_kernel
+@pytest.mark.parametrize("n_len,k_len", [(1, 1), (7, 40), (33, 64), (100, 33), (96, 48), (4096, 256)])
+@pytest.mark.parametrize("rows", [1, 2, 4, 9])
+def test_the_fp32_gemv_is_the_fp64_product_to_fp32_rounding(n_len, k_len, rows):
+    generator = torch.Generator().manual_seed(n_len * 1000 + k_len + rows)
+    x = torch.randn(rows, k_len, generator=generator)
+    weight = torch.randn(n_len, k_len, generator=generator)
+    bias = torch.randn(n_len, generator=generator)
+    exact = x.double() @ weight.double().t()
+    for got, want in [(cpu_native.f32_gemv(x, weight, bias), exact + bias.double()),
+                      (cpu_native.f32_gemv(x, weight), exact)]:
+        assert got.dtype == torch.float32
+        # a sum of k fp32 products: within a few k ulps of the magnitudes summed
+        bound = 4 * k_len * 2 ** -24 * (x.abs().double() @ weight.abs().double().t() + 1)
+        assert ((got.double() - want).abs() <= bound).all()
+    # each row sums in the same order whatever the row count: a token alone or in a step
+    assert torch.equal(cpu_native.f32_gemv(x[-1:], weight), cpu_native.f32_gemv(x, weight)[-1:])
+    with pytest.raises(ValueError, match="f32_gemv wants fp32 CPU tensors"):
+        cpu_native.f32_gemv(x.bfloat16(), weight)
+
+
+@needs_kernel
+def test_an_fp32_output_head_takes_the_gemv_for_few_rows(monkeypatch):
+    from kvdeck.engine.runner.models.linear import SmallBatchOutputHead, UnquantizedLinearMethod
+
+    lm_head = torch.nn.Linear(64, 300, bias=False)
+    head = UnquantizedLinearMethod().output_head(lm_head)
+    assert isinstance(head, SmallBatchOutputHead) and head.weight is lm_head.weight  # tied stays tied
+    calls = []
+    gemv = cpu_native.f32_gemv
+    monkeypatch.setattr(cpu_native, "f32_gemv", lambda x, w: calls.append(x.shape[0]) or gemv(x, w))
+    hidden = torch.randn(cpu_native.GEMV_MAX_ROWS + 1, 64)
+    with torch.no_grad():
+        for rows in (1, cpu_native.GEMV_MAX_ROWS, cpu_native.GEMV_MAX_ROWS + 1):
+            torch.testing.assert_close(head(hidden[:rows]), lm_head(hidden[:rows]), rtol=1e-5, atol=1e-5)
+    assert calls == [1, cpu_native.GEMV_MAX_ROWS]  # more rows: torch's matmul
+    bf16_head = UnquantizedLinearMethod().output_head(torch.nn.Linear(64, 300, bias=False).bfloat16())
+    assert not isinstance(bf16_head, SmallBatchOutputHead)  # bf16 has its packed head
 
 
 @needs_kernel
