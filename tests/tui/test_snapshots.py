@@ -13,6 +13,7 @@ from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.transcripts import ChatTurn, Transcript
+from kvdeck.tui.widgets.dashboard import Dashboard
 from tests.tui.conftest import FakeFactory, wait_for
 from tests.tui.demo_stats import demo_latencies, demo_stats_series
 
@@ -51,6 +52,12 @@ async def settle_deck(pilot) -> None:
     await app.screen.chat.show_transcript(demo_transcript())
     app.screen.query_one("#prompt").cursor_blink = False  # a blinking cursor is a coin toss
     await pilot.pause(0.3)  # one dashboard refresh tick
+    # Under load the tick that first fills the request table can come late: wait until the
+    # dashboard has drawn the latest stats, then for idle, when the table measures its new
+    # rows (before, a picture once caught the id column at its header's width).
+    dashboard = app.screen.query_one(Dashboard)
+    assert await wait_for(pilot, lambda: dashboard._seen_version == app.dashboard_state.version)
+    await pilot.pause()
 
 
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
