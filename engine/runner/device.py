@@ -35,7 +35,8 @@ def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch
     """auto: on CUDA the checkpoint's dtype (bf16/fp16 for an fp32 one); on CPU bfloat16 for a
     bfloat16 checkpoint where the CPU does bf16 matmuls natively (avx512_bf16 / AMX: 2.1x the
     batch-1 decode speed of float32 on SmolLM2-135M, benchmarks/results/cpu_dtype_smollm2.json),
-    otherwise float32. dtype="float32" keeps exact comparisons with transformers in fp32."""
+    otherwise float32. dtype="float32" keeps comparisons with transformers in fp32 (the same
+    greedy tokens; with KVDECK_CPU_NATIVE=0 bit for bit the torch references)."""
     if config.dtype != "auto":
         return torch_dtype(config.dtype)
     if device.type != "cuda":
