@@ -62,9 +62,10 @@ static inline __m512 round_bf16(__m512 v) {  /* v rounded to bf16, back in fp32 
 /* Weight rows n0..n1 against `rows` (<= 8) rows of x; the row count is a compile-time
  * constant in each instance so that the accumulators stay in registers. */
 #define DEFINE_BAND(ROWS)                                                                      \
-    static void band_##ROWS(const uint16_t* x, int64_t x_stride, const uint16_t* w,          \
-                            const uint16_t* bias, uint16_t* y, int64_t y_stride, int64_t n0,  \
-                            int64_t n1, int64_t k_len) {                                      \
+    static void band_##ROWS(const void* xv, int64_t x_stride, const void* wv_, const void* bv,   \
+                            void* yv, int64_t y_stride, int64_t n0, int64_t n1, int64_t k_len) { \
+        const uint16_t *x = xv, *w = wv_, *bias = bv;                                         \
+        uint16_t* y = yv;                                                                     \
         const int64_t k_full = k_len & ~(int64_t)31;                                          \
         const __mmask32 tail = (__mmask32)((1ull << (k_len - k_full)) - 1ull);                \
         for (int64_t n = n0; n < n1; n++) {                                                   \
@@ -97,36 +98,36 @@ DEFINE_BAND(6)
 DEFINE_BAND(7)
 DEFINE_BAND(8)
 
-typedef void (*band_fn)(const uint16_t*, int64_t, const uint16_t*, const uint16_t*, uint16_t*,
-                        int64_t, int64_t, int64_t, int64_t);
-static const band_fn BANDS[9] = {0, band_1, band_2, band_3, band_4, band_5, band_6, band_7, band_8};
+static const kvdeck_band_fn BANDS[9] = {0, band_1, band_2, band_3, band_4, band_5, band_6, band_7, band_8};
+#else
+#define BANDS NULL
 #endif
+
+int kvdeck_gemv_rows(const kvdeck_band_fn bands[9], size_t element, const void* x, int64_t rows,
+                      int64_t x_stride, const void* w, int64_t n_len, int64_t k_len, const void* bias, void* y,
+                      int64_t y_stride, int threads) {
+    if (bands == NULL) return -1;
+    for (int64_t first = 0; first < rows; first += 8) {
+        const kvdeck_band_fn band = bands[rows - first < 8 ? rows - first : 8];
+        const char* xs = (const char*)x + (size_t)(first * x_stride) * element;
+        char* ys = (char*)y + (size_t)(first * y_stride) * element;
+#pragma omp parallel num_threads(threads) if (threads > 1)
+        {
+            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+            band(xs, x_stride, w, bias, ys, y_stride, n_len * me / team, n_len * (me + 1) / team, k_len);
+        }
+    }
+    return 0;
+}
 
 /* x [rows, k_len] (row stride x_stride), w [n_len, k_len] contiguous, bias [n_len] or NULL,
  * y [rows, n_len] (row stride y_stride). Returns 0, or -1 when this build cannot run it. */
 int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const uint16_t* w,
                      int64_t n_len, int64_t k_len, const uint16_t* bias, uint16_t* y,
                      int64_t y_stride) {
-#if KVDECK_NATIVE
     const int threads = n_len * k_len >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
-    for (int64_t first = 0; first < rows; first += 8) {
-        const int64_t count = rows - first < 8 ? rows - first : 8;
-        const band_fn band = BANDS[count];
-        const uint16_t* xs = x + first * x_stride;
-        uint16_t* ys = y + first * y_stride;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-        {
-            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-            band(xs, x_stride, w, bias, ys, y_stride, n_len * me / team, n_len * (me + 1) / team,
-                 k_len);
-        }
-    }
-    return 0;
-#else
-    (void)x; (void)rows; (void)x_stride; (void)w; (void)n_len; (void)k_len; (void)bias;
-    (void)y; (void)y_stride;
-    return -1;
-#endif
+    return kvdeck_gemv_rows(BANDS, sizeof(uint16_t), x, rows, x_stride, w, n_len, k_len, bias, y, y_stride,
+                            threads);
 }
 
 /* Decode attention: one query token per row, bf16 q and cache, fp32 arithmetic.
@@ -146,10 +147,11 @@ int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const ui
 
 #if KVDECK_NATIVE
 /* One (row, head): the attention of `query` over positions first..len-1 of its table. */
-static void attend_one(const uint16_t* query, const uint16_t* k_cache, const uint16_t* v_cache,
-                       const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                       int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
-                       uint16_t* result) {
+static void attend_one(const void* query_, const void* k_cache_, const void* v_cache_, const int32_t* table,
+                       int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t kv_head,
+                       int64_t dim, float scale, float soft_cap, void* result_) {
+    const uint16_t *query = query_, *k_cache = k_cache_, *v_cache = v_cache_;
+    uint16_t* result = result_;
     const int64_t chunks = (dim + 15) / 16, pairs = (dim + 31) / 32;
     __m512 acc[MAX_HEAD_DIM / 16];
     __m512bh qv[MAX_HEAD_DIM / 32];
@@ -167,7 +169,6 @@ static void attend_one(const uint16_t* query, const uint16_t* k_cache, const uin
     float running_max = -INFINITY, denominator = 0.0f;
     for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
         const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
-        const __mmask16 tile = lanes_from(count);
         int64_t offsets[KEY_TILE];
         float scores[KEY_TILE];
         for (int64_t j = 0; j < count; j++) {
@@ -181,18 +182,8 @@ static void attend_one(const uint16_t* query, const uint16_t* k_cache, const uin
             scores[j] = _mm512_reduce_add_ps(dot) * scale;
             if (soft_cap > 0.0f) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
         }
-        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tile, scores);
-        const float tile_max = _mm512_reduce_max_ps(s);
-        if (tile_max > running_max) {  /* a new maximum: rescale what was summed so far */
-            const float rescale = expf(running_max - tile_max);
-            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], _mm512_set1_ps(rescale));
-            denominator *= rescale;
-            running_max = tile_max;
-        }
-        const __m512 weights = _mm512_maskz_mov_ps(tile, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(running_max))));
-        denominator += _mm512_reduce_add_ps(weights);
         float weight[KEY_TILE];
-        _mm512_storeu_ps(weight, weights);
+        softmax_tile(scores, count, &running_max, &denominator, acc, chunks, weight);
         for (int64_t j = 0; j < count; j++) {
             const __m512 w = _mm512_set1_ps(weight[j]);
             for (int64_t c = 0; c < chunks; c++)
@@ -204,6 +195,9 @@ static void attend_one(const uint16_t* query, const uint16_t* k_cache, const uin
         _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
                                  (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
 }
+#define ATTEND_ONE attend_one
+#else
+#define ATTEND_ONE NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
 
 int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stride, int64_t heads,
@@ -211,8 +205,16 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride,
                                  const int32_t* seq_lens, int64_t block_size, int64_t window,
                                  float scale, float soft_cap, uint16_t* out) {
-#if KVDECK_NATIVE
-    if (dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
+    return kvdeck_attention_rows(ATTEND_ONE, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache, v_cache,
+                                 kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
+                                 out);
+}
+
+int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q, int64_t rows,
+                          int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
+                          int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                          int64_t block_size, int64_t window, float scale, float soft_cap, void* out) {
+    if (attend == NULL || dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
     const int64_t group = heads / kv_heads, work = rows * heads;
     int64_t context = 0;
     for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
@@ -221,16 +223,11 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
     for (int64_t item = 0; item < work; item++) {
         const int64_t r = item / heads, h = item % heads;
         const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
-        attend_one(q + r * q_stride + h * dim, k_cache, v_cache, block_tables + r * bt_stride, first, len,
-                   block_size, kv_heads, h / group, dim, scale, soft_cap, out + (r * heads + h) * dim);
+        attend((const char*)q + (size_t)(r * q_stride + h * dim) * element, k_cache, v_cache,
+               block_tables + r * bt_stride, first, len, block_size, kv_heads, h / group, dim, scale, soft_cap,
+               (char*)out + (size_t)((r * heads + h) * dim) * element);
     }
     return 0;
-#else
-    (void)q; (void)rows; (void)q_stride; (void)heads; (void)dim; (void)k_cache; (void)v_cache;
-    (void)kv_heads; (void)block_tables; (void)bt_stride; (void)seq_lens; (void)block_size;
-    (void)window; (void)scale; (void)soft_cap; (void)out;
-    return -1;
-#endif
 }
 
 /* Element-wise steps of a bf16 layer, each one pass where torch takes five to ten calls.

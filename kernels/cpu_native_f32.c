@@ -24,8 +24,10 @@
 /* Weight rows n0..n1 against `rows` (<= 8) rows of x, the row count a compile-time constant
  * in each instance so that the accumulators stay in registers. */
 #define DEFINE_BAND_F32(ROWS)                                                                     \
-    static void band_f32_##ROWS(const float* x, int64_t x_stride, const float* w, const float* bias, \
-                                float* y, int64_t y_stride, int64_t n0, int64_t n1, int64_t k_len) { \
+    static void band_f32_##ROWS(const void* xv, int64_t x_stride, const void* wv, const void* bv, void* yv, \
+                                int64_t y_stride, int64_t n0, int64_t n1, int64_t k_len) {               \
+        const float *x = xv, *w = wv, *bias = bv;                                                \
+        float* y = yv;                                                                           \
         const int64_t k_pairs = k_len & ~(int64_t)31;                                            \
         for (int64_t n = n0; n < n1; n++) {                                                      \
             const float* row = w + n * k_len;                                                    \
@@ -60,45 +62,30 @@ DEFINE_BAND_F32(6)
 DEFINE_BAND_F32(7)
 DEFINE_BAND_F32(8)
 
-typedef void (*band_f32_fn)(const float*, int64_t, const float*, const float*, float*, int64_t, int64_t,
-                            int64_t, int64_t);
-static const band_f32_fn BANDS_F32[9] = {0, band_f32_1, band_f32_2, band_f32_3, band_f32_4, band_f32_5,
-                                         band_f32_6, band_f32_7, band_f32_8};
+static const kvdeck_band_fn BANDS_F32[9] = {0, band_f32_1, band_f32_2, band_f32_3, band_f32_4, band_f32_5,
+                                            band_f32_6, band_f32_7, band_f32_8};
+#else
+#define BANDS_F32 NULL
 #endif
 
 /* y[m, n] = sum_k x[m, k] w[n, k] (+ bias[n]): x [rows, k_len] (row stride x_stride), w
  * [n_len, k_len] contiguous, bias [n_len] or NULL, y [rows, n_len] (row stride y_stride). */
 int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float* w, int64_t n_len,
                     int64_t k_len, const float* bias, float* y, int64_t y_stride) {
-#if KVDECK_NATIVE
     /* fp32 weights are twice bf16's bytes a element: the same bytes make a thread worth it */
     const int threads = 2 * n_len * k_len >= PARALLEL_MIN_ELEMENTS ? omp_get_max_threads() : 1;
-    for (int64_t first = 0; first < rows; first += 8) {
-        const int64_t count = rows - first < 8 ? rows - first : 8;
-        const band_f32_fn band = BANDS_F32[count];
-        const float* xs = x + first * x_stride;
-        float* ys = y + first * y_stride;
-#pragma omp parallel num_threads(threads) if (threads > 1)
-        {
-            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-            band(xs, x_stride, w, bias, ys, y_stride, n_len * me / team, n_len * (me + 1) / team, k_len);
-        }
-    }
-    return 0;
-#else
-    (void)x; (void)rows; (void)x_stride; (void)w; (void)n_len; (void)k_len; (void)bias; (void)y;
-    (void)y_stride;
-    return -1;
-#endif
+    return kvdeck_gemv_rows(BANDS_F32, sizeof(float), x, rows, x_stride, w, n_len, k_len, bias, y, y_stride,
+                            threads);
 }
 
 #if KVDECK_NATIVE
 /* One (row, head): cpu_native.c's attend_one in fp32 (the same online softmax over tiles of
  * sixteen keys, the scores fp32 dot products). */
-static void attend_one_f32(const float* query, const float* k_cache, const float* v_cache,
-                           const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                           int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
-                           float* result) {
+static void attend_one_f32(const void* query_, const void* k_cache_, const void* v_cache_, const int32_t* table,
+                           int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t kv_head,
+                           int64_t dim, float scale, float soft_cap, void* result_) {
+    const float *query = query_, *k_cache = k_cache_, *v_cache = v_cache_;
+    float* result = result_;
     const int64_t chunks = (dim + 15) / 16;
     __m512 acc[MAX_HEAD_DIM / 16], qv[MAX_HEAD_DIM / 16];
     __mmask16 lanes[MAX_HEAD_DIM / 16];
@@ -110,7 +97,6 @@ static void attend_one_f32(const float* query, const float* k_cache, const float
     float running_max = -INFINITY, denominator = 0.0f;
     for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
         const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
-        const __mmask16 tile = lanes_from(count);
         int64_t offsets[KEY_TILE];
         float scores[KEY_TILE];
         for (int64_t j = 0; j < count; j++) {
@@ -123,18 +109,8 @@ static void attend_one_f32(const float* query, const float* k_cache, const float
             scores[j] = _mm512_reduce_add_ps(dot) * scale;
             if (soft_cap > 0.0f) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
         }
-        const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tile, scores);
-        const float tile_max = _mm512_reduce_max_ps(s);
-        if (tile_max > running_max) {  /* a new maximum: rescale what was summed so far */
-            const float rescale = expf(running_max - tile_max);
-            for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], _mm512_set1_ps(rescale));
-            denominator *= rescale;
-            running_max = tile_max;
-        }
-        const __m512 weights = _mm512_maskz_mov_ps(tile, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(running_max))));
-        denominator += _mm512_reduce_add_ps(weights);
         float weight[KEY_TILE];
-        _mm512_storeu_ps(weight, weights);
+        softmax_tile(scores, count, &running_max, &denominator, acc, chunks, weight);
         for (int64_t j = 0; j < count; j++) {
             const __m512 w = _mm512_set1_ps(weight[j]);
             for (int64_t c = 0; c < chunks; c++)
@@ -145,6 +121,9 @@ static void attend_one_f32(const float* query, const float* k_cache, const float
     for (int64_t c = 0; c < chunks; c++)
         _mm512_mask_storeu_ps(result + c * 16, lanes[c], _mm512_mul_ps(acc[c], inverse));
 }
+#define ATTEND_ONE_F32 attend_one_f32
+#else
+#define ATTEND_ONE_F32 NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
 
 /* kvdeck_decode_attention_bf16's contract (cpu_native.c) for fp32 q, caches and out. */
@@ -152,26 +131,9 @@ int kvdeck_decode_attention_f32(const float* q, int64_t rows, int64_t q_stride, 
                                 const float* k_cache, const float* v_cache, int64_t kv_heads,
                                 const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                                 int64_t block_size, int64_t window, float scale, float soft_cap, float* out) {
-#if KVDECK_NATIVE
-    if (dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads, work = rows * heads;
-    int64_t context = 0;
-    for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
-    const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-    for (int64_t item = 0; item < work; item++) {
-        const int64_t r = item / heads, h = item % heads;
-        const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
-        attend_one_f32(q + r * q_stride + h * dim, k_cache, v_cache, block_tables + r * bt_stride, first, len,
-                       block_size, kv_heads, h / group, dim, scale, soft_cap, out + (r * heads + h) * dim);
-    }
-    return 0;
-#else
-    (void)q; (void)rows; (void)q_stride; (void)heads; (void)dim; (void)k_cache; (void)v_cache;
-    (void)kv_heads; (void)block_tables; (void)bt_stride; (void)seq_lens; (void)block_size;
-    (void)window; (void)scale; (void)soft_cap; (void)out;
-    return -1;
-#endif
+    return kvdeck_attention_rows(ATTEND_ONE_F32, sizeof(float), q, rows, q_stride, heads, dim, k_cache, v_cache,
+                                 kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
+                                 out);
 }
 
 /* out = weight * (v * 1 / sqrt(mean(v^2) + eps)), v = x, or with a residual v = x + residual,

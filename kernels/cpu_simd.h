@@ -1,8 +1,11 @@
 /* What the native kernels share (cpu_native.c for bf16, cpu_native_f32.c for fp32): whether
- * this build has the AVX-512 path, the masks of a vector's tail, a vector exp, and the
- * sizes below which a kernel stays on one thread. */
+ * this build has the AVX-512 path, the masks of a vector's tail, a vector exp, the sizes
+ * below which a kernel stays on one thread, and the two drivers that share a GEMV's or an
+ * attention's work among the threads for either element type (defined in cpu_native.c). */
 #ifndef KVDECK_CPU_SIMD_H
 #define KVDECK_CPU_SIMD_H
+#include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
@@ -18,6 +21,29 @@
 #define MAX_HEAD_DIM 512
 /* Decode attention takes its keys this many at a time (one vector of scores). */
 #define KEY_TILE 16
+
+/* A GEMV's band: weight rows n0..n1 against a few rows of x (how many: the band's own
+ * compile-time count), in the element type of the band. */
+typedef void (*kvdeck_band_fn)(const void* x, int64_t x_stride, const void* w, const void* bias, void* y,
+                               int64_t y_stride, int64_t n0, int64_t n1, int64_t k_len);
+/* y [rows, n_len] = x [rows, k_len] W^T: up to eight rows at a time through bands[count]
+ * (index 1..8), each pass's weight rows split among `threads` threads. `element`: bytes of
+ * an element. Returns 0, or -1 without bands (a build with no AVX-512 path). */
+int kvdeck_gemv_rows(const kvdeck_band_fn bands[9], size_t element, const void* x, int64_t rows,
+                      int64_t x_stride, const void* w, int64_t n_len, int64_t k_len, const void* bias, void* y,
+                      int64_t y_stride, int threads);
+
+/* One (row, head) of decode attention: the query over positions first..len-1 of its table. */
+typedef void (*kvdeck_attend_fn)(const void* query, const void* k_cache, const void* v_cache,
+                                 const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                                 int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
+                                 void* result);
+/* kvdeck_decode_attention_bf16's contract (cpu_native.c) with every (row, head) through
+ * `attend`, shared among the threads; `element`: bytes of an element of q, caches and out. */
+int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q, int64_t rows,
+                          int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
+                          int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                          int64_t block_size, int64_t window, float scale, float soft_cap, void* out);
 
 #if KVDECK_NATIVE
 static inline __mmask16 lanes_from(int64_t left) {
@@ -40,6 +66,26 @@ static inline __m512 exp_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* One tile of an online softmax (flash attention's running maximum and denominator): the
+ * tile's `count` scores become weights relative to the running maximum, and when the tile
+ * raises that maximum, what was summed so far (acc's chunks, the denominator) is rescaled
+ * first. The caller then adds weight[j] times key j's value row to acc. */
+static inline void softmax_tile(const float* scores, int64_t count, float* running_max, float* denominator,
+                                __m512* acc, int64_t chunks, float* weight) {
+    const __mmask16 tile = lanes_from(count);
+    const __m512 s = _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tile, scores);
+    const float tile_max = _mm512_reduce_max_ps(s);
+    if (tile_max > *running_max) {
+        const __m512 rescale = _mm512_set1_ps(expf(*running_max - tile_max));
+        for (int64_t c = 0; c < chunks; c++) acc[c] = _mm512_mul_ps(acc[c], rescale);
+        *denominator *= _mm512_cvtss_f32(rescale);
+        *running_max = tile_max;
+    }
+    const __m512 weights = _mm512_maskz_mov_ps(tile, exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(*running_max))));
+    *denominator += _mm512_reduce_add_ps(weights);
+    _mm512_storeu_ps(weight, weights);
 }
 #endif
 
