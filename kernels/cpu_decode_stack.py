@@ -2,12 +2,11 @@
 
 `DecoderStack` holds one `DecoderLayerWeights` per layer (tensors of one dtype, bf16 or
 fp32: the norms, the row-major projections the GEMV reads, the layer's KV cache) and runs
-a step of at most `cpu_native.GEMV_MAX_ROWS` tokens through every layer without coming
-back to Python, without the fifteen-odd Python calls a layer that cost a third of a
-SmolLM2 step (15 ms). In bf16 it runs the same kernels in the same order as the model's
-forward, so the same bits; in fp32 their fp32 twins, the forward's formulas up to the
-order of the sums. Every index the step follows is checked first (a bad one is a
-ValueError, nothing written).
+a step of at most `max_rows` tokens through every layer without coming back to Python,
+without the fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms).
+In bf16 it runs the same kernels in the same order as the model's forward, so the same
+bits; in fp32 their fp32 twins, the forward's formulas up to the order of the sums. Every
+index the step follows is checked first (a bad one is a ValueError, nothing written).
 """
 
 import ctypes
@@ -59,10 +58,12 @@ class DecoderStack:
     caches' addresses), rebuilt when the pool is."""
 
     def __init__(self, layers: list[DecoderLayerWeights], *, heads: int, kv_heads: int, head_dim: int,
-                 rot_dim: int, eps: float) -> None:
+                 rot_dim: int, eps: float, max_rows: int = cpu_native.GEMV_MAX_ROWS) -> None:
         library = cpu_native._require()
         if not layers:
             raise ValueError("a decoder stack needs at least one layer")
+        if max_rows < 1:
+            raise ValueError(f"a decoder stack takes steps of at least one row, not {max_rows}")
         hidden = layers[0].input_norm.shape[0]
         dtype = layers[0].input_norm.dtype
         if dtype not in STEP_FUNCTIONS:
@@ -89,34 +90,34 @@ class DecoderStack:
         self.layers = layers  # the tensors outlive the addresses held below
         self.hidden = hidden
         self.dtype = dtype
+        self.max_rows = max_rows
         self._layer_array = (_Layer * len(layers))(*(_Layer(
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
                              rot_dim, num_blocks, eps, self._layer_array)
         self._run = getattr(library, STEP_FUNCTIONS[dtype])
-        size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), cpu_native.GEMV_MAX_ROWS)
+        size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), max_rows)
         self._workspace = torch.empty(size, dtype=dtype)
 
     def takes(self, tokens: torch.Tensor) -> bool:
         """Whether `run` takes a step of these tokens (their ids or hidden states, one row a
         token): few enough for the GEMV, run eagerly (a compiled graph cannot trace a ctypes
         call)."""
-        return tokens.shape[0] <= cpu_native.GEMV_MAX_ROWS and not torch.compiler.is_compiling()
+        return tokens.shape[0] <= self.max_rows and not torch.compiler.is_compiling()
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
             slot_mapping: torch.Tensor, block_tables: torch.Tensor,
             seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A step of a few tokens: hidden [rows, H] (their embeddings) through every layer, rows
-        <= GEMV_MAX_ROWS. Each row is one token with its own block-table row and context
+        <= max_rows. Each row is one token with its own block-table row and context
         length (the tokens it attends to, itself included): a decode step's rows as they come,
         a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
         residual), what the final norm takes."""
         rows = hidden.shape[0]
-        if (hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows
-                <= cpu_native.GEMV_MAX_ROWS):
+        if hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows <= self.max_rows:
             raise ValueError(f"a decoder stack step wants {_DTYPE_NAMES[self.dtype]} hidden [rows <= "
-                             f"{cpu_native.GEMV_MAX_ROWS}, {self.hidden}], got {hidden.dtype} "
+                             f"{self.max_rows}, {self.hidden}], got {hidden.dtype} "
                              f"{tuple(hidden.shape)}")
         positions = positions.to(torch.int64).contiguous()
         slots = slot_mapping.to(torch.int64).contiguous()

@@ -53,6 +53,10 @@ FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-l
 # weights, plus a horizontal sum per output) is the limit and oneDNN wins (0.7x).
 # Figures: benchmarks/results/cpu_gemv_smollm2.json, cpu_gemv_demo.json.
 GEMV_MAX_ROWS = 4
+# The fp32 GEMV's rows in one pass of its band (the weights read once): it beat aten's fp32
+# matmul over the demo's projections at 1-32 rows (1.3x at 1, 2.1x at 4, 1.5x at 8, 1.05x at
+# 32) and lost from 64 (0.94x); each pass past the first reads the weights again.
+F32_GEMV_MAX_ROWS = 8
 MAX_HEAD_DIM = 512  # cpu_native.c keeps a head's query and output in registers
 # The kernel reads a row-major copy of each weight, kept beside oneDNN's packed one (which
 # serves larger batches): only where the weights take at most this share of the RAM.
@@ -73,9 +77,24 @@ def worth_a_second_copy(weight_bytes: int) -> bool:
     return weight_bytes <= memory * MAX_SHARE_OF_MEMORY and available()
 
 
-def gemv_takes(x: torch.Tensor) -> bool:
-    """Whether x [..., K] has few enough rows for `bf16_gemv` to beat oneDNN (GEMV_MAX_ROWS)."""
-    return x.numel() <= GEMV_MAX_ROWS * x.shape[-1]
+def gemv_takes(x: torch.Tensor, max_rows: int = GEMV_MAX_ROWS) -> bool:
+    """Whether x [..., K] has few enough rows for the GEMV to beat torch's matmul (bf16's
+    oneDNN: GEMV_MAX_ROWS; fp32's aten: F32_GEMV_MAX_ROWS)."""
+    return x.numel() <= max_rows * x.shape[-1]
+
+
+@functools.cache
+def last_level_cache_bytes() -> int | None:
+    """The largest CPU cache (Linux sysfs), or None where it cannot be read."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip()
+        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+        try:
+            sizes.append(int(text.rstrip("KMG")) * scale)
+        except ValueError:
+            continue
+    return max(sizes, default=None)
 
 
 def small_batch_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

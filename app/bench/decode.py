@@ -16,13 +16,13 @@ ratio is kept.
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
 
 from kvdeck.app.bench.pairs import alternate, common_prefix, ratio_summary
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.kernels.cpu_native import last_level_cache_bytes
 
 # A baseline's decode of the prompt: (seconds per output token, its greedy token ids).
 DecodeRun = tuple[float, list[int]]
@@ -60,19 +60,6 @@ def timed_decode(llm: LLM, prompt: list[int], output_len: int) -> DecodeRun:
 
 def time_per_output_token(llm: LLM, prompt: list[int], output_len: int) -> float:
     return timed_decode(llm, prompt, output_len)[0]
-
-
-def last_level_cache_bytes() -> int | None:
-    """The largest CPU cache (Linux sysfs), or None where it cannot be read."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip()
-        scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-        try:
-            sizes.append(int(text.rstrip("KMG")) * scale)
-        except ValueError:
-            continue
-    return max(sizes, default=None)
 
 
 def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: int,

@@ -98,7 +98,7 @@ def torch_step(layers, hidden, positions, cos_sin, slots, tables, lens, heads, k
 
 def step_inputs(rows, dim, rot_dim, skip_row=None, seed=1, dtype=torch.bfloat16):
     g = torch.Generator().manual_seed(seed)
-    lens = torch.tensor([5, 40, 17, 33][:rows], dtype=torch.int32)
+    lens = torch.tensor(([5, 40, 17, 33] * 5)[:rows], dtype=torch.int32)
     tables = torch.zeros(rows, 3, dtype=torch.int32)
     for r in range(rows):
         tables[r] = torch.arange(3 * r, 3 * r + 3, dtype=torch.int32) + 2  # each row its own blocks
@@ -139,16 +139,21 @@ def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, ro
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 20])  # 20: passes of 8, 8 and 4 rows through the GEMV
 @VARIANTS
 def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, heads, kv_heads, dim, rot_dim,
                                                                         bias, qk_norm):
-    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, dtype=torch.float32)
+    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
     expected_layers = copy_layers(layers)
     hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim, dtype=torch.float32,
                                                                   skip_row=1 if rows > 2 else None)
-    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6)
+    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6,
+                         max_rows=32)
     out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
+    alone, _ = DecoderStack(copy_layers(expected_layers), heads=heads, kv_heads=kv_heads, head_dim=dim,
+                            rot_dim=rot_dim, eps=1e-6).run(hidden[-1:], positions[-1:], cos_sin, slots[-1:],
+                                                           tables[-1:], lens[-1:])
+    assert torch.equal(alone[0], out[-1])  # a row's result does not depend on the step's others
     want_out, want_residual = torch_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
                                          heads, kv_heads, dim, 1e-6)
     assert out.dtype == residual.dtype == torch.float32
@@ -160,7 +165,7 @@ def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, hea
         torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
     untouched = torch.ones(layers[0].k_cache.shape[:2], dtype=torch.bool)
     untouched.view(-1)[slots[slots >= 0]] = False
-    fresh = make_layers(3, heads, kv_heads, dim, bias, qk_norm, dtype=torch.float32)
+    fresh = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
     for got, old in zip(layers, fresh):  # only the step's slots were written
         assert torch.equal(got.k_cache[untouched], old.k_cache[untouched])
     assert out.abs().max() > 0 and not torch.equal(out, hidden)
@@ -207,6 +212,11 @@ def test_it_leaves_larger_steps_to_the_python_forward_and_refuses_bad_metadata()
     hidden, positions, cos_sin, slots, tables, lens = step_inputs(1, 32, 32)
     with pytest.raises(ValueError, match="bf16 hidden"):
         stack.run(hidden.float(), positions, cos_sin, slots, tables, lens)
+    wide = DecoderStack(make_layers(1, 4, 2, 32, False, False, dtype=torch.float32), heads=4, kv_heads=2,
+                        head_dim=32, rot_dim=32, eps=1e-6, max_rows=32)
+    assert wide.takes(torch.zeros(32, HIDDEN)) and not wide.takes(torch.zeros(33, HIDDEN))
+    with pytest.raises(ValueError, match=r"fp32 hidden \[rows <= 32"):
+        wide.run(torch.zeros(33, HIDDEN), *step_inputs(1, 32, 32)[1:])  # refused before the metadata
     with pytest.raises(ValueError, match="a slot"):
         stack.run(hidden, positions, cos_sin, slots.repeat(2), tables, lens)
     with pytest.raises(ValueError, match="cos|sin cache of 32 columns"):
