@@ -30,10 +30,11 @@ logger = logging.getLogger(__name__)
 
 # fp32 steps of up to this many tokens take the stack where the layers' weights sit in the
 # last-level cache (each pass of eight rows past the first reads them again, from the cache).
-# The demo model (23 MB) at a batch of 8, 16, 32 and 64 decoding requests: 7.1 -> 2.5,
-# 11.0 -> 4.7, 15.6 -> 7.7 and 33 -> 24 ms a step against the per-layer path; past 32 rows
-# the fp32 GEMV loses to aten's matmul, so the gain there is attention's and Python's.
-FP32_CACHED_MAX_ROWS = 32
+# The demo model (19 MB of projections) at 8, 16, 32 and 64 decoding requests, per step
+# against the per-layer path: 7.1 -> 2.3, 11.0 -> 5.4, 15.6 -> 9.0, 28.6 -> 23.4 ms; at 128,
+# 52.9 -> 45.8. Past 32 rows the fp32 GEMV alone loses to aten's matmul (0.94x at 64), so the
+# gain there is the attention's and Python's, and it shrinks.
+FP32_CACHED_MAX_ROWS = 64
 
 
 def bind_decoder_stack(model: nn.Module) -> bool:
