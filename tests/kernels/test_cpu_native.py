@@ -70,11 +70,12 @@ def test_an_fp32_output_head_takes_the_gemv_for_few_rows(monkeypatch):
     calls = []
     gemv = cpu_native.f32_gemv
     monkeypatch.setattr(cpu_native, "f32_gemv", lambda x, w: calls.append(x.shape[0]) or gemv(x, w))
-    hidden = torch.randn(cpu_native.GEMV_MAX_ROWS + 1, 64)
+    most = cpu_native.F32_GEMV_MAX_ROWS
+    hidden = torch.randn(most + 1, 64)
     with torch.no_grad():
-        for rows in (1, cpu_native.GEMV_MAX_ROWS, cpu_native.GEMV_MAX_ROWS + 1):
+        for rows in (1, most, most + 1):
             torch.testing.assert_close(head(hidden[:rows]), lm_head(hidden[:rows]), rtol=1e-5, atol=1e-5)
-    assert calls == [1, cpu_native.GEMV_MAX_ROWS]  # more rows: torch's matmul
+    assert calls == [1, most]  # more rows: torch's matmul
     bf16_head = UnquantizedLinearMethod().output_head(torch.nn.Linear(64, 300, bias=False).bfloat16())
     assert not isinstance(bf16_head, SmallBatchOutputHead)  # bf16 has its packed head
 
