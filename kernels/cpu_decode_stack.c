@@ -63,6 +63,14 @@ static int step_in_range(const kvdeck_decoder_stack* s, int64_t rows, const int6
     return 1;
 }
 
+/* step_in_range for a whole step before it runs in several calls (so a bad index in a later
+ * pass is refused before an earlier pass writes anything): 1 when every index is inside. */
+int kvdeck_decode_stack_in_range(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* positions,
+                                 int64_t max_positions, const int64_t* slots, const int32_t* block_tables,
+                                 int64_t bt_stride, const int32_t* seq_lens) {
+    return step_in_range(s, rows, positions, max_positions, slots, block_tables, bt_stride, seq_lens);
+}
+
 /* The workspace (in elements of the stack's type) a step of `rows` rows needs. */
 int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t rows) {
     const int64_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;

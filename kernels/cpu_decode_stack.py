@@ -4,6 +4,9 @@
 fp32: the norms, the row-major projections the GEMV reads, the layer's KV cache) and runs
 a step of at most `max_rows` tokens through every layer without coming back to Python,
 without the fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms).
+Built `in_passes`, it takes a step of any size as consecutive calls of `max_rows` tokens:
+each pass writes its tokens' keys and values in every layer before the next pass's tokens,
+which come later in their sequences, attend to them.
 In bf16 it runs the same kernels in the same order as the model's forward, so the same
 bits; in fp32 their fp32 twins, the forward's formulas up to the order of the sums. Every
 index the step follows is checked first (a bad one is a ValueError, nothing written).
@@ -58,7 +61,8 @@ class DecoderStack:
     caches' addresses), rebuilt when the pool is."""
 
     def __init__(self, layers: list[DecoderLayerWeights], *, heads: int, kv_heads: int, head_dim: int,
-                 rot_dim: int, eps: float, max_rows: int = cpu_native.GEMV_MAX_ROWS) -> None:
+                 rot_dim: int, eps: float, max_rows: int = cpu_native.GEMV_MAX_ROWS,
+                 in_passes: bool = False) -> None:
         library = cpu_native._require()
         if not layers:
             raise ValueError("a decoder stack needs at least one layer")
@@ -91,31 +95,34 @@ class DecoderStack:
         self.hidden = hidden
         self.dtype = dtype
         self.max_rows = max_rows
+        self.in_passes = in_passes
         self._layer_array = (_Layer * len(layers))(*(_Layer(
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
                              rot_dim, num_blocks, eps, self._layer_array)
         self._run = getattr(library, STEP_FUNCTIONS[dtype])
+        self._in_range = library.kvdeck_decode_stack_in_range
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), max_rows)
         self._workspace = torch.empty(size, dtype=dtype)
 
     def takes(self, tokens: torch.Tensor) -> bool:
         """Whether `run` takes a step of these tokens (their ids or hidden states, one row a
-        token): few enough for the GEMV, run eagerly (a compiled graph cannot trace a ctypes
-        call)."""
-        return tokens.shape[0] <= self.max_rows and not torch.compiler.is_compiling()
+        token): few enough for the GEMV (any number in passes), run eagerly (a compiled graph
+        cannot trace a ctypes call)."""
+        return (self.in_passes or tokens.shape[0] <= self.max_rows) and not torch.compiler.is_compiling()
 
     def run(self, hidden: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor,
             slot_mapping: torch.Tensor, block_tables: torch.Tensor,
             seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A step of a few tokens: hidden [rows, H] (their embeddings) through every layer, rows
-        <= max_rows. Each row is one token with its own block-table row and context
-        length (the tokens it attends to, itself included): a decode step's rows as they come,
-        a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
+        <= max_rows (any number `in_passes`, in token order). Each row is one token with its
+        own block-table row and context length (the tokens it attends to, itself included): a
+        decode step's rows as they come, a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
         residual), what the final norm takes."""
         rows = hidden.shape[0]
-        if hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows <= self.max_rows:
+        most = rows if self.in_passes else self.max_rows
+        if hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows <= most:
             raise ValueError(f"a decoder stack step wants {_DTYPE_NAMES[self.dtype]} hidden [rows <= "
                              f"{self.max_rows}, {self.hidden}], got {hidden.dtype} "
                              f"{tuple(hidden.shape)}")
@@ -130,10 +137,20 @@ class DecoderStack:
                              f"row ({rows}) and an fp32 cos|sin cache of {self._stack.rot_dim} columns")
         out = hidden.contiguous().clone()
         residual = torch.empty_like(out)
-        status = self._run(ctypes.addressof(self._stack), rows, positions.data_ptr(),
-                           cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], slots.data_ptr(),
-                           tables.data_ptr(), tables.stride(0), lens.data_ptr(), out.data_ptr(),
-                           residual.data_ptr(), self._workspace.data_ptr())
+        status = 0
+        if rows > self.max_rows and not self._in_range(
+                ctypes.addressof(self._stack), rows, positions.data_ptr(), cos_sin_cache.shape[0],
+                slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr()):
+            status = -2  # checked whole: no pass may write before a later one is refused
+        for first in range(0, rows if status == 0 else 0, self.max_rows):
+            count = min(self.max_rows, rows - first)
+            status = self._run(ctypes.addressof(self._stack), count, positions[first:].data_ptr(),
+                               cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], slots[first:].data_ptr(),
+                               tables[first:].data_ptr(), tables.stride(0), lens[first:].data_ptr(),
+                               out[first:].data_ptr(), residual[first:].data_ptr(),
+                               self._workspace.data_ptr())
+            if status != 0:
+                break
         if status == -2:
             raise ValueError(f"a decoder stack step indexes outside its tables: positions "
                              f"{positions.tolist()} (table of {cos_sin_cache.shape[0]}), slots "

@@ -107,14 +107,16 @@ int kvdeck_gemv_rows(const kvdeck_band_fn bands[9], size_t element, const void* 
                       int64_t x_stride, const void* w, int64_t n_len, int64_t k_len, const void* bias, void* y,
                       int64_t y_stride, int threads) {
     if (bands == NULL) return -1;
-    for (int64_t first = 0; first < rows; first += 8) {
-        const kvdeck_band_fn band = bands[rows - first < 8 ? rows - first : 8];
-        const char* xs = (const char*)x + (size_t)(first * x_stride) * element;
-        char* ys = (char*)y + (size_t)(first * y_stride) * element;
+    /* One team for all the passes: each thread keeps its band of weight rows (in its own
+     * core's cache) for every pass, and the threads meet once, not once a pass. */
 #pragma omp parallel num_threads(threads) if (threads > 1)
-        {
-            const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
-            band(xs, x_stride, w, bias, ys, y_stride, n_len * me / team, n_len * (me + 1) / team, k_len);
+    {
+        const int64_t team = omp_get_num_threads(), me = omp_get_thread_num();
+        for (int64_t first = 0; first < rows; first += 8) {
+            const kvdeck_band_fn band = bands[rows - first < 8 ? rows - first : 8];
+            band((const char*)x + (size_t)(first * x_stride) * element, x_stride, w, bias,
+                 (char*)y + (size_t)(first * y_stride) * element, y_stride, n_len * me / team,
+                 n_len * (me + 1) / team, k_len);
         }
     }
     return 0;
@@ -195,9 +197,17 @@ static void attend_one(const void* query_, const void* k_cache_, const void* v_c
         _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
                                  (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
 }
-#define ATTEND_ONE attend_one
+/* The group's heads one at a time (bf16 keeps attend_one's order of sums bit for bit). */
+static void attend_group(const void* query, int64_t group, const void* k_cache, const void* v_cache,
+                         const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
+                         int64_t kv_head, int64_t dim, float scale, float soft_cap, void* result) {
+    for (int64_t g = 0; g < group; g++)
+        attend_one((const uint16_t*)query + g * dim, k_cache, v_cache, table, first, len, block_size, kv_heads,
+                   kv_head, dim, scale, soft_cap, (uint16_t*)result + g * dim);
+}
+#define ATTEND_GROUP attend_group
 #else
-#define ATTEND_ONE NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
+#define ATTEND_GROUP NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
 
 int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stride, int64_t heads,
@@ -205,7 +215,7 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride,
                                  const int32_t* seq_lens, int64_t block_size, int64_t window,
                                  float scale, float soft_cap, uint16_t* out) {
-    return kvdeck_attention_rows(ATTEND_ONE, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache, v_cache,
+    return kvdeck_attention_rows(ATTEND_GROUP, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache, v_cache,
                                  kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
                                  out);
 }
@@ -215,16 +225,18 @@ int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q
                           int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                           int64_t block_size, int64_t window, float scale, float soft_cap, void* out) {
     if (attend == NULL || dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads, work = rows * heads;
+    const int64_t group = heads / kv_heads, work = rows * kv_heads;
     int64_t context = 0;
     for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
     const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+    /* dynamic: a chunk's tokens attend to ever longer contexts, so equal shares of items are
+     * not equal shares of work */
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1)
     for (int64_t item = 0; item < work; item++) {
-        const int64_t r = item / heads, h = item % heads;
+        const int64_t r = item / kv_heads, kv_head = item % kv_heads, h = kv_head * group;
         const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
-        attend((const char*)q + (size_t)(r * q_stride + h * dim) * element, k_cache, v_cache,
-               block_tables + r * bt_stride, first, len, block_size, kv_heads, h / group, dim, scale, soft_cap,
+        attend((const char*)q + (size_t)(r * q_stride + h * dim) * element, group, k_cache, v_cache,
+               block_tables + r * bt_stride, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap,
                (char*)out + (size_t)((r * heads + h) * dim) * element);
     }
     return 0;

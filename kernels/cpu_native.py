@@ -157,12 +157,16 @@ def decode_attention_applies(q: torch.Tensor, k_cache: torch.Tensor, max_query_l
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
-    """Paged attention of one query token per row (q [rows, heads, dim]) over the bf16
-    caches [num_blocks, block_size, kv_heads, dim]; the same contract as
-    kernels/attention.py's `paged_attention_torch` for a decode-only step."""
+    """Paged attention of one query token per row (q [rows, heads, dim]) over the caches
+    [num_blocks, block_size, kv_heads, dim], all bf16 or all fp32 (the decoder stack's fp32
+    kernel); the same contract as kernels/attention.py's `paged_attention_torch` for a
+    decode-only step."""
     library = _require()
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
+    if q.dtype not in (torch.bfloat16, torch.float32) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"decode_attention wants q and caches all bf16 or all fp32, got q {q.dtype}, "
+                         f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
     if (q.stride(2) != 1 or q.stride(1) != dim or not k_cache.is_contiguous() or not v_cache.is_contiguous()
             or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim or heads % kv_heads != 0):
         raise ValueError(f"decode_attention wants q [rows, heads, {dim}] with contiguous heads and "
@@ -173,8 +177,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if tables.shape[0] != rows or lens.shape != (rows,):
         raise ValueError(f"decode_attention wants a block table and a length per row ({rows}), got "
                          f"{tuple(tables.shape)} and {tuple(lens.shape)}")
-    out = torch.empty((rows, heads, dim), dtype=torch.bfloat16)
-    status = library.kvdeck_decode_attention_bf16(
+    out = torch.empty((rows, heads, dim), dtype=q.dtype)
+    function = "kvdeck_decode_attention_bf16" if q.dtype == torch.bfloat16 else "kvdeck_decode_attention_f32"
+    status = getattr(library, function)(
         q.data_ptr(), rows, q.stride(0), heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), kv_heads,
         tables.data_ptr(), tables.stride(0), lens.data_ptr(), k_cache.shape[1], sliding_window, scale,
         soft_cap, out.data_ptr())
@@ -313,11 +318,12 @@ def _library() -> ctypes.CDLL | None:
         getattr(library, gemv).argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    library.kvdeck_decode_attention_bf16.restype = ctypes.c_int
-    library.kvdeck_decode_attention_bf16.argtypes = [
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-        ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-        ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
+    for attention in ("kvdeck_decode_attention_bf16", "kvdeck_decode_attention_f32"):
+        getattr(library, attention).restype = ctypes.c_int
+        getattr(library, attention).argtypes = [
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+            ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
     signatures = {
         "kvdeck_rms_norm_bf16": [ptr, i64, ptr, i64, ptr, ctypes.c_float, i64, i64, ptr, ptr],
@@ -331,6 +337,8 @@ def _library() -> ctypes.CDLL | None:
         getattr(library, name).argtypes = argtypes
     library.kvdeck_decode_stack_workspace.restype = i64
     library.kvdeck_decode_stack_workspace.argtypes = [ptr, i64]
+    library.kvdeck_decode_stack_in_range.restype = ctypes.c_int
+    library.kvdeck_decode_stack_in_range.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ptr]
     return library
 
 

@@ -33,12 +33,13 @@ int kvdeck_gemv_rows(const kvdeck_band_fn bands[9], size_t element, const void* 
                       int64_t x_stride, const void* w, int64_t n_len, int64_t k_len, const void* bias, void* y,
                       int64_t y_stride, int threads);
 
-/* One (row, head) of decode attention: the query over positions first..len-1 of its table. */
-typedef void (*kvdeck_attend_fn)(const void* query, const void* k_cache, const void* v_cache,
+/* One (row, kv head) of decode attention: the `group` query heads sharing kv_head (query and
+ * result: their rows side by side) over positions first..len-1 of the row's table. */
+typedef void (*kvdeck_attend_fn)(const void* query, int64_t group, const void* k_cache, const void* v_cache,
                                  const int32_t* table, int64_t first, int64_t len, int64_t block_size,
                                  int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
                                  void* result);
-/* kvdeck_decode_attention_bf16's contract (cpu_native.c) with every (row, head) through
+/* kvdeck_decode_attention_bf16's contract (cpu_native.c) with every (row, kv head) through
  * `attend`, shared among the threads; `element`: bytes of an element of q, caches and out. */
 int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q, int64_t rows,
                           int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
@@ -66,6 +67,28 @@ static inline __m512 exp_ps(__m512 x) {
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* v[j]'s sixteen lanes summed, in lane j: the reductions of sixteen vectors as one
+ * transpose-and-add tree (four levels of shuffles and adds, then one permutation) where
+ * sixteen _mm512_reduce_add_ps would take four levels each. */
+static inline __m512 sum_lanes16(const __m512 v[16]) {
+    __m512 halves[8], quarters[4], eighths[2];
+    for (int i = 0; i < 8; i++)  /* quarter sums 0+2, 1+3 of v[2i] and of v[2i+1] */
+        halves[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                                  _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    for (int i = 0; i < 4; i++)  /* 128-bit lane k: four partial sums of v[4i + k] */
+        quarters[i] = _mm512_add_ps(
+            _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+            _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+    for (int i = 0; i < 2; i++)  /* lane k: two partials each of v[8i + k], v[8i + 4 + k] */
+        eighths[i] = _mm512_add_ps(_mm512_unpacklo_ps(quarters[2 * i], quarters[2 * i + 1]),
+                                   _mm512_unpackhi_ps(quarters[2 * i], quarters[2 * i + 1]));
+    /* element e of 128-bit lane k: the sum of v[4e + k]; the permutation puts it in lane 4e + k */
+    const __m512 sums = _mm512_add_ps(
+        _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(eighths[0]), _mm512_castps_pd(eighths[1]))),
+        _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(eighths[0]), _mm512_castps_pd(eighths[1]))));
+    return _mm512_permutexvar_ps(_mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), sums);
 }
 
 /* One tile of an online softmax (flash attention's running maximum and denominator): the

@@ -50,18 +50,18 @@ def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family, dt
 
 
 def test_fp32_batches_past_eight_rows_take_the_stack_and_keep_the_tokens(tiny_llama_dir, monkeypatch):
-    """A small fp32 model (its weights in the last-level cache) takes steps of up to
-    FP32_CACHED_MAX_ROWS tokens through the stack: a dozen decoding requests, and short
-    prompts whole, with the per-layer forward's greedy tokens."""
+    """A small fp32 model (its weights in the last-level cache) takes every step through the
+    stack, in passes of FP32_CACHED_MAX_ROWS tokens: a dozen decoding requests, and the
+    first step's twelve prompts (126 tokens), with the per-layer forward's greedy tokens."""
     prompts = [[(7 * i + j) % 300 + 3 for i in range(5 + j)] for j in range(12)]
     options = dict(kv_cache_memory_gib=0.01, max_num_seqs=12)
     rows = []
     run = DecoderStack.run
     monkeypatch.setattr(DecoderStack, "run", lambda self, *a: rows.append(a[0].shape[0]) or run(self, *a))
     native = LLM(str(tiny_llama_dir), **options)
-    assert _stack(native).max_rows == native_decode.FP32_CACHED_MAX_ROWS
+    assert _stack(native).max_rows == native_decode.FP32_CACHED_MAX_ROWS and _stack(native).in_passes
     native_tokens = _generate(native, prompts, max_tokens=24)
-    assert 12 in rows and max(rows) <= native_decode.FP32_CACHED_MAX_ROWS
+    assert 12 in rows and max(rows) == 126  # the prompts' step, past the 64 of a pass
     monkeypatch.setattr(native_decode, "bind_decoder_stack", lambda model: False)
     assert native_tokens == _generate(LLM(str(tiny_llama_dir), **options), prompts, max_tokens=24)
 
@@ -69,10 +69,13 @@ def test_fp32_batches_past_eight_rows_take_the_stack_and_keep_the_tokens(tiny_ll
 def test_the_row_limit_follows_the_dtype_and_the_cache(tiny_llama_dir, monkeypatch):
     layers = _stack(LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01)).layers
     assert native_decode.stack_max_rows(layers) == native_decode.FP32_CACHED_MAX_ROWS
+    assert native_decode.stack_in_passes(layers)  # any step, in passes read from the cache
     monkeypatch.setattr(cpu_native, "last_level_cache_bytes", lambda: 1024)  # weights past the cache
     assert native_decode.stack_max_rows(layers) == cpu_native.F32_GEMV_MAX_ROWS  # one pass of the GEMV
+    assert not native_decode.stack_in_passes(layers)
     bf16 = _stack(LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory_gib=0.01)).layers
     assert native_decode.stack_max_rows(bf16) == cpu_native.GEMV_MAX_ROWS
+    assert not native_decode.stack_in_passes(bf16)
 
 
 def test_preemption_and_a_small_pool_keep_the_python_forwards_tokens(tmp_path, monkeypatch):

@@ -204,6 +204,45 @@ def test_a_chunk_of_tokens_is_the_same_as_one_token_at_a_time(dtype):
 
 
 @needs_kernel
+def test_a_step_in_passes_is_the_step_in_one_call():
+    """Built in_passes, a stack takes a step of any size as calls of max_rows tokens: a prompt
+    of 21 tokens (its own context, causal) beside two decode rows, in passes of 8, gives
+    what one call of all 23 gives, bit for bit, and writes the same cache."""
+    from kvdeck.kernels.cpu_decode_stack import token_contexts
+
+    heads, kv_heads, dim = 4, 2, 32
+    layers = make_layers(2, heads, kv_heads, dim, False, False, dtype=torch.float32)
+    whole_layers = copy_layers(layers)
+    g = torch.Generator().manual_seed(5)
+    hidden = torch.randn(23, HIDDEN, generator=g)
+    cos_sin = torch.randn(64, dim, generator=g)
+    tables = torch.tensor([[2, 3, 4], [5, 6, 7], [8, 9, 10]], dtype=torch.int32)
+    seq_lens = torch.tensor([9, 21, 30], dtype=torch.int32)  # a decode row, the prompt, a decode row
+    starts = torch.tensor([0, 1, 22, 23], dtype=torch.int32)
+    positions = torch.tensor([8, *range(21), 29])
+    owner = [0] + [1] * 21 + [2]
+    slots = torch.tensor([int(tables[seq, pos // BLOCK]) * BLOCK + int(pos) % BLOCK
+                          for seq, pos in zip(owner, positions)])
+    token_tables, token_lens = token_contexts(starts, seq_lens, tables)
+    in_passes = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim, eps=1e-6,
+                             max_rows=8, in_passes=True)
+    assert in_passes.takes(hidden)
+    out, residual = in_passes.run(hidden, positions, cos_sin, slots, token_tables, token_lens)
+    whole = DecoderStack(whole_layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim, eps=1e-6,
+                         max_rows=32)
+    want_out, want_residual = whole.run(hidden, positions, cos_sin, slots, token_tables, token_lens)
+    assert torch.equal(out, want_out) and torch.equal(residual, want_residual)
+    for got, want in zip(layers, whole_layers):
+        assert torch.equal(got.k_cache, want.k_cache) and torch.equal(got.v_cache, want.v_cache)
+    before = [layer.k_cache.clone() for layer in layers]
+    bad_slots = slots.clone()
+    bad_slots[-1] = 10 ** 6  # the last pass's row: refused before the first pass writes
+    with pytest.raises(ValueError, match="indexes outside its tables"):
+        in_passes.run(hidden, positions, cos_sin, bad_slots, token_tables, token_lens)
+    assert all(torch.equal(layer.k_cache, old) for layer, old in zip(layers, before))
+
+
+@needs_kernel
 def test_it_leaves_larger_steps_to_the_python_forward_and_refuses_bad_metadata():
     stack = DecoderStack(make_layers(1, 4, 2, 32, False, False), heads=4, kv_heads=2, head_dim=32, rot_dim=32,
                          eps=1e-6)

@@ -256,6 +256,36 @@ def test_decode_attention_matches_the_fp32_reference_closer_than_torch_bf16(lens
 
 
 @needs_kernel
+@pytest.mark.parametrize("lens,heads,kv_heads,dim,window,soft_cap", [
+    ([192, 5], 4, 2, 64, 0, 0.0),  # the demo's shape: groups of two 64-dim heads (a compiled instance)
+    ([1, 17, 100, 33], 9, 3, 64, 0, 0.0),  # SmolLM2's groups of three (runtime counts), block edges
+    ([40, 3], 8, 8, 80, 0, 0.0),  # no GQA, a head dim that is not a multiple of 16 lanes
+    ([300, 64], 8, 1, 128, 50, 0.0),  # a group of eight (two walks of four), windows short and long
+    ([70], 6, 2, 128, 0, 30.0),  # groups of three at 128 dims, Gemma 2's soft cap
+    ([16, 32, 15], 4, 4, 256, 0, 0.0),  # whole tiles only, one head a group, 256 dims
+])
+def test_fp32_decode_attention_is_the_fp32_reference_up_to_the_order_of_its_sums(lens, heads, kv_heads, dim,
+                                                                                 window, soft_cap):
+    """The decoder stack's fp32 attention (each key and value read once for a group of heads,
+    sixteen scores summed across lanes at once) against the torch path in fp32."""
+    from kvdeck.kernels.attention import paged_attention_torch
+
+    q, k_cache, v_cache, tables, seq_lens = paged_case(lens, heads, kv_heads, dim, seed=1)
+    q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    args = (tables, starts, seq_lens, dim ** -0.5, 1, max(lens), window, soft_cap)
+    want = paged_attention_torch(q, k_cache, v_cache, *args)
+    got = cpu_native.decode_attention(q, k_cache, v_cache, tables, seq_lens, dim ** -0.5, window, soft_cap)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=2e-6 * want.abs().max().item())
+    alone = cpu_native.decode_attention(q[-1:], k_cache, v_cache, tables[-1:], seq_lens[-1:], dim ** -0.5,
+                                        window, soft_cap)
+    assert torch.equal(alone[0], got[-1])  # a row's result does not depend on the others
+    with pytest.raises(ValueError, match="all bf16 or all fp32"):
+        cpu_native.decode_attention(q, k_cache.bfloat16(), v_cache, tables, seq_lens, 0.125)
+
+
+@needs_kernel
 def test_decode_attention_refuses_layouts_it_cannot_read():
     q, k_cache, v_cache, tables, seq_lens = paged_case([20], 4, 2, 64)
     with pytest.raises(ValueError, match="kv heads divide"):

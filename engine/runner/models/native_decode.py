@@ -56,7 +56,7 @@ def bind_decoder_stack(model: nn.Module) -> bool:
         inner.decoder_stack = DecoderStack(
             layers, heads=attention.num_heads, kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
             rot_dim=inner.rotary.cos_sin_cache.shape[1], eps=first.input_layernorm.eps,
-            max_rows=stack_max_rows(layers))
+            max_rows=stack_max_rows(layers), in_passes=stack_in_passes(layers))
     except ValueError as exc:
         logger.info("decode steps stay on the Python forward: %s", exc)
         return False
@@ -81,6 +81,13 @@ def stack_max_rows(layers: list[DecoderLayerWeights]) -> int:
                        for tensor in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
     cache = cpu_native.last_level_cache_bytes()
     return FP32_CACHED_MAX_ROWS if cache and weight_bytes <= cache else cpu_native.F32_GEMV_MAX_ROWS
+
+
+def stack_in_passes(layers: list[DecoderLayerWeights]) -> bool:
+    """Whether steps of any size (prefill chunks, mixed steps) take the stack, in passes of
+    `stack_max_rows` tokens: in fp32 where the projections fit in the last-level cache, so
+    each pass reads them from the cache, not from memory."""
+    return stack_max_rows(layers) == FP32_CACHED_MAX_ROWS
 
 
 def decoder_stack_takes(model: nn.Module, input_ids: torch.Tensor) -> bool:
