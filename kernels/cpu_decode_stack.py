@@ -118,8 +118,8 @@ class DecoderStack:
         """A step of a few tokens: hidden [rows, H] (their embeddings) through every layer, rows
         <= max_rows (any number `in_passes`, in token order). Each row is one token with its
         own block-table row and context length (the tokens it attends to, itself included): a
-        decode step's rows as they come, a chunk's tokens through `token_contexts`. Returns (the last layer's output, the
-        residual), what the final norm takes."""
+        decode step's rows as they come, a chunk's tokens through `token_contexts`. Returns (the
+        last layer's output, the residual), what the final norm takes."""
         rows = hidden.shape[0]
         most = rows if self.in_passes else self.max_rows
         if hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows <= most:
