@@ -197,17 +197,17 @@ static void attend_one(const void* query_, const void* k_cache_, const void* v_c
         _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
                                  (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
 }
-/* The group's heads one at a time (bf16 keeps attend_one's order of sums bit for bit). */
-static void attend_group(const void* query, int64_t group, const void* k_cache, const void* v_cache,
-                         const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
-                         int64_t kv_head, int64_t dim, float scale, float soft_cap, void* result) {
-    for (int64_t g = 0; g < group; g++)
+/* A tile of heads one at a time (bf16 keeps attend_one's order of sums bit for bit). */
+static void attend_heads(const void* query, int64_t first_head, int64_t heads, int64_t group, const void* k_cache,
+                         const void* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                         int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result) {
+    for (int64_t g = 0; g < heads; g++)
         attend_one((const uint16_t*)query + g * dim, k_cache, v_cache, table, first, len, block_size, kv_heads,
-                   kv_head, dim, scale, soft_cap, (uint16_t*)result + g * dim);
+                   (first_head + g) / group, dim, scale, soft_cap, (uint16_t*)result + g * dim);
 }
-#define ATTEND_GROUP attend_group
+#define ATTEND_HEADS attend_heads
 #else
-#define ATTEND_GROUP NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
+#define ATTEND_HEADS NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
 
 int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stride, int64_t heads,
@@ -215,17 +215,18 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride,
                                  const int32_t* seq_lens, int64_t block_size, int64_t window,
                                  float scale, float soft_cap, uint16_t* out) {
-    return kvdeck_attention_rows(ATTEND_GROUP, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache, v_cache,
-                                 kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
+    const int64_t group = heads / (kv_heads > 0 ? kv_heads : 1);  /* a kv head's heads an item */
+    return kvdeck_attention_rows(ATTEND_HEADS, group, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache,
+                                 v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
                                  out);
 }
 
-int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q, int64_t rows,
+int kvdeck_attention_rows(kvdeck_attend_fn attend, int64_t tile, size_t element, const void* q, int64_t rows,
                           int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
                           int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                           int64_t block_size, int64_t window, float scale, float soft_cap, void* out) {
-    if (attend == NULL || dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads, work = rows * kv_heads;
+    if (attend == NULL || tile < 1 || dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
+    const int64_t group = heads / kv_heads, tiles = (heads + tile - 1) / tile, work = rows * tiles;
     int64_t context = 0;
     for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
     const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;
@@ -233,10 +234,10 @@ int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q
      * not equal shares of work */
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(dynamic, 1)
     for (int64_t item = 0; item < work; item++) {
-        const int64_t r = item / kv_heads, kv_head = item % kv_heads, h = kv_head * group;
+        const int64_t r = item / tiles, h = item % tiles * tile, count = heads - h < tile ? heads - h : tile;
         const int64_t len = seq_lens[r], first = window > 0 && len > window ? len - window : 0;
-        attend((const char*)q + (size_t)(r * q_stride + h * dim) * element, group, k_cache, v_cache,
-               block_tables + r * bt_stride, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap,
+        attend((const char*)q + (size_t)(r * q_stride + h * dim) * element, h, count, group, k_cache, v_cache,
+               block_tables + r * bt_stride, first, len, block_size, kv_heads, dim, scale, soft_cap,
                (char*)out + (size_t)((r * heads + h) * dim) * element);
     }
     return 0;

@@ -79,22 +79,27 @@ int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float*
 }
 
 #if KVDECK_NATIVE
-/* The heads of one kv head's group that one walk over the keys serves at once. */
-#define GROUP_TILE 4
-
-/* Up to GROUP_TILE heads of a group (`heads` of them) over the keys; inlined into instances
- * where `heads` and `chunks` are constants, so that the accumulators, the query and the
- * scores' vectors stay in registers (a runtime count left them in memory). */
+/* Up to HEAD_TILE query heads of one row (`heads` of them, from first_head; head h reads kv
+ * head h / group) over the row's keys, each with cpu_native.c's online softmax over tiles
+ * of sixteen keys. One walk over a key's slot serves every head of the tile (the demo's
+ * four heads and two kv heads read each slot's 512 contiguous bytes once), the tile's
+ * positions step through the block table without a division a key, and a head's sixteen
+ * scores are summed across lanes together (sum_lanes16) rather than one reduction a key.
+ * Inlined into instances where `heads` and `chunks` are constants, so that the
+ * accumulators, the query and the scores' vectors stay in registers (runtime counts left
+ * them in memory, twice as slow). */
 static inline __attribute__((always_inline)) void attend_heads_f32(
-    const float* query, int64_t heads, const float* k_cache, const float* v_cache, const int32_t* table,
-    int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t kv_head, int64_t dim,
-    int64_t chunks, float scale, float soft_cap, float* result) {
+    const float* query, int64_t first_head, int64_t heads, int64_t group, const float* k_cache,
+    const float* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
+    int64_t dim, int64_t chunks, float scale, float soft_cap, float* result) {
     __mmask16 lanes[MAX_HEAD_DIM / 16];
     for (int64_t c = 0; c < chunks; c++) lanes[c] = lanes_from(dim - c * 16);
-    __m512 acc[GROUP_TILE][MAX_HEAD_DIM / 16], qv[GROUP_TILE][MAX_HEAD_DIM / 16];
-    float running_max[GROUP_TILE], denominator[GROUP_TILE];
+    __m512 acc[HEAD_TILE][MAX_HEAD_DIM / 16], qv[HEAD_TILE][MAX_HEAD_DIM / 16];
+    float running_max[HEAD_TILE], denominator[HEAD_TILE];
+    int64_t kv_offset[HEAD_TILE];
     for (int64_t g = 0; g < heads; g++) {
         running_max[g] = -INFINITY, denominator[g] = 0.0f;
+        kv_offset[g] = (first_head + g) / group * dim;
         for (int64_t c = 0; c < chunks; c++) {
             acc[g][c] = _mm512_setzero_ps();
             qv[g][c] = _mm512_maskz_loadu_ps(lanes[c], query + g * dim + c * 16);
@@ -103,21 +108,22 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
     int64_t block = first / block_size, in_block = first % block_size;
     for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
         const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
-        int64_t offsets[KEY_TILE];
+        int64_t slots[KEY_TILE];  /* each key's slot, in elements */
         for (int64_t j = 0; j < count; j++) {
-            offsets[j] = (((int64_t)table[block] * block_size + in_block) * kv_heads + kv_head) * dim;
+            slots[j] = ((int64_t)table[block] * block_size + in_block) * kv_heads * dim;
             if (++in_block == block_size) in_block = 0, block++;
         }
-        __m512 dots[GROUP_TILE][KEY_TILE];
-        for (int64_t j = 0; j < KEY_TILE; j++) {
-            for (int64_t g = 0; g < heads; g++) dots[g][j] = _mm512_setzero_ps();
-            if (j < count)
-                for (int64_t c = 0; c < chunks; c++) {
-                    const __m512 k = _mm512_maskz_loadu_ps(lanes[c], k_cache + offsets[j] + c * 16);
-                    for (int64_t g = 0; g < heads; g++) dots[g][j] = _mm512_fmadd_ps(qv[g][c], k, dots[g][j]);
-                }
-        }
-        float weight[GROUP_TILE][KEY_TILE];
+        __m512 dots[HEAD_TILE][KEY_TILE];
+        for (int64_t j = 0; j < KEY_TILE; j++)
+            for (int64_t g = 0; g < heads; g++) {
+                __m512 dot = _mm512_setzero_ps();
+                if (j < count)
+                    for (int64_t c = 0; c < chunks; c++)
+                        dot = _mm512_fmadd_ps(
+                            qv[g][c], _mm512_maskz_loadu_ps(lanes[c], k_cache + slots[j] + kv_offset[g] + c * 16), dot);
+                dots[g][j] = dot;
+            }
+        float weight[HEAD_TILE][KEY_TILE];
         for (int64_t g = 0; g < heads; g++) {
             float scores[KEY_TILE];
             _mm512_storeu_ps(scores, _mm512_mul_ps(sum_lanes16(dots[g]), _mm512_set1_ps(scale)));
@@ -126,10 +132,11 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
             softmax_tile(scores, count, &running_max[g], &denominator[g], acc[g], chunks, weight[g]);
         }
         for (int64_t j = 0; j < count; j++)
-            for (int64_t c = 0; c < chunks; c++) {
-                const __m512 v = _mm512_maskz_loadu_ps(lanes[c], v_cache + offsets[j] + c * 16);
-                for (int64_t g = 0; g < heads; g++)
-                    acc[g][c] = _mm512_fmadd_ps(_mm512_set1_ps(weight[g][j]), v, acc[g][c]);
+            for (int64_t g = 0; g < heads; g++) {
+                const __m512 w = _mm512_set1_ps(weight[g][j]);
+                for (int64_t c = 0; c < chunks; c++)
+                    acc[g][c] = _mm512_fmadd_ps(
+                        w, _mm512_maskz_loadu_ps(lanes[c], v_cache + slots[j] + kv_offset[g] + c * 16), acc[g][c]);
             }
     }
     for (int64_t g = 0; g < heads; g++) {
@@ -139,53 +146,48 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
     }
 }
 
-#define ATTEND_HEADS_F32(HEADS, CHUNKS)                                                                   \
-    static void attend_##HEADS##_##CHUNKS(const float* q, const float* k, const float* v, const int32_t* t, \
-                                          int64_t first, int64_t len, int64_t bs, int64_t kvh, int64_t kv_head, \
-                                          int64_t dim, float scale, float cap, float* out) {                 \
-        attend_heads_f32(q, HEADS, k, v, t, first, len, bs, kvh, kv_head, dim, CHUNKS, scale, cap, out);     \
+#define ATTEND_HEADS_F32(HEADS, CHUNKS)                                                                    \
+    static void attend_##HEADS##_##CHUNKS(const float* q, int64_t h0, int64_t group, const float* k,         \
+                                          const float* v, const int32_t* t, int64_t first, int64_t len,      \
+                                          int64_t bs, int64_t kvh, int64_t dim, float scale, float cap,      \
+                                          float* out) {                                                      \
+        attend_heads_f32(q, h0, HEADS, group, k, v, t, first, len, bs, kvh, dim, CHUNKS, scale, cap, out);   \
     }
 ATTEND_HEADS_F32(1, 4)
 ATTEND_HEADS_F32(2, 4)
+ATTEND_HEADS_F32(3, 4)
 ATTEND_HEADS_F32(4, 4)
 ATTEND_HEADS_F32(1, 8)
 ATTEND_HEADS_F32(2, 8)
+ATTEND_HEADS_F32(3, 8)
 ATTEND_HEADS_F32(4, 8)
 
-/* One (row, kv head): the `group` query heads that share kv_head (query and result: their
- * rows side by side, `dim` apart), each with cpu_native.c's online softmax over tiles of
- * sixteen keys. Each key and value row is loaded once for up to GROUP_TILE heads, the
- * tile's positions step through the block table without a division a key, and a head's
- * sixteen scores are summed across lanes together (sum_lanes16) rather than one reduction
- * a key. 64- and 128-dim heads (4 and 8 vectors) in groups of 1, 2 or 4 run as compiled
- * instances; other shapes run the same code with runtime counts. */
-static void attend_group_f32(const void* query_, int64_t group, const void* k_cache_, const void* v_cache_,
-                             const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                             int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
-                             void* result_) {
-    const float *k = k_cache_, *v = v_cache_;
+/* One (row, tile of heads) through the instance for its shape: 64- and 128-dim heads (4
+ * and 8 vectors) in tiles of 1 to 4 heads; other shapes run the same code with runtime
+ * counts. */
+static void attend_tile_f32(const void* query_, int64_t first_head, int64_t heads, int64_t group,
+                            const void* k_cache, const void* v_cache, const int32_t* table, int64_t first, int64_t len,
+                            int64_t block_size, int64_t kv_heads, int64_t dim, float scale, float soft_cap,
+                            void* result_) {
+    const float *q = query_, *k = k_cache, *v = v_cache;
+    float* out = result_;
     const int64_t chunks = (dim + 15) / 16;
-    for (int64_t g0 = 0; g0 < group; g0 += GROUP_TILE) {
-        const int64_t heads = group - g0 < GROUP_TILE ? group - g0 : GROUP_TILE;
-        const float* q = (const float*)query_ + g0 * dim;
-        float* out = (float*)result_ + g0 * dim;
-        const int64_t shape = heads * 100 + chunks;
-        switch (shape) {
-            case 104: attend_1_4(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            case 204: attend_2_4(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            case 404: attend_4_4(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            case 108: attend_1_8(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            case 208: attend_2_8(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            case 408: attend_4_8(q, k, v, table, first, len, block_size, kv_heads, kv_head, dim, scale, soft_cap, out); break;
-            default:
-                attend_heads_f32(q, heads, k, v, table, first, len, block_size, kv_heads, kv_head, dim, chunks, scale,
-                                 soft_cap, out);
-        }
+    switch (chunks == 4 || chunks == 8 ? heads * 100 + chunks : 0) {
+#define CASE(HEADS, CHUNKS)                                                                                      \
+    case HEADS * 100 + CHUNKS:                                                                                   \
+        attend_##HEADS##_##CHUNKS(q, first_head, group, k, v, table, first, len, block_size, kv_heads, dim, scale, \
+                                  soft_cap, out);                                                                \
+        break;
+        CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8)
+#undef CASE
+        default:
+            attend_heads_f32(q, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, chunks,
+                             scale, soft_cap, out);
     }
 }
-#define ATTEND_GROUP_F32 attend_group_f32
+#define ATTEND_TILE_F32 attend_tile_f32
 #else
-#define ATTEND_GROUP_F32 NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
+#define ATTEND_TILE_F32 NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
 
 /* kvdeck_decode_attention_bf16's contract (cpu_native.c) for fp32 q, caches and out. */
@@ -193,7 +195,7 @@ int kvdeck_decode_attention_f32(const float* q, int64_t rows, int64_t q_stride, 
                                 const float* k_cache, const float* v_cache, int64_t kv_heads,
                                 const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                                 int64_t block_size, int64_t window, float scale, float soft_cap, float* out) {
-    return kvdeck_attention_rows(ATTEND_GROUP_F32, sizeof(float), q, rows, q_stride, heads, dim, k_cache, v_cache,
+    return kvdeck_attention_rows(ATTEND_TILE_F32, HEAD_TILE, sizeof(float), q, rows, q_stride, heads, dim, k_cache, v_cache,
                                  kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
                                  out);
 }

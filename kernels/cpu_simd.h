@@ -33,15 +33,20 @@ int kvdeck_gemv_rows(const kvdeck_band_fn bands[9], size_t element, const void* 
                       int64_t x_stride, const void* w, int64_t n_len, int64_t k_len, const void* bias, void* y,
                       int64_t y_stride, int threads);
 
-/* One (row, kv head) of decode attention: the `group` query heads sharing kv_head (query and
- * result: their rows side by side) over positions first..len-1 of the row's table. */
-typedef void (*kvdeck_attend_fn)(const void* query, int64_t group, const void* k_cache, const void* v_cache,
-                                 const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                                 int64_t kv_heads, int64_t kv_head, int64_t dim, float scale, float soft_cap,
-                                 void* result);
-/* kvdeck_decode_attention_bf16's contract (cpu_native.c) with every (row, kv head) through
- * `attend`, shared among the threads; `element`: bytes of an element of q, caches and out. */
-int kvdeck_attention_rows(kvdeck_attend_fn attend, size_t element, const void* q, int64_t rows,
+/* The most query heads of a row one walk over its keys serves (the fp32 attention's tile). */
+#define HEAD_TILE 4
+
+/* One (row, tile of query heads) of decode attention: heads first_head..first_head+heads-1
+ * (query and result: their rows side by side), head h reading kv head h / group, over
+ * positions first..len-1 of the row's table. */
+typedef void (*kvdeck_attend_fn)(const void* query, int64_t first_head, int64_t heads, int64_t group,
+                                 const void* k_cache, const void* v_cache, const int32_t* table, int64_t first,
+                                 int64_t len, int64_t block_size, int64_t kv_heads, int64_t dim, float scale,
+                                 float soft_cap, void* result);
+/* kvdeck_decode_attention_bf16's contract (cpu_native.c) with every row's heads through
+ * `attend`, `tile` heads an item, the items shared among the threads; `element`: bytes of an
+ * element of q, caches and out. */
+int kvdeck_attention_rows(kvdeck_attend_fn attend, int64_t tile, size_t element, const void* q, int64_t rows,
                           int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
                           int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                           int64_t block_size, int64_t window, float scale, float soft_cap, void* out);
