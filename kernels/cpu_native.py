@@ -57,6 +57,11 @@ GEMV_MAX_ROWS = 4
 # matmul over the demo's projections at 1-32 rows (1.3x at 1, 2.1x at 4, 1.5x at 8, 1.05x at
 # 32) and lost from 64 (0.94x); each pass past the first reads the weights again.
 F32_GEMV_MAX_ROWS = 8
+# ...and where the weights sit in the last-level cache, up to this many rows (each pass of
+# eight past the first reads them again, from the cache): the demo's 4096 x 256 output head
+# at 16, 32 and 64 rows took 0.70, 0.87 and 0.98 of aten's time (which copies the weight
+# into its packed layout each call), its projections in the decoder stack likewise.
+F32_CACHED_MAX_ROWS = 64
 MAX_HEAD_DIM = 512  # cpu_native.c keeps a head's query and output in registers
 # The kernel reads a row-major copy of each weight, kept beside oneDNN's packed one (which
 # serves larger batches): only where the weights take at most this share of the RAM.
@@ -81,6 +86,12 @@ def gemv_takes(x: torch.Tensor, max_rows: int = GEMV_MAX_ROWS) -> bool:
     """Whether x [..., K] has few enough rows for the GEMV to beat torch's matmul (bf16's
     oneDNN: GEMV_MAX_ROWS; fp32's aten: F32_GEMV_MAX_ROWS)."""
     return x.numel() <= max_rows * x.shape[-1]
+
+
+def f32_gemv_max_rows(weight_bytes: int) -> int:
+    """Rows up to which the fp32 GEMV beats aten's matmul for weights of this many bytes."""
+    cache = last_level_cache_bytes()
+    return F32_CACHED_MAX_ROWS if cache and weight_bytes <= cache else F32_GEMV_MAX_ROWS
 
 
 @functools.cache

@@ -65,8 +65,13 @@ def test_an_fp32_output_head_takes_the_gemv_for_few_rows(monkeypatch):
     from kvdeck.engine.runner.models.linear import SmallBatchOutputHead, UnquantizedLinearMethod
 
     lm_head = torch.nn.Linear(64, 300, bias=False)
+    monkeypatch.setattr(cpu_native, "last_level_cache_bytes", lambda: 1 << 20)
     head = UnquantizedLinearMethod().output_head(lm_head)
     assert isinstance(head, SmallBatchOutputHead) and head.weight is lm_head.weight  # tied stays tied
+    assert head.max_rows == cpu_native.F32_CACHED_MAX_ROWS  # 77 KB of weight: in the cache
+    monkeypatch.setattr(cpu_native, "last_level_cache_bytes", lambda: 1 << 16)
+    head = UnquantizedLinearMethod().output_head(lm_head)
+    assert head.max_rows == cpu_native.F32_GEMV_MAX_ROWS  # past it: one pass of the GEMV
     calls = []
     gemv = cpu_native.f32_gemv
     monkeypatch.setattr(cpu_native, "f32_gemv", lambda x, w: calls.append(x.shape[0]) or gemv(x, w))

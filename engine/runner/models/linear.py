@@ -139,17 +139,19 @@ class UnquantizedLinearMethod:
 
 
 class SmallBatchOutputHead(nn.Module):
-    """An fp32 output projection whose steps of at most cpu_native.F32_GEMV_MAX_ROWS rows (a
-    chat's decode, a few requests') take the native fp32 GEMV: torch's fp32 matmul of one
-    row took about a third of the demo's decode step for its 4096 x 256 head (114 us against
-    43). Larger steps stay torch's."""
+    """An fp32 output projection whose steps of few rows (a chat's decode, a few requests';
+    `max_rows`: cpu_native.f32_gemv_max_rows, 64 for a head in the last-level cache, else 8)
+    take the native fp32 GEMV: torch's fp32 matmul of one row took about a third of the
+    demo's decode step for its 4096 x 256 head (114 us against 43). Larger steps stay
+    torch's."""
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.weight = weight  # tied: the input embedding's own tensor, not a copy
+        self.max_rows = cpu_native.f32_gemv_max_rows(weight.numel() * weight.element_size())
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if cpu_native.gemv_takes(hidden, cpu_native.F32_GEMV_MAX_ROWS) and not torch.compiler.is_compiling():
+        if cpu_native.gemv_takes(hidden, self.max_rows) and not torch.compiler.is_compiling():
             return cpu_native.f32_gemv(hidden, self.weight)
         return nn.functional.linear(hidden, self.weight)
 

@@ -29,12 +29,11 @@ from kvdeck.kernels.dispatch import TORCH_OPS
 logger = logging.getLogger(__name__)
 
 # fp32 steps of up to this many tokens take the stack where the layers' weights sit in the
-# last-level cache (each pass of eight rows past the first reads them again, from the cache).
-# The demo model (19 MB of projections) at 8, 16, 32 and 64 decoding requests, per step
-# against the per-layer path: 7.1 -> 2.3, 11.0 -> 5.4, 15.6 -> 9.0, 28.6 -> 23.4 ms; at 128,
-# 52.9 -> 45.8. Past 32 rows the fp32 GEMV alone loses to aten's matmul (0.94x at 64), so the
-# gain there is the attention's and Python's, and it shrinks.
-FP32_CACHED_MAX_ROWS = 64
+# last-level cache (each pass of eight rows past the first reads them again, from the cache),
+# and steps of any size take it in passes of this many. The demo model (19 MB of projections)
+# at 8, 16, 32 and 64 decoding requests, per step against the per-layer path: 7.1 -> 2.3,
+# 11.0 -> 5.4, 15.6 -> 9.0, 28.6 -> 23.4 ms; at 128, 52.9 -> 45.8.
+FP32_CACHED_MAX_ROWS = cpu_native.F32_CACHED_MAX_ROWS
 
 
 def bind_decoder_stack(model: nn.Module) -> bool:
@@ -79,8 +78,7 @@ def stack_max_rows(layers: list[DecoderLayerWeights]) -> int:
         return cpu_native.GEMV_MAX_ROWS
     weight_bytes = sum(tensor.numel() * tensor.element_size() for layer in layers
                        for tensor in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
-    cache = cpu_native.last_level_cache_bytes()
-    return FP32_CACHED_MAX_ROWS if cache and weight_bytes <= cache else cpu_native.F32_GEMV_MAX_ROWS
+    return cpu_native.f32_gemv_max_rows(weight_bytes)
 
 
 def stack_in_passes(layers: list[DecoderLayerWeights]) -> bool:
