@@ -57,3 +57,17 @@ def test_stop_strings_through_the_engine(tiny_llama_dir):
     assert out.outputs[0].text == text[: text.index(stop)]
     assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
     assert llm.stats().kv_cache_usage == 0 and llm.stats().num_running == 0
+
+
+def test_a_fast_tokenizer_decodes_on_its_backend_with_the_same_text(tokenizer, monkeypatch):
+    """Where transformers' decode is only its backend's (a fast tokenizer, no clean-up), the
+    detokenizer calls the backend directly; the text streamed is the same either way, and
+    a tokenizer that cleans up spaces keeps its own decode."""
+    assert tokenizer.clean_up_tokenization_spaces is False
+    ids = tokenizer.encode(TEXT)
+    fast = IncrementalDetokenizer(tokenizer, tokenizer.encode("Prompt:"))
+    assert fast._decode == tokenizer.backend_tokenizer.decode
+    deltas = [fast.add_tokens([t], finished=i == len(ids) - 1) for i, t in enumerate(ids)]
+    assert "".join(deltas) == TEXT
+    monkeypatch.setattr(tokenizer, "clean_up_tokenization_spaces", True)
+    assert IncrementalDetokenizer(tokenizer, [1])._decode == tokenizer.decode
