@@ -78,6 +78,8 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 }
 
 #define STACK_ELEM uint16_t
+#define STACK_CACHE_ELEM uint16_t
+#define STACK_STORE_KV(dst, src, count) memcpy(dst, src, (size_t)(count) * sizeof(uint16_t))
 #define STACK_STEP kvdeck_decode_stack_bf16
 #define STACK_GEMV kvdeck_gemv_bf16
 #define STACK_RMS_NORM kvdeck_rms_norm_bf16
@@ -86,6 +88,8 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_SILU_AND_MUL kvdeck_silu_and_mul_bf16
 #include "cpu_decode_stack_step.h"
 #undef STACK_ELEM
+#undef STACK_CACHE_ELEM
+#undef STACK_STORE_KV
 #undef STACK_STEP
 #undef STACK_GEMV
 #undef STACK_RMS_NORM
@@ -94,10 +98,24 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #undef STACK_SILU_AND_MUL
 
 #define STACK_ELEM float
+#define STACK_CACHE_ELEM float
+#define STACK_STORE_KV(dst, src, count) memcpy(dst, src, (size_t)(count) * sizeof(float))
 #define STACK_STEP kvdeck_decode_stack_f32
 #define STACK_GEMV kvdeck_gemv_f32
 #define STACK_RMS_NORM kvdeck_rms_norm_f32
 #define STACK_ROPE kvdeck_rope_neox_f32
 #define STACK_ATTENTION kvdeck_decode_attention_f32
 #define STACK_SILU_AND_MUL kvdeck_silu_and_mul_f32
+#include "cpu_decode_stack_step.h"
+#undef STACK_CACHE_ELEM
+#undef STACK_STORE_KV
+#undef STACK_STEP
+#undef STACK_ATTENTION
+
+/* fp32 over an fp16 KV cache (kv_cache_dtype float16): keys and values rounded to fp16 as
+ * they are written, widened as they are read; everything else the fp32 step's. */
+#define STACK_CACHE_ELEM uint16_t
+#define STACK_STORE_KV(dst, src, count) kvdeck_store_f16(dst, src, count)
+#define STACK_STEP kvdeck_decode_stack_f32_f16kv
+#define STACK_ATTENTION kvdeck_decode_attention_f32_f16kv
 #include "cpu_decode_stack_step.h"

@@ -1,7 +1,8 @@
 """A Llama-family step of a few tokens in one native call (`cpu_decode_stack.c`).
 
 `DecoderStack` holds one `DecoderLayerWeights` per layer (tensors of one dtype, bf16 or
-fp32: the norms, the row-major projections the GEMV reads, the layer's KV cache) and runs
+fp32: the norms, the row-major projections the GEMV reads; and the layer's KV cache, of
+that dtype or, under fp32, fp16: llama.cpp's default cache, half the bytes a step reads) and runs
 a step of at most `max_rows` tokens through every layer without coming back to Python,
 without the fifteen-odd Python calls a layer that cost a third of a SmolLM2 step (15 ms).
 Built `in_passes`, it takes a step of any size as consecutive calls of `max_rows` tokens:
@@ -20,14 +21,17 @@ import torch
 from kvdeck.kernels import cpu_native
 
 # The element types the stack runs in, and its step function for each (cpu_decode_stack.c).
-STEP_FUNCTIONS = {torch.bfloat16: "kvdeck_decode_stack_bf16", torch.float32: "kvdeck_decode_stack_f32"}
-_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
+# (the weights' and activations' dtype, the KV cache's) -> the step function.
+STEP_FUNCTIONS = {(torch.bfloat16, torch.bfloat16): "kvdeck_decode_stack_bf16",
+                  (torch.float32, torch.float32): "kvdeck_decode_stack_f32",
+                  (torch.float32, torch.float16): "kvdeck_decode_stack_f32_f16kv"}
+_DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}
 
 
 @dataclass(slots=True)
 class DecoderLayerWeights:
     """One decoder layer, as `cpu_decode_stack.c`'s kvdeck_decoder_layer reads it (every
-    tensor of the stack's dtype)."""
+    tensor of the stack's dtype, the caches of theirs)."""
 
     input_norm: torch.Tensor  # [H]
     qkv: torch.Tensor  # [Q + 2 KV, H]
@@ -69,9 +73,10 @@ class DecoderStack:
         if max_rows < 1:
             raise ValueError(f"a decoder stack takes steps of at least one row, not {max_rows}")
         hidden = layers[0].input_norm.shape[0]
-        dtype = layers[0].input_norm.dtype
-        if dtype not in STEP_FUNCTIONS:
-            raise ValueError(f"a decoder stack runs in bf16 or fp32, not {dtype}")
+        dtype, cache_dtype = layers[0].input_norm.dtype, layers[0].k_cache.dtype
+        if (dtype, cache_dtype) not in STEP_FUNCTIONS:
+            raise ValueError(f"a decoder stack runs in bf16 over a bf16 cache or fp32 over an fp32 or fp16 "
+                             f"one, not {dtype} over {cache_dtype}")
         intermediate = layers[0].down.shape[1]
         q, kv = heads * head_dim, kv_heads * head_dim
         if head_dim > cpu_native.MAX_HEAD_DIM or heads % kv_heads or rot_dim > head_dim or rot_dim % 2:
@@ -89,8 +94,8 @@ class DecoderStack:
                 _check(getattr(layer, name), shape, dtype, f"layer {index}'s {name}", optional=name in (
                     "qkv_bias", "q_norm", "k_norm"))
             cache_shape = (num_blocks, block_size, kv_heads, head_dim)
-            _check(layer.k_cache, cache_shape, dtype, f"layer {index}'s k_cache")
-            _check(layer.v_cache, cache_shape, dtype, f"layer {index}'s v_cache")
+            _check(layer.k_cache, cache_shape, cache_dtype, f"layer {index}'s k_cache")
+            _check(layer.v_cache, cache_shape, cache_dtype, f"layer {index}'s v_cache")
         self.layers = layers  # the tensors outlive the addresses held below
         self.hidden = hidden
         self.dtype = dtype
@@ -101,7 +106,7 @@ class DecoderStack:
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
                              rot_dim, num_blocks, eps, self._layer_array)
-        self._run = getattr(library, STEP_FUNCTIONS[dtype])
+        self._run = getattr(library, STEP_FUNCTIONS[dtype, cache_dtype])
         self._in_range = library.kvdeck_decode_stack_in_range
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), max_rows)
         self._workspace = torch.empty(size, dtype=dtype)

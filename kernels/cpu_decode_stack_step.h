@@ -1,8 +1,10 @@
 /* The body of a step through the decoder stack for one element type, included by
  * cpu_decode_stack.c once per type (C's way to a template) with these defined:
- * STACK_ELEM (uint16_t for bf16, float), STACK_STEP (the function's name) and the kernels
- * it composes, STACK_GEMV, STACK_RMS_NORM, STACK_ROPE, STACK_ATTENTION and
- * STACK_SILU_AND_MUL, which take that type. */
+ * STACK_ELEM (uint16_t for bf16, float), STACK_CACHE_ELEM (the KV cache's: the same, or
+ * fp16's uint16_t under fp32), STACK_STORE_KV (a key or value row into the cache),
+ * STACK_STEP (the function's name) and the kernels it composes, STACK_GEMV,
+ * STACK_RMS_NORM, STACK_ROPE, STACK_ATTENTION and STACK_SILU_AND_MUL, which take that
+ * type (the attention, its cache's). */
 
 /* A step through the stack, in STACK_ELEM: positions, slots [rows] int64 (slot -1: not
  * written), cos_sin [max_positions, rot_dim] fp32, block_tables [rows, bt_stride] int32,
@@ -27,8 +29,8 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
     int status = 0;
     for (int64_t l = 0; l < s->num_layers && status == 0; l++) {
         const kvdeck_decoder_layer* layer = &s->layers[l];
-        STACK_ELEM* k_cache = layer->k_cache;
-        STACK_ELEM* v_cache = layer->v_cache;
+        STACK_CACHE_ELEM* k_cache = layer->k_cache;
+        STACK_CACHE_ELEM* v_cache = layer->v_cache;
         if (l == 0) {  /* the first layer's residual is its input */
             memcpy(residual, hidden, (size_t)(rows * h) * sizeof(STACK_ELEM));
             status |= STACK_RMS_NORM(hidden, h, NULL, 0, layer->input_norm, s->eps, rows, h, NULL, normed);
@@ -52,8 +54,8 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
                              cos_sin, s->rot_dim, q_rotated, k_rotated);
         for (int64_t r = 0; r < rows; r++) {
             if (slots[r] == -1) continue;
-            memcpy(k_cache + slots[r] * kv, k_rotated + r * kv, (size_t)kv * sizeof(STACK_ELEM));
-            memcpy(v_cache + slots[r] * kv, qkv + r * qkv_width + q + kv, (size_t)kv * sizeof(STACK_ELEM));
+            STACK_STORE_KV(k_cache + slots[r] * kv, k_rotated + r * kv, kv);
+            STACK_STORE_KV(v_cache + slots[r] * kv, qkv + r * qkv_width + q + kv, kv);
         }
         status |= STACK_ATTENTION(q_rotated, rows, q, s->heads, d, k_cache, v_cache, s->kv_heads, block_tables,
                                   bt_stride, seq_lens, s->block_size, 0, layer->scale, 0.0f, attended);

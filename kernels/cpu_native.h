@@ -30,6 +30,11 @@ int kvdeck_decode_attention_f32(const float* q, int64_t rows, int64_t q_stride, 
                                 const float* k_cache, const float* v_cache, int64_t kv_heads,
                                 const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                                 int64_t block_size, int64_t window, float scale, float soft_cap, float* out);
+int kvdeck_decode_attention_f32_f16kv(const float* q, int64_t rows, int64_t q_stride, int64_t heads, int64_t dim,
+                                      const uint16_t* k_cache, const uint16_t* v_cache, int64_t kv_heads,
+                                      const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                                      int64_t block_size, int64_t window, float scale, float soft_cap, float* out);
+void kvdeck_store_f16(uint16_t* out, const float* values, int64_t count);
 int kvdeck_rms_norm_f32(const float* x, int64_t x_stride, const float* residual, int64_t residual_stride,
                         const float* weight, float eps, int64_t rows, int64_t n, float* summed, float* out);
 int kvdeck_silu_and_mul_f32(const float* x, int64_t x_stride, int64_t rows, int64_t d, float* out);

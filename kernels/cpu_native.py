@@ -165,19 +165,26 @@ def decode_attention_applies(q: torch.Tensor, k_cache: torch.Tensor, max_query_l
             and available())
 
 
+# (q's dtype, the caches') -> the kernel.
+_ATTENTION_FUNCTIONS = {(torch.bfloat16, torch.bfloat16): "kvdeck_decode_attention_bf16",
+                        (torch.float32, torch.float32): "kvdeck_decode_attention_f32",
+                        (torch.float32, torch.float16): "kvdeck_decode_attention_f32_f16kv"}
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      block_tables: torch.Tensor, seq_lens: torch.Tensor, scale: float,
                      sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
     """Paged attention of one query token per row (q [rows, heads, dim]) over the caches
-    [num_blocks, block_size, kv_heads, dim], all bf16 or all fp32 (the decoder stack's fp32
-    kernel); the same contract as kernels/attention.py's `paged_attention_torch` for a
-    decode-only step."""
+    [num_blocks, block_size, kv_heads, dim]: all bf16, all fp32, or fp32 q over fp16 caches
+    (the decoder stack's fp32 kernels); the same contract as kernels/attention.py's
+    `paged_attention_torch` for a decode-only step."""
     library = _require()
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
-    if q.dtype not in (torch.bfloat16, torch.float32) or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
-        raise ValueError(f"decode_attention wants q and caches all bf16 or all fp32, got q {q.dtype}, "
-                         f"k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+    function = _ATTENTION_FUNCTIONS.get((q.dtype, k_cache.dtype))
+    if function is None or v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"decode_attention wants q and caches all bf16, all fp32, or fp32 q over fp16 caches; "
+                         f"got q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
     if (q.stride(2) != 1 or q.stride(1) != dim or not k_cache.is_contiguous() or not v_cache.is_contiguous()
             or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim or heads % kv_heads != 0):
         raise ValueError(f"decode_attention wants q [rows, heads, {dim}] with contiguous heads and "
@@ -189,7 +196,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise ValueError(f"decode_attention wants a block table and a length per row ({rows}), got "
                          f"{tuple(tables.shape)} and {tuple(lens.shape)}")
     out = torch.empty((rows, heads, dim), dtype=q.dtype)
-    function = "kvdeck_decode_attention_bf16" if q.dtype == torch.bfloat16 else "kvdeck_decode_attention_f32"
     status = getattr(library, function)(
         q.data_ptr(), rows, q.stride(0), heads, dim, k_cache.data_ptr(), v_cache.data_ptr(), kv_heads,
         tables.data_ptr(), tables.stride(0), lens.data_ptr(), k_cache.shape[1], sliding_window, scale,
@@ -329,7 +335,8 @@ def _library() -> ctypes.CDLL | None:
         getattr(library, gemv).argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
             ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    for attention in ("kvdeck_decode_attention_bf16", "kvdeck_decode_attention_f32"):
+    for attention in ("kvdeck_decode_attention_bf16", "kvdeck_decode_attention_f32",
+                      "kvdeck_decode_attention_f32_f16kv"):
         getattr(library, attention).restype = ctypes.c_int
         getattr(library, attention).argtypes = [
             ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
@@ -342,6 +349,7 @@ def _library() -> ctypes.CDLL | None:
         "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
         "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
         "kvdeck_decode_stack_f32": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
+        "kvdeck_decode_stack_f32_f16kv": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
     }
     for name, argtypes in signatures.items():
         getattr(library, name).restype = ctypes.c_int

@@ -79,6 +79,13 @@ int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float*
 }
 
 #if KVDECK_NATIVE
+/* Sixteen cache elements from `index` (the lanes in `lanes`; the others 0) as fp32: fp32
+ * elements, or fp16 ones (`half`: an fp32 model's 16-bit cache, llama.cpp's default). */
+static inline __m512 load_kv(const void* cache, int64_t index, __mmask16 lanes, int half) {
+    return half ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (const uint16_t*)cache + index))
+                : _mm512_maskz_loadu_ps(lanes, (const float*)cache + index);
+}
+
 /* Up to HEAD_TILE query heads of one row (`heads` of them, from first_head; head h reads kv
  * head h / group) over the row's keys, each with cpu_native.c's online softmax over tiles
  * of sixteen keys. One walk over a key's slot serves every head of the tile (the demo's
@@ -89,9 +96,9 @@ int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float*
  * accumulators, the query and the scores' vectors stay in registers (runtime counts left
  * them in memory, twice as slow). */
 static inline __attribute__((always_inline)) void attend_heads_f32(
-    const float* query, int64_t first_head, int64_t heads, int64_t group, const float* k_cache,
-    const float* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
-    int64_t dim, int64_t chunks, float scale, float soft_cap, float* result) {
+    const float* query, int64_t first_head, int64_t heads, int64_t group, const void* k_cache,
+    const void* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
+    int64_t dim, int64_t chunks, int half, float scale, float soft_cap, float* result) {
     __mmask16 lanes[MAX_HEAD_DIM / 16];
     for (int64_t c = 0; c < chunks; c++) lanes[c] = lanes_from(dim - c * 16);
     __m512 acc[HEAD_TILE][MAX_HEAD_DIM / 16], qv[HEAD_TILE][MAX_HEAD_DIM / 16];
@@ -120,7 +127,7 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
                 if (j < count)
                     for (int64_t c = 0; c < chunks; c++)
                         dot = _mm512_fmadd_ps(
-                            qv[g][c], _mm512_maskz_loadu_ps(lanes[c], k_cache + slots[j] + kv_offset[g] + c * 16), dot);
+                            qv[g][c], load_kv(k_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], half), dot);
                 dots[g][j] = dot;
             }
         float weight[HEAD_TILE][KEY_TILE];
@@ -136,7 +143,7 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
                 const __m512 w = _mm512_set1_ps(weight[g][j]);
                 for (int64_t c = 0; c < chunks; c++)
                     acc[g][c] = _mm512_fmadd_ps(
-                        w, _mm512_maskz_loadu_ps(lanes[c], v_cache + slots[j] + kv_offset[g] + c * 16), acc[g][c]);
+                        w, load_kv(v_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], half), acc[g][c]);
             }
     }
     for (int64_t g = 0; g < heads; g++) {
@@ -146,48 +153,67 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
     }
 }
 
-#define ATTEND_HEADS_F32(HEADS, CHUNKS)                                                                    \
-    static void attend_##HEADS##_##CHUNKS(const float* q, int64_t h0, int64_t group, const float* k,         \
-                                          const float* v, const int32_t* t, int64_t first, int64_t len,      \
-                                          int64_t bs, int64_t kvh, int64_t dim, float scale, float cap,      \
-                                          float* out) {                                                      \
-        attend_heads_f32(q, h0, HEADS, group, k, v, t, first, len, bs, kvh, dim, CHUNKS, scale, cap, out);   \
+#define ATTEND_HEADS_F32(HEADS, CHUNKS, HALF)                                                              \
+    static void attend_##HEADS##_##CHUNKS##_##HALF(const float* q, int64_t h0, int64_t group, const void* k, \
+                                                   const void* v, const int32_t* t, int64_t first, int64_t len, \
+                                                   int64_t bs, int64_t kvh, int64_t dim, float scale, float cap, \
+                                                   float* out) {                                            \
+        attend_heads_f32(q, h0, HEADS, group, k, v, t, first, len, bs, kvh, dim, CHUNKS, HALF, scale, cap, out); \
     }
-ATTEND_HEADS_F32(1, 4)
-ATTEND_HEADS_F32(2, 4)
-ATTEND_HEADS_F32(3, 4)
-ATTEND_HEADS_F32(4, 4)
-ATTEND_HEADS_F32(1, 8)
-ATTEND_HEADS_F32(2, 8)
-ATTEND_HEADS_F32(3, 8)
-ATTEND_HEADS_F32(4, 8)
+#define ATTEND_SHAPES(HALF)                                                                                  \
+    ATTEND_HEADS_F32(1, 4, HALF) ATTEND_HEADS_F32(2, 4, HALF) ATTEND_HEADS_F32(3, 4, HALF)                   \
+    ATTEND_HEADS_F32(4, 4, HALF) ATTEND_HEADS_F32(1, 8, HALF) ATTEND_HEADS_F32(2, 8, HALF)                   \
+    ATTEND_HEADS_F32(3, 8, HALF) ATTEND_HEADS_F32(4, 8, HALF)
+ATTEND_SHAPES(0)
+ATTEND_SHAPES(1)
 
 /* One (row, tile of heads) through the instance for its shape: 64- and 128-dim heads (4
  * and 8 vectors) in tiles of 1 to 4 heads; other shapes run the same code with runtime
- * counts. */
-static void attend_tile_f32(const void* query_, int64_t first_head, int64_t heads, int64_t group,
-                            const void* k_cache, const void* v_cache, const int32_t* table, int64_t first, int64_t len,
-                            int64_t block_size, int64_t kv_heads, int64_t dim, float scale, float soft_cap,
-                            void* result_) {
-    const float *q = query_, *k = k_cache, *v = v_cache;
+ * counts. `half`: the caches hold fp16. */
+static inline __attribute__((always_inline)) void attend_tile(
+    const void* query_, int64_t first_head, int64_t heads, int64_t group, const void* k, const void* v,
+    const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t dim, float scale,
+    float soft_cap, void* result_, int half) {
+    const float* q = query_;
     float* out = result_;
     const int64_t chunks = (dim + 15) / 16;
     switch (chunks == 4 || chunks == 8 ? heads * 100 + chunks : 0) {
 #define CASE(HEADS, CHUNKS)                                                                                      \
     case HEADS * 100 + CHUNKS:                                                                                   \
-        attend_##HEADS##_##CHUNKS(q, first_head, group, k, v, table, first, len, block_size, kv_heads, dim, scale, \
-                                  soft_cap, out);                                                                \
+        if (half)                                                                                                \
+            attend_##HEADS##_##CHUNKS##_1(q, first_head, group, k, v, table, first, len, block_size, kv_heads,   \
+                                          dim, scale, soft_cap, out);                                            \
+        else                                                                                                     \
+            attend_##HEADS##_##CHUNKS##_0(q, first_head, group, k, v, table, first, len, block_size, kv_heads,   \
+                                          dim, scale, soft_cap, out);                                            \
         break;
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(1, 8) CASE(2, 8) CASE(3, 8) CASE(4, 8)
 #undef CASE
         default:
             attend_heads_f32(q, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, chunks,
-                             scale, soft_cap, out);
+                             half, scale, soft_cap, out);
     }
 }
+
+static void attend_tile_f32(const void* query, int64_t first_head, int64_t heads, int64_t group, const void* k,
+                            const void* v, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                            int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result) {
+    attend_tile(query, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, scale,
+                soft_cap, result, 0);
+}
+
+static void attend_tile_f32_f16kv(const void* query, int64_t first_head, int64_t heads, int64_t group,
+                                  const void* k, const void* v, const int32_t* table, int64_t first, int64_t len,
+                                  int64_t block_size, int64_t kv_heads, int64_t dim, float scale, float soft_cap,
+                                  void* result) {
+    attend_tile(query, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, scale,
+                soft_cap, result, 1);
+}
 #define ATTEND_TILE_F32 attend_tile_f32
-#else
-#define ATTEND_TILE_F32 NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
+#define ATTEND_TILE_F32_F16KV attend_tile_f32_f16kv
+#else /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
+#define ATTEND_TILE_F32 NULL
+#define ATTEND_TILE_F32_F16KV NULL
 #endif
 
 /* kvdeck_decode_attention_bf16's contract (cpu_native.c) for fp32 q, caches and out. */
@@ -195,9 +221,34 @@ int kvdeck_decode_attention_f32(const float* q, int64_t rows, int64_t q_stride, 
                                 const float* k_cache, const float* v_cache, int64_t kv_heads,
                                 const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                                 int64_t block_size, int64_t window, float scale, float soft_cap, float* out) {
-    return kvdeck_attention_rows(ATTEND_TILE_F32, HEAD_TILE, sizeof(float), q, rows, q_stride, heads, dim, k_cache, v_cache,
-                                 kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
-                                 out);
+    return kvdeck_attention_rows(ATTEND_TILE_F32, HEAD_TILE, sizeof(float), q, rows, q_stride, heads, dim, k_cache,
+                                 v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale,
+                                 soft_cap, out);
+}
+
+/* The same over fp16 caches (an fp32 model's 16-bit KV cache, kv_cache_dtype float16): q and
+ * out fp32, the keys and values widened from fp16 as they are read. */
+int kvdeck_decode_attention_f32_f16kv(const float* q, int64_t rows, int64_t q_stride, int64_t heads, int64_t dim,
+                                      const uint16_t* k_cache, const uint16_t* v_cache, int64_t kv_heads,
+                                      const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
+                                      int64_t block_size, int64_t window, float scale, float soft_cap, float* out) {
+    return kvdeck_attention_rows(ATTEND_TILE_F32_F16KV, HEAD_TILE, sizeof(float), q, rows, q_stride, heads, dim,
+                                 k_cache, v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window,
+                                 scale, soft_cap, out);
+}
+
+/* count fp32 values as fp16 (round to nearest even, as torch's .to(float16)) at `out`: a key
+ * or value row into an fp32 model's fp16 cache. */
+void kvdeck_store_f16(uint16_t* out, const float* values, int64_t count) {
+#if KVDECK_NATIVE
+    for (int64_t i = 0; i < count; i += 16) {
+        const __mmask16 lanes = lanes_from(count - i);
+        _mm256_mask_storeu_epi16(out + i, lanes,
+                                 _mm512_cvtps_ph(_mm512_maskz_loadu_ps(lanes, values + i), _MM_FROUND_TO_NEAREST_INT));
+    }
+#else
+    (void)out, (void)values, (void)count;
+#endif
 }
 
 /* out = weight * (v * 1 / sqrt(mean(v^2) + eps)), v = x, or with a residual v = x + residual,

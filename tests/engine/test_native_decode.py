@@ -29,12 +29,13 @@ def _stack(llm: LLM) -> DecoderStack | None:
     return llm.engine.core.runner.model.model.decoder_stack
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("dtype,kv_cache_dtype", [("bfloat16", "auto"), ("float32", "auto"),
+                                                  ("float32", "float16")])  # fp16: llama.cpp's cache
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3", "phi3"])
-def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family, dtype):
+def test_the_same_tokens_as_the_python_forward(tmp_path, monkeypatch, family, dtype, kv_cache_dtype):
     model_dir = build_tiny_model(tmp_path / family, family)
-    options = dict(dtype=dtype, kv_cache_memory_gib=0.01, max_num_seqs=3, max_num_batched_tokens=32,
-                   enable_prefix_caching=True)  # chunked prefills beside decodes, a shared prefix
+    options = dict(dtype=dtype, kv_cache_dtype=kv_cache_dtype, kv_cache_memory_gib=0.01, max_num_seqs=3,
+                   max_num_batched_tokens=32, enable_prefix_caching=True)  # chunked prefills, a shared prefix
     calls = []
     run = DecoderStack.run
     monkeypatch.setattr(DecoderStack, "run", lambda self, *a: calls.append(a[0].shape[0]) or run(self, *a))

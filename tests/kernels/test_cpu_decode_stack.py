@@ -86,8 +86,9 @@ def torch_step(layers, hidden, positions, cos_sin, slots, tables, lens, heads, k
         q, k = apply_rope_torch(positions, q.reshape(rows, heads, dim), k.reshape(rows, kv_heads, dim),
                                 cos_sin)
         keep = slots >= 0
-        layer.k_cache.view(-1, kv_heads, dim)[slots[keep]] = k[keep]
-        layer.v_cache.view(-1, kv_heads, dim)[slots[keep]] = v.reshape(rows, kv_heads, dim)[keep]
+        cache = layer.k_cache.dtype  # an fp16 cache under fp32: rounded as it is written
+        layer.k_cache.view(-1, kv_heads, dim)[slots[keep]] = k[keep].to(cache)
+        layer.v_cache.view(-1, kv_heads, dim)[slots[keep]] = v.reshape(rows, kv_heads, dim)[keep].to(cache)
         attended = paged_attention_torch(q, layer.k_cache, layer.v_cache, tables, starts, lens, layer.scale,
                                          max_query_len=1, max_seq_len=int(lens.max()))
         out = F.linear(attended.reshape(rows, q_size), layer.o_proj)
@@ -168,6 +169,35 @@ def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, hea
     fresh = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
     for got, old in zip(layers, fresh):  # only the step's slots were written
         assert torch.equal(got.k_cache[untouched], old.k_cache[untouched])
+    assert out.abs().max() > 0 and not torch.equal(out, hidden)
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 3, 20])
+@VARIANTS
+def test_an_fp32_step_over_an_fp16_cache_is_the_torch_forward_over_it(rows, heads, kv_heads, dim, rot_dim, bias,
+                                                                      qk_norm):
+    """kv_cache_dtype float16 under an fp32 model (llama.cpp's default cache): keys and
+    values rounded to fp16 as they are written, read back widened, everything else fp32."""
+    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
+    for layer in layers:
+        layer.k_cache, layer.v_cache = layer.k_cache.half(), layer.v_cache.half()
+    expected_layers = copy_layers(layers)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim, dtype=torch.float32,
+                                                                  skip_row=1 if rows > 2 else None)
+    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6,
+                         max_rows=32)
+    out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
+    want_out, want_residual = torch_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
+                                         heads, kv_heads, dim, 1e-6)
+    assert out.dtype == torch.float32 and layers[0].k_cache.dtype == torch.float16
+    # the same fp32 formulas; a key whose fp32 sums round to the other side of an fp16 step
+    # moves its attention by up to an fp16 unit (1e-3) of its share
+    for got, want in [(out, want_out), (residual, want_residual)]:
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-3 * want.abs().max().item())
+    for a, b in zip(layers, expected_layers):
+        for got, want in [(a.k_cache, b.k_cache), (a.v_cache, b.v_cache)]:
+            torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=1e-3 * want.abs().max().item())
     assert out.abs().max() > 0 and not torch.equal(out, hidden)
 
 
@@ -301,9 +331,13 @@ def test_it_refuses_weights_it_cannot_read_and_names_them():
     with pytest.raises(ValueError, match="layer 0's down must be a contiguous bf16"):
         DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
     layers = make_layers(1, 4, 2, 32, False, False, dtype=torch.float32)
-    layers[0].k_cache = layers[0].k_cache.bfloat16()  # the model's dtype, the cache's, must agree
-    with pytest.raises(ValueError, match="layer 0's k_cache must be a contiguous fp32"):
+    layers[0].k_cache = layers[0].k_cache.bfloat16()  # fp32 over a bf16 cache: no step function
+    with pytest.raises(ValueError, match="fp32 over an fp32 or fp16 one, not torch.float32 over torch.bfloat16"):
         DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
-    with pytest.raises(ValueError, match="bf16 or fp32, not torch.float16"):
+    layers = make_layers(2, 4, 2, 32, False, False, dtype=torch.float32)
+    layers[1].v_cache = layers[1].v_cache.half()  # each layer's caches of the first layer's dtype
+    with pytest.raises(ValueError, match="layer 1's v_cache must be a contiguous fp32"):
+        DecoderStack(layers, heads=4, kv_heads=2, head_dim=32, rot_dim=32, eps=1e-6)
+    with pytest.raises(ValueError, match="not torch.float16 over torch.float16"):
         DecoderStack(make_layers(1, 4, 2, 32, False, False, dtype=torch.float16), heads=4, kv_heads=2,
                      head_dim=32, rot_dim=32, eps=1e-6)

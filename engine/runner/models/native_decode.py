@@ -111,8 +111,8 @@ def _why_not(model: LlamaModel) -> str | None:
         if (paged.sliding_window is not None or paged.soft_cap is not None or paged.write_options
                 or paged.attend_options or paged.kv_group != 0):
             return f"layer {index}'s attention has a window, a cap, an 8-bit cache or a second KV group"
-        if dtype not in STEP_FUNCTIONS or paged.k_cache.dtype != dtype or paged.k_cache.device.type != "cpu":
-            return "the model and its KV cache are not both bf16 or both fp32 on the CPU"
+        if (dtype, paged.k_cache.dtype) not in STEP_FUNCTIONS or paged.k_cache.device.type != "cpu":
+            return "the model and its KV cache are not bf16 over bf16, fp32 over fp32 or fp16, on the CPU"
         linears = (attention.qkv_proj, attention.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
         if any(_row_major_weight(linear, dtype) is None for linear in linears):
             return "a projection has no row-major weight (quantised, or bf16 too large for a second copy)"
