@@ -183,8 +183,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     kv_heads = k_cache.shape[2]
     function = _ATTENTION_FUNCTIONS.get((q.dtype, k_cache.dtype))
     if function is None or v_cache.dtype != k_cache.dtype:
-        raise ValueError(f"decode_attention wants q and caches all bf16, all fp32, or fp32 q over fp16 caches; "
-                         f"got q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
+        raise ValueError(f"decode_attention wants q and caches all bf16, all fp32, or fp32 q over fp16 "
+                         f"caches; got q {q.dtype}, k_cache {k_cache.dtype}, v_cache {v_cache.dtype}")
     if (q.stride(2) != 1 or q.stride(1) != dim or not k_cache.is_contiguous() or not v_cache.is_contiguous()
             or v_cache.shape != k_cache.shape or k_cache.shape[3] != dim or heads % kv_heads != 0):
         raise ValueError(f"decode_attention wants q [rows, heads, {dim}] with contiguous heads and "

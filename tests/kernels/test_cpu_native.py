@@ -287,9 +287,9 @@ def test_fp32_decode_attention_is_the_fp32_reference_up_to_the_order_of_its_sums
                                         window, soft_cap)
     assert torch.equal(alone[0], got[-1])  # a row's result does not depend on the others
     k_half, v_half = k_cache.half(), v_cache.half()  # an fp16 cache: the same, widened as read
-    over_half = cpu_native.decode_attention(q, k_half, v_half, tables, seq_lens, dim ** -0.5, window, soft_cap)
-    assert torch.equal(over_half, cpu_native.decode_attention(q, k_half.float(), v_half.float(), tables, seq_lens,
-                                                              dim ** -0.5, window, soft_cap))
+    args = (tables, seq_lens, dim ** -0.5, window, soft_cap)
+    over_half = cpu_native.decode_attention(q, k_half, v_half, *args)
+    assert torch.equal(over_half, cpu_native.decode_attention(q, k_half.float(), v_half.float(), *args))
     with pytest.raises(ValueError, match="all bf16, all fp32, or fp32 q over fp16"):
         cpu_native.decode_attention(q, k_cache.bfloat16(), v_cache, tables, seq_lens, 0.125)
 
