@@ -140,11 +140,16 @@ def test_a_step_is_bit_for_bit_the_single_kernels(rows, heads, kv_heads, dim, ro
 
 
 @needs_kernel
+@pytest.mark.parametrize("cache", [torch.float32, torch.float16])  # fp16: kv_cache_dtype float16
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 20])  # 20: passes of 8, 8 and 4 rows through the GEMV
 @VARIANTS
 def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, heads, kv_heads, dim, rot_dim,
-                                                                        bias, qk_norm):
+                                                                        bias, qk_norm, cache):
+    """An fp32 step against the torch forward, over an fp32 cache or an fp16 one (llama.cpp's
+    default: keys and values rounded to fp16 as they are written, read back widened)."""
     layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
+    for layer in layers:
+        layer.k_cache, layer.v_cache = layer.k_cache.to(cache), layer.v_cache.to(cache)
     expected_layers = copy_layers(layers)
     hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim, dtype=torch.float32,
                                                                   skip_row=1 if rows > 2 else None)
@@ -157,47 +162,22 @@ def test_an_fp32_step_is_the_torch_forward_up_to_the_order_of_its_sums(rows, hea
     assert torch.equal(alone[0], out[-1])  # a row's result does not depend on the step's others
     want_out, want_residual = torch_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
                                          heads, kv_heads, dim, 1e-6)
-    assert out.dtype == residual.dtype == torch.float32
+    assert out.dtype == residual.dtype == torch.float32 and layers[0].k_cache.dtype == cache
     # fp32 sums in another order: about 2e-7 of the largest value after one layer, some 5e-6
-    # after three random ones (the errors compound); a wrong formula is off by far more
+    # after three random ones (the errors compound); a wrong formula is off by far more. In
+    # fp16, a key whose sums round to the other side of an fp16 step moves its attention by
+    # up to an fp16 unit (1e-3) of its share.
+    tolerance = 2e-5 if cache == torch.float32 else 1e-3
     for got, want in [(out, want_out), (residual, want_residual)] + [
             (a.k_cache, b.k_cache) for a, b in zip(layers, expected_layers)] + [
             (a.v_cache, b.v_cache) for a, b in zip(layers, expected_layers)]:
-        torch.testing.assert_close(got, want, rtol=0, atol=2e-5 * want.abs().max().item())
+        want = want.float()
+        torch.testing.assert_close(got.float(), want, rtol=0, atol=tolerance * want.abs().max().item())
     untouched = torch.ones(layers[0].k_cache.shape[:2], dtype=torch.bool)
     untouched.view(-1)[slots[slots >= 0]] = False
     fresh = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
     for got, old in zip(layers, fresh):  # only the step's slots were written
-        assert torch.equal(got.k_cache[untouched], old.k_cache[untouched])
-    assert out.abs().max() > 0 and not torch.equal(out, hidden)
-
-
-@needs_kernel
-@pytest.mark.parametrize("rows", [1, 3, 20])
-@VARIANTS
-def test_an_fp32_step_over_an_fp16_cache_is_the_torch_forward_over_it(rows, heads, kv_heads, dim, rot_dim,
-                                                                      bias, qk_norm):
-    """kv_cache_dtype float16 under an fp32 model (llama.cpp's default cache): keys and
-    values rounded to fp16 as they are written, read back widened, everything else fp32."""
-    layers = make_layers(3, heads, kv_heads, dim, bias, qk_norm, num_blocks=3 * rows + 2, dtype=torch.float32)
-    for layer in layers:
-        layer.k_cache, layer.v_cache = layer.k_cache.half(), layer.v_cache.half()
-    expected_layers = copy_layers(layers)
-    hidden, positions, cos_sin, slots, tables, lens = step_inputs(rows, dim, rot_dim, dtype=torch.float32,
-                                                                  skip_row=1 if rows > 2 else None)
-    stack = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=rot_dim, eps=1e-6,
-                         max_rows=32)
-    out, residual = stack.run(hidden, positions, cos_sin, slots, tables, lens)
-    want_out, want_residual = torch_step(expected_layers, hidden, positions, cos_sin, slots, tables, lens,
-                                         heads, kv_heads, dim, 1e-6)
-    assert out.dtype == torch.float32 and layers[0].k_cache.dtype == torch.float16
-    # the same fp32 formulas; a key whose fp32 sums round to the other side of an fp16 step
-    # moves its attention by up to an fp16 unit (1e-3) of its share
-    for got, want in [(out, want_out), (residual, want_residual)]:
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-3 * want.abs().max().item())
-    for a, b in zip(layers, expected_layers):
-        for got, want in [(a.k_cache, b.k_cache), (a.v_cache, b.v_cache)]:
-            torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=1e-3 * want.abs().max().item())
+        assert torch.equal(got.k_cache[untouched], old.k_cache[untouched].to(cache))
     assert out.abs().max() > 0 and not torch.equal(out, hidden)
 
 
