@@ -118,7 +118,12 @@ class EngineCoreLoop:
         while True:
             if not self.core.has_unfinished_requests():
                 if self.stats_dirty:
-                    self._send_stats()
+                    # The last changes, at the stats rate like every snapshot (one of a 10,000-block
+                    # pool takes a millisecond or two to build and send): a request arriving in
+                    # the meantime runs first, and one after each short request did not wait on it.
+                    wait = self.last_stats_time + self.stats_interval - time.monotonic()
+                    if wait <= 0 or not self.input_conn.poll(wait):
+                        self._send_stats()
                 # Idle: sleep in the kernel until the client sends something.
                 if not self.input_conn.poll(IDLE_HEARTBEAT_S):
                     self._send_stats()

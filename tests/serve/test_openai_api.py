@@ -51,12 +51,15 @@ def metrics(server) -> dict[str, float]:
     return samples
 
 
-def wait_idle(server, timeout: float = 10.0) -> dict[str, float]:
+def wait_idle(server, timeout: float = 10.0, settled=lambda m: True) -> dict[str, float]:
+    """The metrics once the engine is idle and `settled(metrics)` holds: what the engine's
+    stats snapshots report (the prefix-cache counters, the gauges) arrives at their rate,
+    within 1/STATS_HZ of the step, the token counters with the outputs."""
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(server)
         idle = m["vllm:num_requests_running{}"] == 0 and m["vllm:num_requests_waiting{}"] == 0
-        if (idle and m["vllm:kv_cache_usage_perc{}"] == 0) or time.monotonic() > deadline:
+        if (idle and m["vllm:kv_cache_usage_perc{}"] == 0 and settled(m)) or time.monotonic() > deadline:
             return m
         time.sleep(0.05)
 
@@ -219,7 +222,8 @@ def test_metrics_move_and_settle(server, api, model_name):
     before = wait_idle(server)
     out = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=7,
                                  temperature=0, extra_body={"ignore_eos": True})
-    after = wait_idle(server)
+    queries = "vllm:prefix_cache_queries_total{}"
+    after = wait_idle(server, settled=lambda m: m.get(queries, 0.0) > before.get(queries, 0.0))
     assert after["vllm:kv_cache_usage_perc{}"] == 0
     assert after["vllm:num_requests_running{}"] == 0
     delta = {k: after[k] - before.get(k, 0.0) for k in after}
