@@ -176,18 +176,29 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
 
         baseline = LlamaCppServeBaseline.open(args, input_len[1] + output_len[1])
         token_pool = baseline.shared_pool(token_pool)
-    requests = synthetic_requests(args.num_prompts, input_len, output_len, len(token_pool), args.seed)
-    for r in requests:
-        r.prompt_token_ids = [token_pool[i] for i in r.prompt_token_ids]
-    print(f"bench serve: {len(requests)} requests to {args.base_url} ({model}), rate "
+    # Each repeat its own prompts (seed + repeat), the same for both sides of a pair: a
+    # replayed workload would time the servers' prompt caches (llama-server keeps whole
+    # prompts, kvdeck full blocks of them), not their prefill.
+    workloads = []
+    for repeat in range(args.repeats):
+        requests = synthetic_requests(args.num_prompts, input_len, output_len, len(token_pool),
+                                      args.seed + repeat)
+        for r in requests:
+            r.prompt_token_ids = [token_pool[i] for i in r.prompt_token_ids]
+        workloads.append(requests)
+    print(f"bench serve: {args.num_prompts} requests to {args.base_url} ({model}), rate "
           f"{args.request_rate}/s, concurrency {args.max_concurrency or 'unbounded'}", file=sys.stderr)
+    runs_by_side: dict[str, int] = {}
 
     def measure(base_url: str, name: str, auth: dict) -> tuple[dict, list[RequestResult]]:
-        results, duration = asyncio.run(_run(args, base_url, requests, name, auth))
+        repeat = runs_by_side.get(base_url, 0)
+        runs_by_side[base_url] = repeat + 1
+        results, duration = asyncio.run(_run(args, base_url, workloads[repeat % len(workloads)], name, auth))
         return summarise(results, duration), results
 
     config = {"base_url": args.base_url, "model": model, "num_prompts": args.num_prompts,
               "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
+              "prompts": "new each repeat (seed + repeat), the same for both sides of a pair",
               "request_rate": args.request_rate, "max_concurrency": args.max_concurrency,
               "repeats": args.repeats}
     try:
