@@ -52,14 +52,21 @@ def metrics(server) -> dict[str, float]:
 
 
 def wait_idle(server, timeout: float = 10.0, settled=lambda m: True) -> dict[str, float]:
-    """The metrics once the engine is idle and `settled(metrics)` holds: what the engine's
-    stats snapshots report (the prefix-cache counters, the gauges) arrives at their rate,
-    within 1/STATS_HZ of the step, the token counters with the outputs."""
+    """The metrics once the engine is idle, `settled(metrics)` holds and nothing moves for
+    a while: what the engine's stats snapshots report (the prefix-cache counters, the
+    gauges) arrives at their rate, up to 1/STATS_HZ after the step (the token counters
+    come with the outputs), so an idle reading can still lack the last request's."""
     deadline = time.monotonic() + timeout
     while True:
         m = metrics(server)
         idle = m["vllm:num_requests_running{}"] == 0 and m["vllm:num_requests_waiting{}"] == 0
-        if (idle and m["vllm:kv_cache_usage_perc{}"] == 0 and settled(m)) or time.monotonic() > deadline:
+        if idle and m["vllm:kv_cache_usage_perc{}"] == 0 and settled(m):
+            time.sleep(0.3)  # several snapshot intervals
+            again = metrics(server)
+            engine = [key for key in again if key.startswith(("vllm:", "kvdeck:"))]
+            if all(again[key] == m.get(key) for key in engine) or time.monotonic() > deadline:
+                return again
+        elif time.monotonic() > deadline:
             return m
         time.sleep(0.05)
 
