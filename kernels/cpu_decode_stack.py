@@ -142,20 +142,12 @@ class DecoderStack:
                              f"row ({rows}) and an fp32 cos|sin cache of {self._stack.rot_dim} columns")
         out = hidden.contiguous().clone()
         residual = torch.empty_like(out)
-        status = 0
         if rows > self.max_rows and not self._in_range(
                 ctypes.addressof(self._stack), rows, positions.data_ptr(), cos_sin_cache.shape[0],
                 slots.data_ptr(), tables.data_ptr(), tables.stride(0), lens.data_ptr()):
             status = -2  # checked whole: no pass may write before a later one is refused
-        for first in range(0, rows if status == 0 else 0, self.max_rows):
-            count = min(self.max_rows, rows - first)
-            status = self._run(ctypes.addressof(self._stack), count, positions[first:].data_ptr(),
-                               cos_sin_cache.data_ptr(), cos_sin_cache.shape[0], slots[first:].data_ptr(),
-                               tables[first:].data_ptr(), tables.stride(0), lens[first:].data_ptr(),
-                               out[first:].data_ptr(), residual[first:].data_ptr(),
-                               self._workspace.data_ptr())
-            if status != 0:
-                break
+        else:
+            status = self._run_passes(rows, positions, cos_sin_cache, slots, tables, lens, out, residual)
         if status == -2:
             raise ValueError(f"a decoder stack step indexes outside its tables: positions "
                              f"{positions.tolist()} (table of {cos_sin_cache.shape[0]}), slots "
@@ -164,6 +156,19 @@ class DecoderStack:
         if status != 0:
             raise RuntimeError("the native decoder stack refused the step")
         return out, residual
+
+
+    def _run_passes(self, rows, positions, cos_sin_cache, slots, tables, lens, out, residual) -> int:
+        """The step as calls of at most max_rows tokens, in order; the first non-zero status."""
+        for first in range(0, rows, self.max_rows):
+            status = self._run(ctypes.addressof(self._stack), min(self.max_rows, rows - first),
+                               positions[first:].data_ptr(), cos_sin_cache.data_ptr(), cos_sin_cache.shape[0],
+                               slots[first:].data_ptr(), tables[first:].data_ptr(), tables.stride(0),
+                               lens[first:].data_ptr(), out[first:].data_ptr(), residual[first:].data_ptr(),
+                               self._workspace.data_ptr())
+            if status != 0:
+                return status
+        return 0
 
 
 def token_contexts(query_start_loc: torch.Tensor, seq_lens: torch.Tensor,

@@ -217,8 +217,8 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  float scale, float soft_cap, uint16_t* out) {
     const int64_t group = heads / (kv_heads > 0 ? kv_heads : 1);  /* a kv head's heads an item */
     return kvdeck_attention_rows(ATTEND_HEADS, group, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache,
-                                 v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale, soft_cap,
-                                 out);
+                                 v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale,
+                                 soft_cap, out);
 }
 
 int kvdeck_attention_rows(kvdeck_attend_fn attend, int64_t tile, size_t element, const void* q, int64_t rows,
