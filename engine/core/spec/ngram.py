@@ -3,8 +3,9 @@ recent earlier occurrence of the sequence's last n tokens, trying n from prompt_
 down to prompt_lookup_min, over the prompt and the output so far.
 
 Vectorised over the batch with numpy: each request's tokens live in a buffer of its own
-(only new tokens are copied in each step), the batch is stacked into one matrix, and one
-comparison per n-gram offset finds every match of every request at once.
+(only new tokens are copied in each step), the batch is stacked into one matrix, one
+comparison finds every position holding a request's last token (the candidates), and one
+more compares the tokens before every candidate with the suffix's.
 """
 
 from collections.abc import Sequence
@@ -55,11 +56,14 @@ class NgramProposer:
                 buffer = self.buffers[request.request_id] = _TokenBuffer(
                     np.full(max(64, 2 * request.num_tokens), _PAD, dtype=np.int64))
             buffer.sync(request)
-        lengths = np.array([self.buffers[r.request_id].length for r in requests])
-        width = int(lengths.max())
-        tokens = np.full((len(requests), width), _PAD, dtype=np.int64)
-        for row, request in enumerate(requests):
-            tokens[row, : lengths[row]] = self.buffers[request.request_id].tokens[: lengths[row]]
+        buffers = [self.buffers[r.request_id] for r in requests]
+        lengths = np.array([b.length for b in buffers])
+        if len(buffers) == 1:  # a chat alone: its buffer is the matrix
+            tokens = buffers[0].tokens[None, : buffers[0].length]
+        else:
+            tokens = np.full((len(requests), int(lengths.max())), _PAD, dtype=np.int64)
+            for row, buffer in enumerate(buffers):
+                tokens[row, : buffer.length] = buffer.tokens[: buffer.length]
         ends = self._match_ends(tokens, lengths)
         out: list[list[int]] = []
         for row, (end, k) in enumerate(zip(ends.tolist(), num_drafts)):
@@ -68,26 +72,32 @@ class NgramProposer:
 
     def _match_ends(self, tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray:
         """Per row: the end position of the latest earlier occurrence of its longest matching
-        suffix (n in [min_n, max_n]), or -1."""
-        rows = np.arange(len(tokens))
-        width = tokens.shape[1]
-        positions = np.arange(width)[None, :]
+        suffix (n in [min_n, max_n]), or -1.
+
+        Candidates first: only positions holding the row's last token can end a match, and
+        there are few of them; the tokens before each are compared with the suffix's in one
+        small matrix, not over the whole batch matrix once per n."""
+        best = np.full(len(tokens), -1)
+        last = tokens[np.arange(len(tokens)), lengths - 1]
         # Position e ends a candidate occurrence if a token follows it (e < length - 1): the
         # suffix itself ends at length - 1 and is never its own match.
-        matching = positions < (lengths - 1)[:, None]
-        best = np.full(len(tokens), -1)
-        for back in range(min(self.max_n, width)):
-            # Does the token `back` places before e equal the one `back` places before the end?
-            wanted = tokens[rows, np.maximum(lengths - 1 - back, 0)]
-            shifted = np.full_like(tokens, _PAD)
-            shifted[:, back:] = tokens[:, : width - back]
-            matching &= (shifted == wanted[:, None]) & (lengths > back)[:, None]
-            n = back + 1
-            if n < self.min_n:
-                continue
-            found = matching.any(axis=1)
-            latest = width - 1 - np.argmax(matching[:, ::-1], axis=1)
-            best = np.where(found, latest, best)  # a longer n overrides a shorter one
+        candidates = (tokens[:, :-1] == last[:, None]) & (
+            np.arange(tokens.shape[1] - 1)[None, :] < (lengths - 1)[:, None])
+        rows, ends = np.nonzero(candidates)
+        # Each candidate against the suffix, 1 .. max_n - 1 tokens further back at once.
+        back = np.arange(1, self.max_n)[None, :]
+        here, there = ends[:, None] - back, (lengths[rows] - 1)[:, None] - back
+        same = (tokens[rows[:, None], np.maximum(here, 0)] == tokens[rows[:, None], np.maximum(there, 0)]) & (
+            here >= 0)
+        n = 1 + np.cumprod(same, axis=1).sum(axis=1)  # how far back each candidate matches
+        keep = n >= self.min_n
+        rows, ends, n = rows[keep], ends[keep], n[keep]
+        if len(rows):
+            # The longest n wins, then the latest end: order by (row, n, end), last per row.
+            order = np.lexsort((ends, n, rows))
+            rows, ends = rows[order], ends[order]
+            last_of_row = np.append(rows[1:] != rows[:-1], True)
+            best[rows[last_of_row]] = ends[last_of_row]
         return best
 
     def draft_probs(self) -> None:
