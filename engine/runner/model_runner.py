@@ -417,8 +417,7 @@ class ModelRunner:
         spec_samples: dict[int, list[SampleResult]] = {}
         num_plain = len(inputs.sample_rows)
         if num_plain or inputs.spec_rows:
-            rows = torch.tensor(inputs.sample_rows + inputs.spec_rows, device=self.device)
-            logits = self.model.compute_logits(hidden[rows])
+            logits = self.model.compute_logits(_rows_of(hidden, inputs.sample_rows + inputs.spec_rows))
             if num_plain:
                 masks = self._mask_rows(token_masks, inputs.sample_batch_index)
                 sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks)
@@ -440,8 +439,7 @@ class ModelRunner:
         those sequences' batch indices (a draft model draws its proposals from these)."""
         inputs = self.prepare_inputs(batch)
         hidden = self._forward(inputs)
-        rows = torch.tensor(inputs.sample_rows, device=self.device)
-        return self.model.compute_logits(hidden[rows]), inputs.sample_batch_index
+        return self.model.compute_logits(_rows_of(hidden, inputs.sample_rows)), inputs.sample_batch_index
 
     def _verify(self, logits: torch.Tensor, requests: list[ScheduledSequence],
                 draft_probs: dict[str, torch.Tensor] | None,
@@ -500,3 +498,11 @@ class ModelRunner:
             logger.error("sampling failed for %d of %d requests: %s", len(failed), len(requests),
                          "; ".join(failed.values()))
             return samples, failed
+
+
+def _rows_of(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """hidden's `rows`, in that order; hidden itself when they are all of its rows in order
+    (a decode step's: no index tensor, no gather)."""
+    if len(rows) == hidden.shape[0] and rows == list(range(len(rows))):
+        return hidden
+    return hidden[torch.tensor(rows, device=hidden.device)]
