@@ -72,6 +72,8 @@ class TrainSettings:
     threads: int
     eval_windows: int
     init_from: Path | None
+    copy_fraction: float
+    copy_random_share: float
 
 
 def parse_args(argv: list[str] | None = None) -> TrainSettings:
@@ -99,6 +101,11 @@ def parse_args(argv: list[str] | None = None) -> TrainSettings:
     p.add_argument("--init-from", type=Path, default=None,
                    help="continue training this demo model (its tokenizer and weights) instead "
                         "of starting from scratch; its training_runs.json is carried over")
+    p.add_argument("--copy-fraction", type=float, default=0.0,
+                   help="share of the training tokens in copy documents (a passage, then the same "
+                        "passage again), to teach the model to continue text in its context")
+    p.add_argument("--copy-random-share", type=float, default=0.5,
+                   help="share of the copy documents whose passage is random token ids")
     s = TrainSettings(**vars(p.parse_args(argv)))
     for name in ("hidden_size", "intermediate_size"):
         if getattr(s, name) % 128:  # AWQ packs in-features in groups of 128
@@ -107,6 +114,9 @@ def parse_args(argv: list[str] | None = None) -> TrainSettings:
         raise ValueError(f"hidden_size must be 64 * num_heads (head_dim 64), got {s.hidden_size}")
     if s.num_heads % s.num_kv_heads or s.num_kv_heads >= s.num_heads:
         raise ValueError("num_kv_heads must divide num_heads and be smaller (GQA)")
+    if not 0.0 <= s.copy_fraction < 1.0 or not 0.0 <= s.copy_random_share <= 1.0:
+        raise ValueError(f"copy_fraction must be in [0, 1) and copy_random_share in [0, 1], got "
+                         f"{s.copy_fraction} and {s.copy_random_share}")
     if s.steps < 1 or s.warmup_steps >= s.steps:
         raise ValueError(f"steps ({s.steps}) must exceed warmup_steps ({s.warmup_steps})")
     return s
@@ -139,6 +149,44 @@ def encode_documents(tokenizer: PreTrainedTokenizerFast, texts: list[str],
     rendered += [tokenizer.apply_chat_template(c, tokenize=False) for c in chats]
     encoded = tokenizer.backend_tokenizer.encode_batch(rendered, add_special_tokens=False)
     return [e.ids for e in encoded]
+
+
+def copy_documents(tokenizer: PreTrainedTokenizerFast, docs: list[list[int]], num_tokens: int,
+                   seed: int, random_share: float) -> list[list[int]]:
+    """About num_tokens of documents that repeat a passage.
+
+    A passage is a random span of 16-200 tokens of a document of `docs` (without its bos/eos)
+    or, for `random_share` of them, as many random token ids. It is followed by a blank line
+    and the passage again, or sent in a user turn that the assistant answers with it. Only
+    copying (induction heads) continues a random passage; repeated corpus text alone teaches
+    recall of the corpus. The shipped model never learned to copy: runs of up to 26 minutes
+    with this option did not change that (README, "Speculative decoding").
+    """
+    rng = random.Random(seed)
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    blank = tokenizer.encode("\n\n", add_special_tokens=False)
+    user, assistant = (tokenizer.encode(f"{role}\n", add_special_tokens=False)
+                       for role in ("<|user|>", "<|assistant|>"))
+    ask = tokenizer.encode("\n\nRepeat the text above.", add_special_tokens=False)
+    bodies = [d[1:-1] for d in docs if len(d) >= 18]
+    first_plain = len(tokenizer.all_special_ids)  # the special tokens take the first ids
+    out: list[list[int]] = []
+    total = 0
+    while total < num_tokens:
+        if rng.random() < random_share:
+            passage = [rng.randrange(first_plain, len(tokenizer)) for _ in range(rng.randint(16, 200))]
+        else:
+            body = rng.choice(bodies)
+            length = rng.randint(16, min(200, len(body)))
+            start = rng.randrange(len(body) - length + 1)
+            passage = body[start: start + length]
+        if rng.random() < 0.7:
+            doc = [bos, *passage, *blank, *passage, eos]
+        else:
+            doc = [bos, *user, *passage, *ask, eos, *assistant, *passage, eos]
+        out.append(doc)
+        total += len(doc)
+    return out
 
 
 def pack(docs: list[list[int]], seq_len: int, seed: int) -> torch.Tensor:
@@ -301,6 +349,10 @@ def main(argv: list[str] | None = None) -> None:
         earlier_runs = json.loads((s.init_from / RUNS_FILE).read_text())
     train_docs = encode_documents(tokenizer, corpus.train_texts, corpus.train_chats)
     heldout_docs = encode_documents(tokenizer, corpus.heldout_texts, corpus.heldout_chats)
+    if s.copy_fraction:
+        stream = sum(map(len, train_docs))
+        num_copy_tokens = int(stream * s.copy_fraction / (1 - s.copy_fraction))
+        train_docs += copy_documents(tokenizer, train_docs, num_copy_tokens, s.seed, s.copy_random_share)
     data = pack(train_docs, s.seq_len, s.seed)
     heldout = pack(heldout_docs, s.seq_len, s.seed)[: s.eval_windows]
     print(f"corpus: {len(corpus.modules)} modules, {data.numel()} train tokens, "
@@ -329,7 +381,9 @@ def main(argv: list[str] | None = None) -> None:
     runs = [*earlier_runs, {"command": command, "seed": s.seed, "steps": steps_run,
                             "tokens_seen": steps_run * s.batch_size * s.seq_len,
                             "train_minutes": round(train_minutes, 1), "peak_lr": s.lr,
-                            "final_train_loss": round(final_loss, 3)}]
+                            "final_train_loss": round(final_loss, 3),
+                            **({"copy_fraction": s.copy_fraction, "copy_random_share": s.copy_random_share}
+                               if s.copy_fraction else {})}]
 
     def write(folder: Path) -> None:
         model.half()
