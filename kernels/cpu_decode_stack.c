@@ -13,9 +13,9 @@
  * twins, the same formulas with nothing rounded in between (the Python forward's fp32 up
  * to the order of its sums). One body (cpu_decode_stack_step.h) serves both types.
  *
- * hidden [rows, H] holds the embeddings on the way in and the last layer's MLP output on
- * the way out; residual [rows, H] receives the residual stream beside it (what the final
- * norm adds). Both contiguous. */
+ * hidden [rows, H] holds the embeddings on the way in and on the way out the last layer's
+ * MLP output, or with a final norm that output plus the residual, normed; residual [rows,
+ * H] receives the residual stream beside it. Both contiguous. */
 #include <string.h>
 
 #include "cpu_native.h"
@@ -42,6 +42,7 @@ typedef struct {
     int64_t num_blocks;  /* of each layer's caches */
     float eps;
     const kvdeck_decoder_layer* layers;
+    const void* final_norm;  /* [H] or NULL: the model's norm after the last layer */
 } kvdeck_decoder_stack;
 
 /* Whether every index the step will follow lies inside what it indexes: a position inside

@@ -57,7 +57,7 @@ class _Stack(ctypes.Structure):
     _fields_ = [(name, ctypes.c_int64) for name in (
         "num_layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "block_size", "rot_dim",
         "num_blocks")] + [
-        ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer))]
+        ("eps", ctypes.c_float), ("layers", ctypes.POINTER(_Layer)), ("final_norm", ctypes.c_void_p)]
 
 
 class DecoderStack:
@@ -66,7 +66,7 @@ class DecoderStack:
 
     def __init__(self, layers: list[DecoderLayerWeights], *, heads: int, kv_heads: int, head_dim: int,
                  rot_dim: int, eps: float, max_rows: int = cpu_native.GEMV_MAX_ROWS,
-                 in_passes: bool = False) -> None:
+                 in_passes: bool = False, final_norm: torch.Tensor | None = None) -> None:
         library = cpu_native._require()
         if not layers:
             raise ValueError("a decoder stack needs at least one layer")
@@ -96,7 +96,9 @@ class DecoderStack:
             cache_shape = (num_blocks, block_size, kv_heads, head_dim)
             _check(layer.k_cache, cache_shape, cache_dtype, f"layer {index}'s k_cache")
             _check(layer.v_cache, cache_shape, cache_dtype, f"layer {index}'s v_cache")
+        _check(final_norm, (hidden,), dtype, "the final norm", optional=True)
         self.layers = layers  # the tensors outlive the addresses held below
+        self.final_norm = final_norm
         self.hidden = hidden
         self.dtype = dtype
         self.max_rows = max_rows
@@ -105,7 +107,7 @@ class DecoderStack:
             *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
-                             rot_dim, num_blocks, eps, self._layer_array)
+                             rot_dim, num_blocks, eps, self._layer_array, _address(final_norm))
         self._run = getattr(library, STEP_FUNCTIONS[dtype, cache_dtype])
         self._in_range = library.kvdeck_decode_stack_in_range
         size = library.kvdeck_decode_stack_workspace(ctypes.addressof(self._stack), max_rows)
@@ -124,7 +126,8 @@ class DecoderStack:
         <= max_rows (any number `in_passes`, in token order). Each row is one token with its
         own block-table row and context length (the tokens it attends to, itself included): a
         decode step's rows as they come, a chunk's tokens through `token_contexts`. Returns (the
-        last layer's output, the residual), what the final norm takes."""
+        last layer's output, the residual), what the final norm takes; built with a
+        `final_norm`, (that norm of their sum, the sum), what the final norm returns."""
         rows = hidden.shape[0]
         most = rows if self.in_passes else self.max_rows
         if hidden.shape != (rows, self.hidden) or hidden.dtype != self.dtype or not 0 < rows <= most:

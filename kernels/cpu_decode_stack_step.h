@@ -65,5 +65,9 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
         status |= STACK_SILU_AND_MUL(gate_up, 2 * inter, rows, inter, activated);
         status |= STACK_GEMV(activated, rows, inter, layer->down, h, inter, NULL, hidden, h);
     }
+    if (status == 0 && s->final_norm != NULL) {  /* the model's last norm, as its forward does */
+        status |= STACK_RMS_NORM(hidden, h, residual, h, s->final_norm, s->eps, rows, h, residual, normed);
+        memcpy(hidden, normed, (size_t)(rows * h) * sizeof(STACK_ELEM));
+    }
     return status == 0 ? 0 : -1;
 }

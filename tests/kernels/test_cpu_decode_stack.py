@@ -253,6 +253,34 @@ def test_a_step_in_passes_is_the_step_in_one_call():
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_a_final_norm_ends_the_step_as_the_models_norm_would(dtype):
+    """Built with the model's final norm, a step returns that norm of (output + residual) and
+    the sum, which is what the forward's `self.norm(hidden, residual)` returns: in bf16 bit
+    for bit (the same native kernel), in fp32 up to the order of the sums."""
+    heads, kv_heads, dim = 4, 2, 32
+    layers = make_layers(2, heads, kv_heads, dim, False, False, dtype=dtype)
+    plain_layers = copy_layers(layers)
+    weight = (1 + 0.1 * torch.randn(HIDDEN, generator=torch.Generator().manual_seed(9))).to(dtype)
+    hidden, positions, cos_sin, slots, tables, lens = step_inputs(3, dim, dim, dtype=dtype)
+    normed, summed = DecoderStack(layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim, eps=1e-6,
+                                  final_norm=weight).run(hidden, positions, cos_sin, slots, tables, lens)
+    out, residual = DecoderStack(plain_layers, heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim,
+                                 eps=1e-6).run(hidden, positions, cos_sin, slots, tables, lens)
+    if dtype == torch.bfloat16:
+        want, want_sum = cpu_native.rms_norm(out, weight, 1e-6, residual.clone())
+        assert torch.equal(normed, want) and torch.equal(summed, want_sum)
+    else:
+        want, want_sum = rms_norm_torch(out, weight, 1e-6, residual)
+        assert torch.equal(summed, want_sum)
+        torch.testing.assert_close(normed, want, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(normed, summed)
+    with pytest.raises(ValueError, match="the final norm"):
+        DecoderStack(copy_layers(plain_layers), heads=heads, kv_heads=kv_heads, head_dim=dim, rot_dim=dim,
+                     eps=1e-6, final_norm=weight[:-1])
+
+
+@needs_kernel
 def test_it_leaves_larger_steps_to_the_python_forward_and_refuses_bad_metadata():
     stack = DecoderStack(make_layers(1, 4, 2, 32, False, False), heads=4, kv_heads=2, head_dim=32, rot_dim=32,
                          eps=1e-6)

@@ -118,6 +118,8 @@ class LlamaModel(nn.Module):
                 tables, lens = token_contexts(meta.query_start_loc, lens, tables)
             hidden, residual = stack.run(hidden, positions, self.rotary.cos_sin_cache, meta.slot_mapping,
                                          tables, lens)
+            if stack.final_norm is not None:  # it ended with this model's norm (native_decode)
+                return hidden
         else:
             residual = None
             for layer in self.layers:

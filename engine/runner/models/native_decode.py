@@ -55,7 +55,7 @@ def bind_decoder_stack(model: nn.Module) -> bool:
         inner.decoder_stack = DecoderStack(
             layers, heads=attention.num_heads, kv_heads=attention.num_kv_heads, head_dim=attention.head_dim,
             rot_dim=inner.rotary.cos_sin_cache.shape[1], eps=first.input_layernorm.eps,
-            max_rows=stack_max_rows(layers), in_passes=stack_in_passes(layers))
+            max_rows=stack_max_rows(layers), in_passes=stack_in_passes(layers), final_norm=inner.norm.weight)
     except ValueError as exc:
         logger.info("decode steps stay on the Python forward: %s", exc)
         return False
