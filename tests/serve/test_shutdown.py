@@ -14,9 +14,11 @@ pytestmark = pytest.mark.timeout(120)
 GRACE_S = 1.5
 
 
-def stream_events(base_url: str, body: dict, out: list[str]) -> None:
+def stream_events(base_url: str, body: dict, out: list[str], accepted: list[int] | None = None) -> None:
     try:
         with httpx.stream("POST", f"{base_url}/v1/completions", json=body, timeout=60) as response:
+            if accepted is not None and response.status_code == 200:
+                accepted.append(1)  # the stream's headers: the server has the request
             for line in response.iter_lines():
                 if line.startswith("data: "):
                     out.append(line[6:])
@@ -37,17 +39,19 @@ def test_sigterm_drains_then_ends_streams_with_an_error_event(serve_model_dir, t
     try:
         long = {"prompt": "hello", "max_tokens": 480, "ignore_eos": True, "stream": True}
         short = {**long, "max_tokens": 4}
-        # Eleven long streams queued behind each other: about 5,000 tokens, more than a fast
-        # machine decodes in the grace period with the tiny model (three were not enough).
-        streams = [[] for _ in range(12)]
-        threads = [threading.Thread(target=stream_events, args=(server.base_url, short, streams[0]))]
-        threads += [threading.Thread(target=stream_events, args=(server.base_url, long, events))
-                    for events in streams[1:]]
+        # Forty long streams queued behind each other: about 19,000 tokens, several times what
+        # this machine decodes in the grace period with the tiny model (three, then eleven,
+        # stopped being enough as decoding got faster).
+        streams = [[] for _ in range(41)]
+        accepted: list[int] = []
+        threads = [threading.Thread(target=stream_events, args=(server.base_url, body, events, accepted))
+                   for body, events in zip([short] + [long] * 40, streams)]
         for thread in threads:
             thread.start()
-            time.sleep(0.05)
+            time.sleep(0.01)
         deadline = time.monotonic() + 30
-        while len(streams[1]) < 3 or queued(server.base_url) < 2:
+        # Every request in (a late one would be refused by the draining server), some queued.
+        while len(accepted) < len(threads) or len(streams[1]) < 3 or queued(server.base_url) < 2:
             assert time.monotonic() < deadline, "the streams did not start"
             time.sleep(0.01)
         sent = time.monotonic()
