@@ -58,12 +58,9 @@ class NgramProposer:
             buffer.sync(request)
         buffers = [self.buffers[r.request_id] for r in requests]
         lengths = np.array([b.length for b in buffers])
-        if len(buffers) == 1:  # a chat alone: its buffer is the matrix
-            tokens = buffers[0].tokens[None, : buffers[0].length]
-        else:
-            tokens = np.full((len(requests), int(lengths.max())), _PAD, dtype=np.int64)
-            for row, buffer in enumerate(buffers):
-                tokens[row, : buffer.length] = buffer.tokens[: buffer.length]
+        tokens = np.full((len(requests), int(lengths.max())), _PAD, dtype=np.int64)
+        for row, buffer in enumerate(buffers):
+            tokens[row, : buffer.length] = buffer.tokens[: buffer.length]
         ends = self._match_ends(tokens, lengths)
         out: list[list[int]] = []
         for row, (end, k) in enumerate(zip(ends.tolist(), num_drafts)):
