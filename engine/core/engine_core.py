@@ -19,7 +19,8 @@ from kvdeck.engine.core.request import NO_BLOCK, Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
-from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
+from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
+from kvdeck.engine.runner.step_state import KVCachePlan
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import KVCacheGroup, peak_blocks
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config

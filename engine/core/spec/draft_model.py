@@ -9,7 +9,8 @@ from pathlib import Path
 
 from kvdeck.assets import demo_draft_dir
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
-from kvdeck.engine.runner.model_runner import KVCachePlan, ModelRunner, ProgressCallback
+from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
+from kvdeck.engine.runner.step_state import KVCachePlan
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
 from kvdeck.engine.types.model_path import resolve_model_path

@@ -10,7 +10,8 @@ from kvdeck.engine.core.spec.draft_model import DraftModel
 from kvdeck.engine.core.spec.draft_proposer import DraftModelProposer
 from kvdeck.engine.core.spec.ngram import NgramProposer
 from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH
-from kvdeck.engine.runner.model_runner import KVCachePlan, ProgressCallback
+from kvdeck.engine.runner.model_runner import ProgressCallback
+from kvdeck.engine.runner.step_state import KVCachePlan
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig
 
