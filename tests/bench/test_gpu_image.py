@@ -2,6 +2,7 @@
 transformers, safetensors, numpy): every other dependency of kvdeck is blocked on import."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,3 +45,15 @@ def test_the_blocker_blocks(tmp_path):
     result = subprocess.run([sys.executable, str(RUNNER), "models"], cwd=tmp_path,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "is not on the GPU image" in result.stderr
+
+
+def test_run_gpu_script_runs_the_staged_package_from_the_checkout(tmp_path):
+    # The first H100 run failed every stage: run from the checkout's root, the root's kvdeck/
+    # folder (the namespace's __init__ alone) shadowed the staged package.
+    repo = RUNNER.parents[2]
+    python = f"{sys.executable} {RUNNER.with_name('python_on_gpu_image.py')}"
+    result = subprocess.run(["bash", str(repo / "benchmarks" / "run_gpu.sh"), "imports", str(tmp_path)],
+                            cwd=repo, env={**os.environ, "PYTHON": python}, capture_output=True,
+                            text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "the staged package runs" in result.stdout

@@ -57,6 +57,16 @@ def test_padded_static_decode_matches_transformers(tiny_model_dirs, family):
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
 
 
+@pytest.mark.parametrize("max_num_seqs", [1, 2])
+def test_self_check_fits_batch_one_engines(tiny_llama_dir, max_num_seqs):
+    # `bench decode` runs max_num_seqs=1; its self-check once replayed a 3-row step past the
+    # only bucket (IndexError on the H100: the engine fell back to eager).
+    llm = _llm_with_static_decode(tiny_llama_dir, max_num_seqs=max_num_seqs)
+    assert llm.engine.core.runner.decode_graphs.sizes == decode_bucket_sizes(max_num_seqs)
+    out = llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert out[0].outputs[0].token_ids == hf_greedy(tiny_llama_dir, [[5, 6, 7]], 4)[0]
+
+
 def _decode_meta(slots: list[int], block_size: int) -> tuple:
     """One-token rows, each alone in its own block: row i writes slot slots[i]."""
     n = len(slots)
