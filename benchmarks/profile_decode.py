@@ -1,0 +1,141 @@
+"""Where a decode step's time goes, per batch size: the step time, torch.profiler's top
+operators (host and device) and cProfile's top Python functions, for one engine.
+
+    python benchmarks/profile_decode.py --out benchmarks/results/profile_decode_<gpu>.json
+    python benchmarks/profile_decode.py --enforce-eager ...     # the same without CUDA graphs
+    python benchmarks/profile_decode.py --model DIR --load-format auto --dtype float32 \\
+        --batch-sizes 1,2 --output-len 8                          # runs on CPU too (tested)
+
+The first H100 run (benchmarks/results/gpu_h100_2026-11-28.log) measured a graph-replayed
+decode step of Qwen3-0.6B at 1.9 ms for batch 1 and 11 ms for batch 8, and 20 ms eager at
+batch 1: this names the operators and functions behind such figures. Each batch size runs
+three times after a warm-up: timed alone, under cProfile, under torch.profiler.
+"""
+
+import argparse
+import cProfile
+import pstats
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from kvdeck import LLM, SamplingParams
+from kvdeck.app.bench.result import build_result, write_json_atomic
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> float:
+    _synchronize()
+    started = time.perf_counter()
+    llm.generate(prompts, params)
+    _synchronize()
+    return time.perf_counter() - started
+
+
+def _python_functions(profile: cProfile.Profile, steps: int, top: int) -> list[dict]:
+    stats = pstats.Stats(profile)
+    rows = []
+    for (path, line, name), (_, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        rows.append({"function": f"{Path(path).name}:{line}({name})", "calls_per_step": calls / steps,
+                     "self_ms_per_step": 1e3 * tottime / steps, "total_ms_per_step": 1e3 * cumtime / steps})
+    rows.sort(key=lambda row: row["self_ms_per_step"], reverse=True)
+    return rows[:top]
+
+
+def _torch_operators(profiler: torch.profiler.profile, steps: int, top: int) -> dict[str, list[dict]]:
+    events = profiler.key_averages()
+
+    def device_us(event) -> float:  # renamed from cuda to device in torch 2.4
+        return getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0)
+
+    def rows(key) -> list[dict]:
+        ranked = sorted(events, key=key, reverse=True)[:top]
+        return [{"name": e.key, "calls_per_step": e.count / steps,
+                 "self_host_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+                 "self_device_ms_per_step": device_us(e) / 1e3 / steps} for e in ranked]
+
+    return {"by_host": rows(lambda e: e.self_cpu_time_total), "by_device": rows(device_us)}
+
+
+def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: int) -> dict:
+    rng = random.Random(batch)
+    vocab = llm.engine.info.vocab_size
+    prompts = [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(batch)]
+    params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
+    steps = output_len  # one prefill step (the prompts fit one) and output_len - 1 decode steps
+    elapsed = _generate(llm, prompts, params)
+    python_profile = cProfile.Profile()
+    python_profile.enable()
+    _generate(llm, prompts, params)
+    python_profile.disable()
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as torch_profile:
+        _generate(llm, prompts, params)
+    figures = {"ms_per_step": 1e3 * elapsed / steps, "output_tokens_per_s": batch * output_len / elapsed,
+               "torch_operators": _torch_operators(torch_profile, steps, top),
+               "python_functions": _python_functions(python_profile, steps, top)}
+    print(f"batch {batch:3d}: {figures['ms_per_step']:.3f} ms a step, "
+          f"{figures['output_tokens_per_s']:.1f} output tok/s")
+    tables = [("host", "self_host_ms_per_step", figures["torch_operators"]["by_host"]),
+              ("device", "self_device_ms_per_step", figures["torch_operators"]["by_device"]),
+              ("python", "self_ms_per_step", figures["python_functions"])]
+    for title, key, rows in tables if torch.cuda.is_available() else tables[::2]:
+        print(f"  top by {title} time (ms a step):")
+        for row in rows:
+            print(f"    {row[key]:8.3f}  {row.get('name') or row['function']}")
+    return figures
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=str(QWEN3_CONFIG))
+    parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--input-len", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--top", type=int, default=15, help="rows per table")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="default: the model's (graphs plan the attention split for it)")
+    parser.add_argument("--kv-cache-memory-gib", type=float, default=None)
+    parser.add_argument("--out", default=None, help="write the JSON result here")
+    args = parser.parse_args()
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if args.output_len < 2 or min(batch_sizes) < 1:
+        parser.error("--output-len must be at least 2 and every batch size at least 1")
+    engine = {"load_format": args.load_format, "dtype": args.dtype, "enforce_eager": args.enforce_eager,
+              "max_num_seqs": max(batch_sizes), "seed": 0}
+    for name in ("max_model_len", "kv_cache_memory_gib"):
+        if getattr(args, name) is not None:
+            engine[name] = getattr(args, name)
+    with LLM(args.model, **engine) as llm:
+        graphs = llm.engine.info.cuda_graphs
+        print(f"{Path(llm.engine.info.model_dir).name} on {llm.engine.info.device} "
+              f"({llm.engine.info.dtype}), CUDA graphs: {graphs}")
+        figures = {"cuda_graphs": graphs,
+                   "batches": {str(b): profile_batch(llm, b, args.input_len, args.output_len, args.top)
+                               for b in batch_sizes}}
+    if args.out:
+        config = {"model": args.model, "input_len": args.input_len, "output_len": args.output_len,
+                  "engine": engine}
+        write_json_atomic(Path(args.out), build_result("profile_decode", config, figures))
+        print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
