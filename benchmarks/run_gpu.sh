@@ -25,6 +25,9 @@ out=${2:-benchmarks/results}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
+case $python in
+    */*) [[ $python == /* ]] || python=$repo/$python ;;  # a relative path: the runs cd below
+esac
 export PYTHONUNBUFFERED=1
 # The GPU image has torch, triton and transformers but no kvdeck and no build tools: lay the
 # package out from this checkout (as a wheel install would), put the benchmarks beside it and
