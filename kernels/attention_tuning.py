@@ -3,6 +3,7 @@
 Kept apart from the kernel so it can be read, tested and tuned without triton.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -22,9 +23,9 @@ class AttentionConfig:
 
 
 # Chosen without a GPU: shared memory within sm_86/sm_89's 99 KiB and no register spills in
-# the decode configs on sm_80..sm_90 (tests/kernels/compile_for_gpu.py, table in
-# kernels/README.md). GPU timings are still to be taken (benchmarks/bench_kernels.py --sweep
-# compares alternatives).
+# the decode configs on sm_80..sm_89 (tests/kernels/compile_for_gpu.py, table in
+# kernels/README.md). Only Hopper's have been timed (below); benchmarks/bench_kernels.py
+# --sweep compares alternatives on any GPU.
 DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=3)
 PREFILL_CONFIG = AttentionConfig(block_m=64, tile_n=64, num_warps=8, num_stages=2)
 PREFILL_CONFIG_SMALL_HEAD = AttentionConfig(block_m=128, tile_n=64, num_warps=8, num_stages=2)
@@ -41,25 +42,55 @@ PREFILL_CONFIG_WIDE_ROWS = AttentionConfig(block_m=64, tile_n=32, num_warps=8, n
 DECODE_CONFIG_8BIT = DECODE_CONFIG_WIDE_ROWS
 
 
+# Hopper (sm_90), measured on an H100 (benchmarks/results/gpu_h100_2026-11-28.log,
+# `bench_kernels.py --sweep`, medians of CUDA-graph replays): 128-token KV tiles decode 3-18%
+# faster than DECODE_CONFIG at 17 of 18 shapes (the heads of Llama-3.2-1B, Qwen3-0.6B and
+# Llama-3.1-8B, batch 1-256; the 18th within 1%), and 4-warp, 3-stage tiles prefill
+# Llama-3.1-8B's heads over 8192 tokens 1.27x faster than PREFILL_CONFIG. Hopper's 227 KiB of
+# shared memory per block holds both (tests/kernels/compile_for_gpu.py). 16-bit caches only:
+# the sweep timed bf16, and wider or 8-bit rows keep their own tiles above.
+HOPPER_ARCH = 90
+HOPPER_DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=128, num_warps=4, num_stages=2)
+HOPPER_PREFILL_CONFIG = AttentionConfig(block_m=64, tile_n=64, num_warps=4, num_stages=3)
+
+
 # The CPU interpreter pays per program and per op, not per element: big tiles, few loops.
 INTERPRETER_CONFIG = AttentionConfig(block_m=128, tile_n=128, num_warps=4, num_stages=1)
 
 
 def default_config(max_query_len: int, head_dim: int, device: torch.device,
-                   element_size: int = 2) -> AttentionConfig:
+                   element_size: int = 2, arch: int | None = None) -> AttentionConfig:
     """Tiles for one launch: decode rows (max_query_len 1) stream K/V, prefill chunks need
-    big dots. `element_size` is the bytes per cache element."""
+    big dots. `element_size` is the bytes per cache element; `arch` the SM version (default:
+    the device's; given when compiling ahead of time)."""
     if device.type != "cuda":
         return INTERPRETER_CONFIG
     padded_head_dim = 1 << (head_dim - 1).bit_length()  # the kernel's HEAD_DIM_PAD
     wide_rows = padded_head_dim * element_size > WIDE_ROW_BYTES
+    hopper = element_size == 2 and not wide_rows and (
+        arch if arch is not None else cuda_arch(device)) == HOPPER_ARCH
     if max_query_len == 1:
         if element_size == 1:
             return DECODE_CONFIG_8BIT
+        if hopper:
+            return HOPPER_DECODE_CONFIG
         return DECODE_CONFIG_WIDE_ROWS if wide_rows else DECODE_CONFIG
     if wide_rows:
         return PREFILL_CONFIG_WIDE_ROWS
-    return PREFILL_CONFIG_SMALL_HEAD if head_dim <= 64 else PREFILL_CONFIG
+    if head_dim <= 64:
+        return PREFILL_CONFIG_SMALL_HEAD
+    return HOPPER_PREFILL_CONFIG if hopper else PREFILL_CONFIG
+
+
+def cuda_arch(device: torch.device) -> int:
+    """The SM version (major * 10 + minor) of a CUDA device, looked up once per device."""
+    return _arch_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _arch_of(index: int) -> int:
+    major, minor = torch.cuda.get_device_capability(index)
+    return major * 10 + minor
 
 
 def choose_num_segments(

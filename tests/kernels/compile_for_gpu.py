@@ -16,6 +16,7 @@ Must run without TRITON_INTERPRET (the interpreter replaces `triton.jit`).
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import json
 import math
@@ -65,6 +66,10 @@ class Variant:
     constexprs: dict[str, object]
     options: dict[str, int]
     decode: bool  # launched by every decode step: must not spill registers
+    on_arch: dict | None = None  # SM version -> the Variant that arch builds instead (its tiles)
+
+    def for_arch(self, arch: int) -> "Variant":
+        return (self.on_arch or {}).get(arch, self)
 
 
 def gpu_rows(row_elements: int) -> int:
@@ -78,10 +83,19 @@ KV_STORAGE = {"auto": (None, 0, False), "fp8_e4m3": ("*u8", 3, False),
 
 def attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
                       kv: str = "auto", sliding: bool = False, soft_cap: bool = False) -> Variant:
+    """The launch on every arch but Hopper, with Hopper's own where its tiles differ."""
+    args = (dtype, head_dim, group, decode, segments, kv, sliding, soft_cap)
+    variant, hopper = _attention_variant(*args, arch=ARCHS[0]), _attention_variant(*args, arch=90)
+    return variant if hopper == variant else dataclasses.replace(variant, on_arch={90: hopper})
+
+
+def _attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
+                       kv: str, sliding: bool, soft_cap: bool, arch: int) -> Variant:
     f32 = dtype == "fp32"
     cache_type, fp8_mantissa, token_scales = KV_STORAGE[kv]
     config = attention_tuning.default_config(1 if decode else 16, head_dim, torch.device("cuda"),
-                                             element_size=4 if f32 else 2 if kv == "auto" else 1)
+                                             element_size=4 if f32 else 2 if kv == "auto" else 1,
+                                             arch=arch)
     block_m = max(config.block_m, triton.next_power_of_2(group))
     cache_type = cache_type or f"*{dtype}"
     return Variant(
@@ -267,7 +281,7 @@ def compile_variant(name: str, archs: list[int]) -> list[dict]:
 
 
 def _compile(name: str, arch: int) -> tuple[dict, str]:
-    variant = VARIANTS[name]
+    variant = VARIANTS[name].for_arch(arch)
     fn, constexprs = variant.fn, variant.constexprs
     signature = {arg: "constexpr" if arg in constexprs else variant.pointer_types.get(arg, "i32")
                  for arg in fn.arg_names}

@@ -159,13 +159,32 @@ def test_mixed_batch_with_separate_decode_tiles(paged_batch):
     assert_matches_reference(batch, out)
 
 
-def test_default_config_per_launch_and_row_width():
-    cuda = torch.device("cuda")
-    assert attention_tuning.default_config(1, 128, cuda) == attention_tuning.DECODE_CONFIG
-    assert attention_tuning.default_config(7, 128, cuda) == attention_tuning.PREFILL_CONFIG
-    assert attention_tuning.default_config(7, 64, cuda) == attention_tuning.PREFILL_CONFIG_SMALL_HEAD
-    # 512-byte K/V rows (head dim 256 in bf16, 128 in fp32) take the half-length KV tiles.
-    assert attention_tuning.default_config(1, 256, cuda) == attention_tuning.DECODE_CONFIG_WIDE_ROWS
-    assert attention_tuning.default_config(1, 128, cuda, element_size=4) \
-        == attention_tuning.DECODE_CONFIG_WIDE_ROWS
-    assert attention_tuning.default_config(9, 160, cuda) == attention_tuning.PREFILL_CONFIG_WIDE_ROWS
+@pytest.mark.parametrize("arch", [80, 86, 89, 90])
+def test_default_config_per_launch_and_row_width(arch):
+    cuda, at = torch.device("cuda"), attention_tuning
+
+    def config(max_query_len, head_dim, element_size=2):
+        return at.default_config(max_query_len, head_dim, cuda, element_size, arch=arch)
+
+    hopper = arch == at.HOPPER_ARCH
+    assert config(1, 128) == (at.HOPPER_DECODE_CONFIG if hopper else at.DECODE_CONFIG)
+    assert config(1, 64) == (at.HOPPER_DECODE_CONFIG if hopper else at.DECODE_CONFIG)
+    assert config(7, 128) == (at.HOPPER_PREFILL_CONFIG if hopper else at.PREFILL_CONFIG)
+    assert config(7, 64) == at.PREFILL_CONFIG_SMALL_HEAD
+    # 512-byte K/V rows (head dim 256 in bf16, 128 in fp32) take the half-length KV tiles,
+    # and 8-bit caches their own, on Hopper too (the H100 sweep timed 16-bit rows only).
+    assert config(1, 256) == at.DECODE_CONFIG_WIDE_ROWS
+    assert config(1, 128, element_size=4) == at.DECODE_CONFIG_WIDE_ROWS
+    assert config(9, 160) == at.PREFILL_CONFIG_WIDE_ROWS
+    assert config(1, 128, element_size=1) == at.DECODE_CONFIG_8BIT
+    assert config(7, 128, element_size=1) == at.PREFILL_CONFIG
+    assert config(1, 64, element_size=4) == at.DECODE_CONFIG
+
+
+def test_hopper_tiles_match_the_reference(paged_batch):
+    # The interpreter runs any tiles; these are the ones an H100 launches for 16-bit caches.
+    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
+                        dtype=torch.float16, seed=13)
+    out = paged_attention_triton_impl(*batch.args(), config=attention_tuning.HOPPER_PREFILL_CONFIG,
+                                      decode_config=attention_tuning.HOPPER_DECODE_CONFIG)
+    assert_matches_reference(batch, out)
