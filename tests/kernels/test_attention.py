@@ -151,11 +151,16 @@ def test_decode_and_chunk_launches_split_the_rows(paged_batch, decode_rows):
     assert out[~served].isnan().all()
 
 
-def test_mixed_batch_with_separate_decode_tiles(paged_batch):
-    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=96, block_size=16,
+# Hopper's tiles: the interpreter runs any tiles, these are the ones an H100 launches.
+@pytest.mark.parametrize("prefill_tiles, decode_tiles, head_dim", [
+    ("PREFILL_CONFIG", "DECODE_CONFIG", 96),
+    ("HOPPER_PREFILL_CONFIG", "HOPPER_DECODE_CONFIG", 128),
+])
+def test_mixed_batch_with_separate_decode_tiles(paged_batch, prefill_tiles, decode_tiles, head_dim):
+    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=head_dim, block_size=16,
                         dtype=torch.float16, seed=12)
-    out = paged_attention_triton_impl(*batch.args(), config=attention_tuning.PREFILL_CONFIG,
-                                      decode_config=attention_tuning.DECODE_CONFIG)
+    out = paged_attention_triton_impl(*batch.args(), config=getattr(attention_tuning, prefill_tiles),
+                                      decode_config=getattr(attention_tuning, decode_tiles))
     assert_matches_reference(batch, out)
 
 
@@ -179,12 +184,3 @@ def test_default_config_per_launch_and_row_width(arch):
     assert config(1, 128, element_size=1) == at.DECODE_CONFIG_8BIT
     assert config(7, 128, element_size=1) == at.PREFILL_CONFIG
     assert config(1, 64, element_size=4) == at.DECODE_CONFIG
-
-
-def test_hopper_tiles_match_the_reference(paged_batch):
-    # The interpreter runs any tiles; these are the ones an H100 launches for 16-bit caches.
-    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=128, block_size=16,
-                        dtype=torch.float16, seed=13)
-    out = paged_attention_triton_impl(*batch.args(), config=attention_tuning.HOPPER_PREFILL_CONFIG,
-                                      decode_config=attention_tuning.HOPPER_DECODE_CONFIG)
-    assert_matches_reference(batch, out)
