@@ -52,7 +52,7 @@ def test_shared_memory_fits_each_arch(compiled):
 # these variants with triton 3.9 and none with triton 3.6, which the H100 sweep ran: there
 # these launches were 4-20% faster than the 64-token tiles (benchmarks/results/
 # gpu_h100_2026-11-28.log: Llama-3.1-8B's heads, group 4, and Llama-3.2-1B's split decode).
-# Eight bytes, once a program, are not worth the measured tiles; a larger spill fails.
+# Those 8 bytes are allowed for the measured tiles' sake; any other spill, or a larger one, fails.
 MEASURED_SPILLS = {(f"attention_decode{split}_{dtype}_d{head_dim}_g4", 90): 8
                    for dtype in ("fp16", "bf16") for split, head_dim in (("", 128), ("_split8", 64))}
 
