@@ -1,4 +1,4 @@
-"""The bf16 CPU GEMV kernel (kernels/cpu_native.py) against oneDNN's packed GEMM and aten's
+"""The bf16 CPU GEMV kernel (kernels/cpu/native.py) against oneDNN's packed GEMM and aten's
 plain bf16 `F.linear`, over a whole model's projections as one decode step reads them.
 
 For each row count, one "step" runs every projection of the model once (per layer: the
@@ -44,8 +44,8 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
-    from kvdeck.kernels import cpu_native
-    from kvdeck.kernels.cpu_linear import bf16_packing_supported
+    from kvdeck.kernels.cpu import native as cpu_native
+    from kvdeck.kernels.cpu.linear import bf16_packing_supported
 
     if not cpu_native.available() or not bf16_packing_supported():
         print("needs the CPU GEMV kernel and oneDNN bf16 (an x86 CPU with AVX512-BF16 and a C compiler)")

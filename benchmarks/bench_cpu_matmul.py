@@ -1,4 +1,4 @@
-"""The CPU matmul and rotary choices of kernels/cpu_linear.py and kernels/rope.py, timed in
+"""The CPU matmul and rotary choices of kernels/cpu/linear.py and kernels/reference/rope.py, timed in
 turns in one process: for each weight shape and row count, fp32 `F.linear`, bf16 `F.linear`,
 bf16 on a oneDNN-packed weight, and int8 weight-only (aten's matrix-vector kernel, and
 dequantise + bf16 GEMM); and rotary on q and k separately against both in one pass.
@@ -59,7 +59,7 @@ def summarise(runs: dict[str, list[float]], reference: str) -> dict:
 
 
 def matmul_variants(out_features: int, in_features: int, rows: int) -> dict[str, Callable[[], object]]:
-    from kvdeck.kernels.cpu_linear import (
+    from kvdeck.kernels.cpu.linear import (
         bf16_packing_supported,
         pack_bf16_weight,
         packed_linear,
@@ -84,7 +84,7 @@ def matmul_variants(out_features: int, in_features: int, rows: int) -> dict[str,
 
 
 def rope_variants(tokens: int, heads: int, kv_heads: int, head_dim: int) -> dict[str, Callable[[], object]]:
-    from kvdeck.kernels.rope import _cos_sin, _rotate, apply_rope_torch, build_cos_sin_cache
+    from kvdeck.kernels.reference.rope import _cos_sin, _rotate, apply_rope_torch, build_cos_sin_cache
 
     inv_freq = 1.0 / (10000 ** (torch.arange(0, head_dim, 2).float() / head_dim))
     cache = build_cos_sin_cache(inv_freq, 4096)

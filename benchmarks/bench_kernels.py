@@ -101,7 +101,7 @@ def paged_inputs(batch: int, query_len: int, context: int, model: str, dtype, bl
 
 
 def bench_decode(args, copy_gbps: float, configs) -> list[dict]:
-    from kvdeck.kernels.attention_triton import paged_attention_triton_impl
+    from kvdeck.kernels.triton.attention import paged_attention_triton_impl
 
     rows = []
     for model in args.models:
@@ -137,7 +137,7 @@ def sdpa_flash(q, k, v) -> Callable[[], torch.Tensor]:
 
 
 def bench_prefill(args, configs) -> list[dict]:
-    from kvdeck.kernels.attention_triton import paged_attention_triton_impl
+    from kvdeck.kernels.triton.attention import paged_attention_triton_impl
 
     rows = []
     for model in args.models:
@@ -174,9 +174,9 @@ def bench_prefill(args, configs) -> list[dict]:
 
 
 def bench_elementwise(args, copy_gbps: float) -> list[dict]:
-    from kvdeck.kernels import triton_ops
     from kvdeck.kernels.dispatch import TORCH_OPS
-    from kvdeck.kernels.rope import build_cos_sin_cache
+    from kvdeck.kernels.reference.rope import build_cos_sin_cache
+    from kvdeck.kernels.triton import ops as triton_ops
 
     ops = triton_ops.TRITON_OPS
     dtype = DTYPES[args.dtype]
@@ -242,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     import check_kernels_gpu  # beside this script
     import triton
 
-    from kvdeck.kernels import attention_tuning as at
+    from kvdeck.kernels.triton import attention_tuning as at
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

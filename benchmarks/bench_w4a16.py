@@ -31,13 +31,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 
-from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, dequantize_awq, w4a16_gemm  # noqa: E402
+from kvdeck.kernels.dispatch import w4a16_gemm  # noqa: E402
+from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
+from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 TOKENS = (1, 4, 16, 64, 256, 512)
 GROUP = 128
 # (block_m, block_n, block_k, split_k, num_warps, num_stages); each must fit 99 KiB of shared
-# memory to run on sm_86/sm_89 (tests/kernels/compile_for_gpu.py reports it).
+# memory to run on sm_86/sm_89 (benchmarks/compile_for_gpu.py reports it).
 SWEEP = (
     (16, 64, 128, 8, 4, 4),
     (16, 128, 64, 4, 8, 4),
@@ -132,7 +134,7 @@ def git_commit() -> str:
 
 def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing: bool,
                 cuda_graph: bool) -> dict:
-    from kvdeck.kernels.w4a16_gemm_triton import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
+    from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
 
     qweight, qzeros, scales = random_awq(k, n, device, dtype)
     x = torch.randn(m, k, device=device, dtype=dtype)
@@ -261,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import triton
 
-    from kvdeck.kernels.w4a16_gemm_triton import FUSED_MAX_TOKENS
+    from kvdeck.kernels.triton.w4a16_gemm import FUSED_MAX_TOKENS
 
     result = {
         "benchmark": "w4a16_gemm",

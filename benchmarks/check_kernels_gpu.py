@@ -16,10 +16,10 @@ import bench_kernels  # noqa: E402  (beside this script)
 
 def check_all() -> list[dict]:
     """Every kernel vs its torch reference on this GPU, bf16 and fp16."""
-    from kvdeck.kernels.attention import paged_attention_torch
-    from kvdeck.kernels.attention_triton import paged_attention_triton_impl
     from kvdeck.kernels.dispatch import TORCH_OPS
-    from kvdeck.kernels.triton_ops import TRITON_OPS
+    from kvdeck.kernels.reference.attention import paged_attention_torch
+    from kvdeck.kernels.triton.attention import paged_attention_triton_impl
+    from kvdeck.kernels.triton.ops import TRITON_OPS
 
     device = bench_kernels.DEVICE
     rows = []
@@ -63,7 +63,7 @@ def check_all() -> list[dict]:
                tol)
         record("gelu_tanh_and_mul", dtype_name, TRITON_OPS.gelu_tanh_and_mul(x),
                TORCH_OPS.gelu_tanh_and_mul(x), tol)
-        from kvdeck.kernels.rope import build_cos_sin_cache
+        from kvdeck.kernels.reference.rope import build_cos_sin_cache
 
         cache = build_cos_sin_cache(1.0 / 10000 ** (torch.arange(0, 64, 2) / 64), 4096).to(device)
         positions = torch.randint(0, 4096, (64,), device=device)

@@ -99,7 +99,7 @@ case $stage in
     ;;
   imports)
     kvdeck --help >/dev/null
-    $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.attention, kvdeck.quant.awq_linear"
+    $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
     $python benchmarks/bench_w4a16.py --help >/dev/null
     $python benchmarks/profile_decode.py --help >/dev/null
     echo "imports: the staged package runs"

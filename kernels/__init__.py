@@ -1,6 +1,5 @@
-"""Compute kernels for the engine: Triton on GPU, torch references everywhere.
-
-Every op lives in its own module next to its torch reference; `dispatch.select_ops`
-picks the implementation for a device and backend setting. This file imports nothing,
-so reading `kernels.backends` (the config does) does not load torch.
+"""Compute kernels for the engine, by backend: `reference/` (torch, the contract and the
+path wherever nothing faster applies), `triton/` (GPU) and `cpu/` (native C). `ops.py`
+holds what they share; `dispatch.py` picks one per device (and the W4A16 GEMM per call).
+This file imports nothing, so reading `kernels.ops` (the config does) does not load torch.
 """

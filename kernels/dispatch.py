@@ -1,78 +1,20 @@
-"""One place that decides which implementation of each op the engine runs."""
+"""One place that decides which implementation of each op the engine runs: a backend's
+`KernelOps` per device (`select_ops`), and per call the W4A16 GEMM (`w4a16_gemm`).
+
+The backends live in kernels/reference/ (torch), kernels/triton/ and kernels/cpu/. The
+Triton modules are imported only when chosen: `triton.jit` decides compiled vs
+interpreted when a kernel module is first imported (TRITON_INTERPRET=1 must be set before).
+"""
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from kvdeck.kernels import cpu_native
-from kvdeck.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
-from kvdeck.kernels.attention import paged_attention_torch
-from kvdeck.kernels.backends import KERNEL_BACKENDS
-from kvdeck.kernels.kv_cache import write_kv_cache_torch
-from kvdeck.kernels.rmsnorm import rms_norm_torch
-from kvdeck.kernels.rope import apply_rope_torch
+from kvdeck.kernels.cpu.ops import TORCH_OPS
+from kvdeck.kernels.ops import KERNEL_BACKENDS, KernelOps
+from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 
-
-@dataclass(frozen=True, slots=True)
-class KernelOps:
-    name: str
-    paged_attention: Callable
-    write_kv_cache: Callable
-    rms_norm: Callable
-    apply_rope: Callable
-    silu_and_mul: Callable
-    gelu_tanh_and_mul: Callable
-
-
-def paged_attention_torch_backend(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                  max_query_len, max_seq_len, sliding_window=0, soft_cap=0.0, k_scale=None,
-                                  v_scale=None):
-    """The torch backend's attention: `paged_attention_torch`, except that a decode-only bf16
-    step on a CPU with the native kernels runs `cpu_native.decode_attention` (the same
-    contract, a tenth of the calls)."""
-    if cpu_native.decode_attention_applies(q, k_cache, max_query_len, k_scale):
-        return cpu_native.decode_attention(q, k_cache, v_cache, block_tables, seq_lens, scale,
-                                           sliding_window, soft_cap)
-    return paged_attention_torch(q, k_cache, v_cache, block_tables, query_start_loc, seq_lens, scale,
-                                 max_query_len, max_seq_len, sliding_window, soft_cap, k_scale, v_scale)
-
-
-def rms_norm_torch_backend(x, weight, eps, residual=None):
-    """`rms_norm_torch`, or for bf16 on a CPU with the native kernels one pass per row."""
-    if (cpu_native.elementwise_applies(x) and weight.dtype == torch.bfloat16
-            and (residual is None or residual.dtype == torch.bfloat16)):
-        return cpu_native.rms_norm(x, weight, eps, residual)
-    return rms_norm_torch(x, weight, eps, residual)
-
-
-def apply_rope_torch_backend(positions, q, k, cos_sin_cache, is_neox=True):
-    """`apply_rope_torch`, or for bf16 rotate-half rotary on such a CPU one native call."""
-    if cpu_native.rope_applies(q, k, cos_sin_cache, is_neox):
-        return cpu_native.apply_rope_neox(positions, q, k, cos_sin_cache)
-    return apply_rope_torch(positions, q, k, cos_sin_cache, is_neox)
-
-
-def silu_and_mul_torch_backend(x):
-    """`silu_and_mul_torch`, or for bf16 on such a CPU one native pass."""
-    if cpu_native.elementwise_applies(x) and x.shape[-1] % 2 == 0:
-        return cpu_native.silu_and_mul(x)
-    return silu_and_mul_torch(x)
-
-
-# The torch backend: the torch references, with the native CPU kernels (kernels/cpu_native.py)
-# where they apply: bf16 on a CPU with AVX512-BF16, eagerly (a compiled graph fuses these
-# itself). fp32 always runs the references, the exact comparison with transformers.
-TORCH_OPS = KernelOps(
-    name="torch",
-    paged_attention=paged_attention_torch_backend,
-    write_kv_cache=write_kv_cache_torch,
-    rms_norm=rms_norm_torch_backend,
-    apply_rope=apply_rope_torch_backend,
-    silu_and_mul=silu_and_mul_torch_backend,
-    gelu_tanh_and_mul=gelu_tanh_and_mul_torch,
-)
+__all__ = ["TORCH_OPS", "KernelOps", "select_ops", "triton_interpreter_enabled", "w4a16_gemm"]
 
 
 def triton_interpreter_enabled() -> bool:
@@ -89,6 +31,28 @@ def select_ops(backend: str, device: torch.device) -> KernelOps:
         raise ValueError(
             "attention_backend='triton' on CPU needs TRITON_INTERPRET=1 set before kvdeck starts"
         )
-    from kvdeck.kernels.triton_ops import TRITON_OPS
+    from kvdeck.kernels.triton.ops import TRITON_OPS
 
     return TRITON_OPS
+
+
+def w4a16_gemm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """y = x @ dequant(AWQ tensors) (+ bias). `auto`: Triton on CUDA (the fused GEMM for
+    small M, a device-side dequantise plus cuBLAS for large M), the torch reference
+    elsewhere. `triton` forces the Triton path (on CPU it needs TRITON_INTERPRET=1), `torch`
+    the reference."""
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"w4a16 backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
+        return w4a16_gemm_torch(x, qweight, qzeros, scales, group_size, bias)
+    from kvdeck.kernels.triton.w4a16_gemm import w4a16_gemm_triton
+
+    return w4a16_gemm_triton(x, qweight, qzeros, scales, group_size, bias)

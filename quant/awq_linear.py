@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from kvdeck.engine.runner.models.linear import Linear, copy_shard
-from kvdeck.kernels.backends import KERNEL_BACKENDS
-from kvdeck.kernels.w4a16_gemm import PACK_FACTOR, w4a16_gemm
+from kvdeck.kernels.dispatch import w4a16_gemm
+from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR
 
 AWQ_PARAMS = ("qweight", "qzeros", "scales")
 

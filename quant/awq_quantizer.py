@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvdeck.kernels.w4a16_gemm import dequantize_awq
+from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq
 from kvdeck.quant.awq_search import (
     apply_clip,
     fold_scales_into_linear,

@@ -2,7 +2,7 @@
 symmetric, one scale per output channel; activations stay in the model's dtype.
 
 Made for CPU decode, where a step's time is the bytes of weights read: a quarter of fp32's
-(kernels/cpu_linear.py has the kernels and the measurements). The output projection is
+(kernels/cpu/linear.py has the kernels and the measurements). The output projection is
 quantised the same way (as llama.cpp's q8_0 does); the input embedding stays dense, since a
 step reads only one row of it per token.
 """
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from kvdeck.engine.runner.models.linear import Linear, copy_shard
-from kvdeck.kernels.cpu_linear import int8_linear, quantize_int8
+from kvdeck.kernels.cpu.linear import int8_linear, quantize_int8
 
 
 class Int8LinearMethod:

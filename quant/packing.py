@@ -4,12 +4,13 @@ A weight W [out, in] is cut into groups of `group_size` consecutive input channe
 (output row, group) gets a scale and an integer zero point so that
 w ~= (q - z) * s with q, z in 0..15. The GEMM layout stores the transpose: qweight int32
 [in, out/8], qzeros int32 [in/group, out/8], scales [in/group, out]. Unpacking lives next
-to the kernel that consumes it (kernels/w4a16_gemm.py).
+to the kernel that consumes it (kernels/reference/w4a16_gemm.py).
 """
 
 import torch
 
-from kvdeck.kernels.w4a16_gemm import AWQ_PACK_ORDER, PACK_FACTOR, unpack_int4
+from kvdeck.kernels.ops import AWQ_PACK_ORDER, PACK_FACTOR
+from kvdeck.kernels.reference.w4a16_gemm import unpack_int4
 
 MAX_INT4 = 15
 

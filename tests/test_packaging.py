@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu import build
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE_FOLDERS = ("app", "assets", "engine", "kernels", "quant", "tui")
@@ -68,8 +68,8 @@ def test_the_wheel_holds_only_the_kvdeck_namespace(wheel):
     for data in ("kvdeck/assets/demo_model/model.safetensors", "kvdeck/assets/demo_model/tokenizer.json",
                  "kvdeck/assets/demo_draft/model.safetensors",
                  "kvdeck/assets/calibration/calibration.txt", "kvdeck/tui/styles/kvdeck.tcss",
-                 # the native CPU kernels' sources, compiled at first use (kernels/cpu_native.py)
-                 *(f"kvdeck/kernels/{source.name}" for source in (*cpu_native.SOURCES, *cpu_native.HEADERS))):
+                 # the native CPU kernels' sources, compiled at first use (kernels/cpu/build.py)
+                 *(f"kvdeck/kernels/cpu/{source.name}" for source in (*build.SOURCES, *build.HEADERS))):
         assert data in names, f"package data {data} is missing from the wheel"
 
 

@@ -22,7 +22,7 @@ import torch
 from kvdeck.app.bench.pairs import alternate, common_prefix, ratio_summary
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
-from kvdeck.kernels.cpu_native import last_level_cache_bytes
+from kvdeck.kernels.cpu.native import last_level_cache_bytes
 
 # A baseline's decode of the prompt: (seconds per output token, its greedy token ids).
 DecodeRun = tuple[float, list[int]]

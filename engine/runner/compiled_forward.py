@@ -4,7 +4,7 @@ Eagerly, a batch-1 decode step on CPU is about a thousand small torch calls, and
 dispatch, not arithmetic, is most of the step once the weights are small (int8, bf16).
 Inductor turns the forward into a few C++ loops around the matmuls (norms fused with the
 residual add, rotary, the gated activation, the casts), with the paged attention and the KV
-write kept as opaque custom ops (`kernels/torch_custom_ops.py`: one op per layer).
+write kept as opaque custom ops (`kernels/cpu/compiled_ops.py`: one op per layer).
 
 The shapes are those of the CUDA graphs (`decode_graphs.py`): static buffers padded to a
 batch-size bucket, so each bucket is one static graph, compiled the first time a step of

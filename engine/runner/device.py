@@ -5,7 +5,7 @@ import torch
 
 from kvdeck.engine.types.config import DTYPE_ALIASES, EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels.cpu_linear import bf16_packing_supported
+from kvdeck.kernels.cpu.linear import bf16_packing_supported
 
 # vLLM's defaults: a GPU step can take a large batch; a CPU step's time grows with it.
 DEFAULT_TOKEN_BUDGET = {"cuda": 8192, "cpu": 2048}

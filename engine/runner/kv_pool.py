@@ -4,7 +4,7 @@ A block holds `slots_per_block` layer slots (`engine/types/kv_groups.py`); stora
 is one K and one V tensor `[num_blocks, block_size, num_kv_heads, head_dim]` in the
 format's storage type, shared by layer j of every KV group (each group reaches it through
 its own block tables, so the groups never write the same block). An int8 cache also keeps
-a scale per (token, head) beside each tensor (`kernels/kv_quant.py`).
+a scale per (token, head) beside each tensor (`kernels/reference/kv_quant.py`).
 """
 
 from dataclasses import dataclass, field
@@ -14,7 +14,7 @@ import torch
 from kvdeck.engine.runner.host_memory import zeros_on_huge_pages
 from kvdeck.engine.runner.models.layers import PagedAttention
 from kvdeck.engine.types.kv_groups import KVCacheGroup, slots_per_block
-from kvdeck.kernels.kv_quant import SCALE_DTYPE, KVCacheFormat, kv_cache_format
+from kvdeck.kernels.reference.kv_quant import SCALE_DTYPE, KVCacheFormat, kv_cache_format
 
 # fp8's per-tensor scale: vLLM's default without calibrated scales in the checkpoint.
 FP8_TENSOR_SCALE = 1.0

@@ -30,7 +30,7 @@ from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import kv_cache_groups
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu import native as cpu_native
 from kvdeck.kernels.dispatch import select_ops
 
 logger = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ import torch
 
 from kvdeck.engine.runner.batch import ScheduledSequence
 from kvdeck.engine.types.outputs import Logprob
-from kvdeck.kernels.token_bitmask import apply_token_bitmask_
+from kvdeck.kernels.reference.token_bitmask import apply_token_bitmask_
 
 
 @dataclass(slots=True)

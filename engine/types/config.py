@@ -9,7 +9,7 @@ from typing import Any
 
 from kvdeck.engine.types.quantization import linear_method_names
 from kvdeck.engine.types.speculative import SpeculativeConfig
-from kvdeck.kernels.backends import KERNEL_BACKENDS
+from kvdeck.kernels.ops import KERNEL_BACKENDS
 
 # Names, not torch dtypes: the UI process imports this module and should not pay for torch.
 DTYPE_ALIASES = {

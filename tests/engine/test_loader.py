@@ -36,7 +36,7 @@ def test_sharded_checkpoint(tiny_llama_dir, tmp_path, reference_tokens):
 def test_bf16_checkpoint_runs_in_bf16_where_the_cpu_does_bf16(tiny_llama_dir, tmp_path):
     import transformers
 
-    from kvdeck.kernels.cpu_linear import bf16_packing_supported
+    from kvdeck.kernels.cpu.linear import bf16_packing_supported
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.bfloat16)
     out = tmp_path / "bf16"

@@ -8,8 +8,8 @@ import torch
 
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.runner.models import native_decode
-from kvdeck.kernels import cpu_native
-from kvdeck.kernels.cpu_decode_stack import DecoderStack
+from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.decode_stack import DecoderStack
 from tests.kernels.test_cpu_native import needs_kernel
 from tests.model_factory import build_tiny_model
 

@@ -97,5 +97,5 @@ def tile_budget(request, monkeypatch) -> str:
     """Row-wise kernels take as many rows per program as the tile budget allows; a tiny
     budget splits the same test inputs over many programs (the GPU's situation)."""
     if request.param == "many_programs":
-        monkeypatch.setattr("kvdeck.kernels.elementwise_tiling.INTERPRETER_TILE_ELEMENTS", 64)
+        monkeypatch.setattr("kvdeck.kernels.triton.elementwise_tiling.INTERPRETER_TILE_ELEMENTS", 64)
     return request.param

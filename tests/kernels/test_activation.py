@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvdeck.kernels.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
-from kvdeck.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
+from kvdeck.kernels.reference.activation import gelu_tanh_and_mul_torch, silu_and_mul_torch
+from kvdeck.kernels.triton.activation import gelu_tanh_and_mul_triton, silu_and_mul_triton
 
 PAIRS = {"silu": (silu_and_mul_torch, silu_and_mul_triton),
          "gelu_tanh": (gelu_tanh_and_mul_torch, gelu_tanh_and_mul_triton)}

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from kvdeck.kernels import attention_tuning
-from kvdeck.kernels.attention import paged_attention_torch
-from kvdeck.kernels.attention_triton import paged_attention_triton, paged_attention_triton_impl
-from kvdeck.kernels.attention_tuning import AttentionConfig, choose_num_segments
-from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
+from kvdeck.kernels.reference.attention import paged_attention_torch
+from kvdeck.kernels.triton import attention_tuning
+from kvdeck.kernels.triton.attention import paged_attention_triton, paged_attention_triton_impl
+from kvdeck.kernels.triton.attention_tuning import AttentionConfig, choose_num_segments
+from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
@@ -132,7 +132,7 @@ def test_rejects_mismatched_shapes(paged_batch):
 def test_decode_and_chunk_launches_split_the_rows(paged_batch, decode_rows):
     # A mixed batch is two launches: decode rows (one query token) in one, with the decode
     # tiles, and prefill/extend chunks in the other; each leaves the other's rows alone.
-    from kvdeck.kernels.attention_triton import _CacheReading, _launch, _LayerOptions
+    from kvdeck.kernels.triton.attention import _CacheReading, _launch, _LayerOptions
 
     batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
                         dtype=torch.float32, seed=11)

@@ -5,11 +5,9 @@ quantising cache writes bit for bit against the torch reference."""
 import pytest
 import torch
 
-from kvdeck.kernels.attention import paged_attention_torch
-from kvdeck.kernels.attention_triton import paged_attention_triton, paged_attention_triton_impl
-from kvdeck.kernels.kv_cache import write_kv_cache_torch
-from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
-from kvdeck.kernels.kv_quant import (
+from kvdeck.kernels.reference.attention import paged_attention_torch
+from kvdeck.kernels.reference.kv_cache import write_kv_cache_torch
+from kvdeck.kernels.reference.kv_quant import (
     FP8_DTYPES,
     FP8_MAX,
     dequantize,
@@ -17,6 +15,8 @@ from kvdeck.kernels.kv_quant import (
     quantize_fp8,
     quantize_int8_rows,
 )
+from kvdeck.kernels.triton.attention import paged_attention_triton, paged_attention_triton_impl
+from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
 
 # Decode rows, a fresh prefill longer than the window, and extends whose chunk starts
 # before, at and after the window's reach.
@@ -72,7 +72,7 @@ def test_torch_path_window_and_soft_cap(paged_batch, window, soft_cap):
 
 @pytest.mark.parametrize("window, soft_cap, tile_n", [(25, 0.0, 128), (16, 3.0, 128), (40, 0.0, 16)])
 def test_triton_window_and_soft_cap(paged_batch, window, soft_cap, tile_n):
-    from kvdeck.kernels.attention_tuning import AttentionConfig
+    from kvdeck.kernels.triton.attention_tuning import AttentionConfig
 
     batch = paged_batch(*MIXED, num_heads=4, num_kv_heads=2, head_dim=32, block_size=16,
                         dtype=torch.float32, seed=7)

@@ -4,7 +4,7 @@ plain per-sequence loop: dense K/V rebuilt token by token, causal softmax, GQA b
 import pytest
 import torch
 
-from kvdeck.kernels.attention import gather_dot, paged_attention_torch
+from kvdeck.kernels.reference.attention import gather_dot, paged_attention_torch
 
 
 def dense_reference(batch) -> torch.Tensor:

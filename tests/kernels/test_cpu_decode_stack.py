@@ -1,4 +1,4 @@
-"""A whole decode step in one native call (kernels/cpu_decode_stack.c): in bf16 bit for bit
+"""A whole decode step in one native call (kernels/cpu/decode_stack.c): in bf16 bit for bit
 the composition of the single kernels that the model's Python forward runs, in fp32 the
 torch forward's result up to the order of its sums, with every variant the Llama family
 has (q/k/v bias, per-head q/k norms, partial rotary, GQA), and clear refusals."""
@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvdeck.kernels import cpu_native
-from kvdeck.kernels.activation import silu_and_mul_torch
-from kvdeck.kernels.attention import paged_attention_torch
-from kvdeck.kernels.cpu_decode_stack import DecoderLayerWeights, DecoderStack
-from kvdeck.kernels.rmsnorm import rms_norm_torch
-from kvdeck.kernels.rope import apply_rope_torch
+from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.decode_stack import DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.reference.activation import silu_and_mul_torch
+from kvdeck.kernels.reference.attention import paged_attention_torch
+from kvdeck.kernels.reference.rmsnorm import rms_norm_torch
+from kvdeck.kernels.reference.rope import apply_rope_torch
 from tests.kernels.test_cpu_native import needs_kernel
 
 HIDDEN, INTER, BLOCK = 96, 160, 16
@@ -187,7 +187,7 @@ def test_a_chunk_of_tokens_is_the_same_as_one_token_at_a_time(dtype):
     """A speculative verify chunk (a decode row and a chunk of three tokens in one step, each
     token a row over its causal context) gives each token exactly what decoding it alone
     after the ones before would: rows never mix, so verification agrees with plain decoding."""
-    from kvdeck.kernels.cpu_decode_stack import token_contexts
+    from kvdeck.kernels.cpu.decode_stack import token_contexts
 
     heads, kv_heads, dim = 4, 2, 32
     layers = make_layers(2, heads, kv_heads, dim, False, False, dtype=dtype)
@@ -218,7 +218,7 @@ def test_a_step_in_passes_is_the_step_in_one_call():
     """Built in_passes, a stack takes a step of any size as calls of max_rows tokens: a prompt
     of 21 tokens (its own context, causal) beside two decode rows, in passes of 8, gives
     what one call of all 23 gives, bit for bit, and writes the same cache."""
-    from kvdeck.kernels.cpu_decode_stack import token_contexts
+    from kvdeck.kernels.cpu.decode_stack import token_contexts
 
     heads, kv_heads, dim = 4, 2, 32
     layers = make_layers(2, heads, kv_heads, dim, False, False, dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""The CPU GEMV kernels (kernels/cpu_native.c, bf16; cpu_native_f32.c, fp32): their arithmetic,
+"""The CPU GEMV kernels (kernels/cpu/native.c, bf16; cpu_native_f32.c, fp32): their arithmetic,
 their checks, their build, and the linear layers' use of them for steps of few rows."""
 
 import os
@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu import build
+from kvdeck.kernels.cpu import native as cpu_native
 
 needs_kernel = pytest.mark.skipif(not cpu_native.available(),
                                   reason="needs an x86 CPU with AVX512-BF16 and a C compiler")
@@ -129,11 +130,11 @@ def test_refuses_inputs_it_cannot_read_and_names_them():
 @needs_kernel
 def test_builds_once_into_the_cache_atomically(tmp_path, monkeypatch):
     monkeypatch.setenv("KVDECK_HOME", str(tmp_path))
-    built = cpu_native._built_library()
+    built = build.built_library()
     assert built.parent == tmp_path / "cache" / "kernels"
     assert [p.name for p in built.parent.iterdir()] == [built.name]  # no partial file left
     stamp = built.stat().st_mtime_ns
-    assert cpu_native._built_library() == built and built.stat().st_mtime_ns == stamp
+    assert build.built_library() == built and built.stat().st_mtime_ns == stamp
 
 
 def test_the_cache_needs_no_platformdirs(tmp_path, monkeypatch):
@@ -141,34 +142,34 @@ def test_the_cache_needs_no_platformdirs(tmp_path, monkeypatch):
     monkeypatch.delenv("KVDECK_HOME", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.setitem(sys.modules, "platformdirs", None)  # importing it raises ImportError
-    assert cpu_native._cache_dir() == tmp_path / "kvdeck" / "kernels"
+    assert build.cache_dir() == tmp_path / "kvdeck" / "kernels"
 
 
 def test_a_failed_build_leaves_no_file_and_the_layers_keep_onednn(tmp_path, monkeypatch):
     monkeypatch.setenv("KVDECK_HOME", str(tmp_path))
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_native, "SOURCES", [broken, *cpu_native.SOURCES[1:]])
-    monkeypatch.setattr(cpu_native, "_cpu_has_avx512_bf16", lambda: True)
-    monkeypatch.setattr(cpu_native.platform, "machine", lambda: "x86_64")
-    cpu_native._library.cache_clear()
+    monkeypatch.setattr(build, "SOURCES", [broken, *build.SOURCES[1:]])
+    monkeypatch.setattr(build, "cpu_has_avx512_bf16", lambda: True)
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    build.library.cache_clear()
     try:
-        assert cpu_native._library() is None
+        assert build.library() is None
         kernels = tmp_path / "cache" / "kernels"
         assert not kernels.exists() or list(kernels.iterdir()) == []
     finally:
-        cpu_native._library.cache_clear()
+        build.library.cache_clear()
 
 
 def test_switched_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("KVDECK_CPU_NATIVE", "0")
-    cpu_native._library.cache_clear()
+    build.library.cache_clear()
     try:
         assert not cpu_native.available()
         assert not cpu_native.worth_a_second_copy(1)
     finally:
         monkeypatch.delenv("KVDECK_CPU_NATIVE")
-        cpu_native._library.cache_clear()
+        build.library.cache_clear()
 
 
 @needs_kernel
@@ -181,7 +182,7 @@ def test_a_second_copy_only_for_weights_that_fit_easily():
 @needs_kernel
 def test_linear_layer_takes_the_kernel_for_few_rows_and_onednn_for_more(monkeypatch):
     from kvdeck.engine.runner.models.linear import Linear, UnquantizedLinearMethod
-    from kvdeck.kernels.cpu_linear import bf16_packing_supported
+    from kvdeck.kernels.cpu.linear import bf16_packing_supported
 
     if not bf16_packing_supported():
         pytest.skip("needs oneDNN bf16")
@@ -246,7 +247,7 @@ def paged_case(lens: list[int], heads: int, kv_heads: int, dim: int, block_size:
 ])
 def test_decode_attention_matches_the_fp32_reference_closer_than_torch_bf16(lens, heads, kv_heads, dim,
                                                                            window, soft_cap):
-    from kvdeck.kernels.attention import paged_attention_torch
+    from kvdeck.kernels.reference.attention import paged_attention_torch
 
     q, k_cache, v_cache, tables, seq_lens = paged_case(lens, heads, kv_heads, dim)
     starts = torch.arange(len(lens) + 1, dtype=torch.int32)
@@ -273,7 +274,7 @@ def test_fp32_decode_attention_is_the_fp32_reference_up_to_the_order_of_its_sums
                                                                                  window, soft_cap):
     """The decoder stack's fp32 attention (each key and value read once for a group of heads,
     sixteen scores summed across lanes at once) against the torch path in fp32."""
-    from kvdeck.kernels.attention import paged_attention_torch
+    from kvdeck.kernels.reference.attention import paged_attention_torch
 
     q, k_cache, v_cache, tables, seq_lens = paged_case(lens, heads, kv_heads, dim, seed=1)
     q, k_cache, v_cache = q.float(), k_cache.float(), v_cache.float()
@@ -329,7 +330,7 @@ def test_the_torch_backend_sends_bf16_decode_steps_to_the_native_kernel(monkeypa
 def test_rms_norm_rounds_as_the_torch_path(rows, n):
     """One pass per row, rounding where `rms_norm_torch` rounds: the same bf16 values
     (only the fp32 sum's order differs, which these inputs do not reach)."""
-    from kvdeck.kernels.rmsnorm import rms_norm_torch
+    from kvdeck.kernels.reference.rmsnorm import rms_norm_torch
 
     generator = torch.Generator().manual_seed(rows * n)
     x = (torch.randn(rows, n, generator=generator) * 3).bfloat16()
@@ -345,7 +346,7 @@ def test_rms_norm_rounds_as_the_torch_path(rows, n):
 @needs_kernel
 @pytest.mark.parametrize("rows,d", [(1, 1536), (7, 40), (16, 768)])
 def test_silu_and_mul_rounds_as_the_torch_path(rows, d):
-    from kvdeck.kernels.activation import silu_and_mul_torch
+    from kvdeck.kernels.reference.activation import silu_and_mul_torch
 
     x = (torch.randn(rows, 2 * d, generator=torch.Generator().manual_seed(d)) * 6).bfloat16()
     x[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -0.0])  # exp's clamps, and zeros
@@ -355,7 +356,7 @@ def test_silu_and_mul_rounds_as_the_torch_path(rows, d):
 @needs_kernel
 @pytest.mark.parametrize("rotary_dim", [64, 32])  # full and partial rotary
 def test_rope_on_q_and_k_views_equals_the_torch_path(rotary_dim):
-    from kvdeck.kernels.rope import apply_rope_torch, build_cos_sin_cache
+    from kvdeck.kernels.reference.rope import apply_rope_torch, build_cos_sin_cache
 
     cache = build_cos_sin_cache(1.0 / (10000 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim)), 512)
     qkv = torch.randn(5, (9 + 2 * 3) * 64, generator=torch.Generator().manual_seed(rotary_dim)).bfloat16()

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvdeck.kernels.kv_cache import write_kv_cache_torch
-from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
+from kvdeck.kernels.reference.kv_cache import write_kv_cache_torch
+from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])

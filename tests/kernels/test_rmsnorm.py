@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvdeck.kernels.rmsnorm import rms_norm_torch
-from kvdeck.kernels.rmsnorm_triton import rms_norm_triton
+from kvdeck.kernels.reference.rmsnorm import rms_norm_torch
+from kvdeck.kernels.triton.rmsnorm import rms_norm_triton
 
 # Both sides round the same fp32 math to the output dtype; bf16 gets a few ulp because the
 # interpreter casts fp32 -> bf16 by truncation, not round-to-nearest-even as GPUs do.

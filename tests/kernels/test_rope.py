@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from kvdeck.kernels.rope import apply_rope_torch, build_cos_sin_cache
-from kvdeck.kernels.rope_triton import apply_rope_triton
+from kvdeck.kernels.reference.rope import apply_rope_torch, build_cos_sin_cache
+from kvdeck.kernels.triton.rope import apply_rope_triton
 
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1.6e-2}
 

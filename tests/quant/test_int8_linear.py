@@ -1,5 +1,5 @@
 """Weight-only INT8 (`quantization="int8"`, quantised at load time) and the bf16 packed
-weights of the dense method on CPU (kernels/cpu_linear.py)."""
+weights of the dense method on CPU (kernels/cpu/linear.py)."""
 
 import pytest
 import torch
@@ -7,7 +7,7 @@ import torch
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.runner import compiled_forward
 from kvdeck.engine.runner.models.linear import Linear, get_linear_method
-from kvdeck.kernels.cpu_linear import (
+from kvdeck.kernels.cpu.linear import (
     INT8_GEMV_MAX_ROWS,
     bf16_packing_supported,
     int8_linear,

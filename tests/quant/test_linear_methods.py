@@ -5,7 +5,7 @@ import torch
 
 from kvdeck.engine.runner.models.linear import Linear, get_linear_method
 from kvdeck.engine.types.quantization import linear_method_names, make_linear_method
-from kvdeck.kernels.w4a16_gemm import dequantize_awq
+from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq
 from kvdeck.quant.awq_linear import AWQConfig, AWQLinearMethod
 from kvdeck.quant.packing import pack_awq_weight
 

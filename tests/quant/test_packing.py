@@ -1,6 +1,6 @@
 import torch
 
-from kvdeck.kernels.w4a16_gemm import dequantize_awq, unpack_int4
+from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq, unpack_int4
 from kvdeck.quant.packing import fake_quantize, pack_awq_weight, pack_int4, quantize_groups
 from tests.quant.awq_reference import reference_dequantize, reference_unpack
 

@@ -6,7 +6,8 @@ import os
 import pytest
 import torch
 
-from kvdeck.kernels.w4a16_gemm import dequantize_awq, w4a16_gemm, w4a16_gemm_torch
+from kvdeck.kernels.dispatch import w4a16_gemm
+from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq, w4a16_gemm_torch
 from tests.quant.awq_reference import reference_dequantize
 
 needs_triton_here = pytest.mark.skipif(
@@ -28,7 +29,7 @@ GROUP_SIZES = (32, 64, 128)
 def w4a16():
     if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("the Triton kernel needs a GPU or TRITON_INTERPRET=1")
-    from kvdeck.kernels import w4a16_gemm_triton
+    from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton
 
     return w4a16_gemm_triton
 

@@ -14,7 +14,7 @@ from kvdeck.engine.runner.models.linear import LinearMethod
 from kvdeck.engine.runner.models.llama import LlamaForCausalLM
 from kvdeck.engine.runner.models.rotary import RotaryEmbedding
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels.dispatch import KernelOps
+from kvdeck.kernels.ops import KernelOps
 
 
 class GemmaDecoderLayer(nn.Module):

@@ -8,7 +8,7 @@ from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import Linear, LinearMethod
 from kvdeck.engine.runner.models.rotary import RotaryEmbedding
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels.dispatch import KernelOps
+from kvdeck.kernels.ops import KernelOps
 
 GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh")
 

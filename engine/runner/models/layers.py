@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from kvdeck.kernels.dispatch import KernelOps
-from kvdeck.kernels.torch_custom_ops import paged_attention_with_kv_write
+from kvdeck.kernels.cpu.compiled_ops import paged_attention_with_kv_write
+from kvdeck.kernels.ops import KernelOps
 
 
 @dataclass(slots=True)

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from kvdeck.engine.types.quantization import make_linear_method
-from kvdeck.kernels import cpu_native
-from kvdeck.kernels.cpu_linear import bf16_packing_supported, pack_bf16_weight, packed_linear
+from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.linear import bf16_packing_supported, pack_bf16_weight, packed_linear
 
 
 class LinearMethod(Protocol):
@@ -48,8 +48,8 @@ class Linear(nn.Module):
         self.output_size = sum(output_sizes)
         self.shard_offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.method = method
-        self.packed_number: int | None = None  # a packed bf16 weight's (kernels/cpu_linear.py)
-        self.dense_weight: torch.Tensor | None = None  # its row-major copy (kernels/cpu_native.py)
+        self.packed_number: int | None = None  # a packed bf16 weight's (kernels/cpu/linear.py)
+        self.dense_weight: torch.Tensor | None = None  # its row-major copy (kernels/cpu/native.py)
         self.bias = (
             nn.Parameter(torch.zeros(self.output_size, dtype=dtype), requires_grad=False) if bias else None
         )
@@ -94,10 +94,10 @@ def copy_shard(
 
 class UnquantizedLinearMethod:
     """A dense weight of shape [output_size, input_size], applied with one matmul. A bf16
-    weight on a CPU with native bf16 is packed once for oneDNN (kernels/cpu_linear.py);
+    weight on a CPU with native bf16 is packed once for oneDNN (kernels/cpu/linear.py);
     with `small_batch_gemv` (set by the runner) the row-major weight is kept as well, and
     steps of at most cpu_native.GEMV_MAX_ROWS rows (a single chat's decode) read it through
-    kernels/cpu_native.py, which streams weights faster than oneDNN does for one row."""
+    kernels/cpu/native.py, which streams weights faster than oneDNN does for one row."""
 
     small_batch_gemv = False
 

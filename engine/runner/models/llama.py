@@ -8,8 +8,8 @@ from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import Linear, LinearMethod
 from kvdeck.engine.runner.models.rotary import RotaryEmbedding
 from kvdeck.engine.types.model_config import ModelConfig
-from kvdeck.kernels.cpu_decode_stack import DecoderStack, token_contexts
-from kvdeck.kernels.dispatch import KernelOps
+from kvdeck.kernels.cpu.decode_stack import DecoderStack, token_contexts
+from kvdeck.kernels.ops import KernelOps
 
 
 class LlamaAttention(nn.Module):

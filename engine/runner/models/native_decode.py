@@ -1,4 +1,4 @@
-"""Small steps of a Llama-family model in one native call a step (kernels/cpu_decode_stack.py).
+"""Small steps of a Llama-family model in one native call a step (kernels/cpu/decode_stack.py).
 
 On a CPU with the native kernels, a decode step of a few rows spends much of its time
 between the kernels (a third of a SmolLM2 bf16 step; most of the demo's fp32 one): the
@@ -22,8 +22,8 @@ from torch import nn
 
 from kvdeck.engine.runner.models.linear import Linear, UnquantizedLinearMethod
 from kvdeck.engine.runner.models.llama import LlamaDecoderLayer, LlamaModel
-from kvdeck.kernels import cpu_native
-from kvdeck.kernels.cpu_decode_stack import STEP_FUNCTIONS, DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.decode_stack import STEP_FUNCTIONS, DecoderLayerWeights, DecoderStack
 from kvdeck.kernels.dispatch import TORCH_OPS
 
 logger = logging.getLogger(__name__)

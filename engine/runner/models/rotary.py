@@ -9,7 +9,7 @@ import math
 import torch
 from torch import nn
 
-from kvdeck.kernels.rope import build_cos_sin_cache
+from kvdeck.kernels.reference.rope import build_cos_sin_cache
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict | None) -> torch.Tensor:

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
-from kvdeck.kernels.kv_quant import FP8_MAX, INT8_MAX
+from kvdeck.kernels.reference.kv_quant import FP8_MAX, INT8_MAX
+from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 
 # Mantissa bits of each fp8 format (the kernels' FP8_MANT; 0 means int8).
 FP8_MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}

@@ -31,14 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.attention_tuning import (
+from kvdeck.kernels.reference.kv_quant import FP8_DTYPES
+from kvdeck.kernels.triton.attention_tuning import (
     AttentionConfig,
     choose_num_segments,
     default_config,
     streaming_multiprocessors,
 )
-from kvdeck.kernels.kv_quant import FP8_DTYPES
-from kvdeck.kernels.kv_quant_triton import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
+from kvdeck.kernels.triton.kv_quant import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
 
 LOG2_E = 1.4426950408889634
 

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
 SILU, GELU_TANH = 0, 1  # the ACT argument

@@ -2,8 +2,8 @@
 
 import torch
 
-from kvdeck.kernels.kv_quant import write_kv_rows
-from kvdeck.kernels.step_memo import StepMemo
+from kvdeck.kernels.reference.kv_quant import write_kv_rows
+from kvdeck.kernels.reference.step_memo import StepMemo
 
 
 def write_kv_cache_torch(

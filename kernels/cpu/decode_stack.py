@@ -1,4 +1,4 @@
-"""A Llama-family step of a few tokens in one native call (`cpu_decode_stack.c`).
+"""A Llama-family step of a few tokens in one native call (`decode_stack.c`).
 
 `DecoderStack` holds one `DecoderLayerWeights` per layer (tensors of one dtype, bf16 or
 fp32: the norms, the row-major projections the GEMV reads; and the layer's KV cache, of
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvdeck.kernels import cpu_native
+from kvdeck.kernels.cpu import native as cpu_native
 
 # The element types the stack runs in, and its step function for each (cpu_decode_stack.c).
 # (the weights' and activations' dtype, the KV cache's) -> the step function.
@@ -67,7 +67,7 @@ class DecoderStack:
     def __init__(self, layers: list[DecoderLayerWeights], *, heads: int, kv_heads: int, head_dim: int,
                  rot_dim: int, eps: float, max_rows: int = cpu_native.GEMV_MAX_ROWS,
                  in_passes: bool = False, final_norm: torch.Tensor | None = None) -> None:
-        library = cpu_native._require()
+        library = cpu_native.require()
         if not layers:
             raise ValueError("a decoder stack needs at least one layer")
         if max_rows < 1:

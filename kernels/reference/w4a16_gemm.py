@@ -1,24 +1,22 @@
-"""W4A16 GEMM on AutoAWQ's GEMM layout: y = x @ dequant(qweight, qzeros, scales) (+ bias).
+"""W4A16 GEMM on AutoAWQ's GEMM layout, the torch reference: y = x @ dequant(qweight, qzeros,
+scales) (+ bias).
 
 Layout (AutoAWQ `WQLinear_GEMM`): `qweight` int32 [K, N/8] and `qzeros` int32 [K/G, N/8]
 hold eight 4-bit values per int32; the value for output column 8*j + c sits at bits
-4*i where AWQ_PACK_ORDER[i] == c. `scales` is [K/G, N]. w[k, n] = (q[k, n] - z[k//G, n]) *
-s[k//G, n].
+4*i where AWQ_PACK_ORDER[i] == c (kernels/ops.py). `scales` is [K/G, N]. w[k, n] =
+(q[k, n] - z[k//G, n]) * s[k//G, n].
 
-`w4a16_gemm_torch` (dequantise, then one matmul) is the reference and the CPU path. The
-Triton implementation lives in `w4a16_gemm_triton.py`, imported only when a call needs it
-(`triton.jit` decides compiled vs interpreted at import). `w4a16_gemm` picks one per call.
+`w4a16_gemm_torch` dequantises, then runs one matmul. The Triton GEMM is
+kernels/triton/w4a16_gemm.py, the CPU's kernels/cpu/int4.py; `kernels.dispatch.w4a16_gemm`
+picks one per call.
 """
 
 import torch
 
-from kvdeck.kernels.backends import KERNEL_BACKENDS
+from kvdeck.kernels.ops import AWQ_PACK_ORDER, AWQ_UNPACK_ORDER, PACK_FACTOR
 
-AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
-# Nibble index that holds column c of a pack: the inverse permutation of AWQ_PACK_ORDER,
-# which is (c >> 1) + 4 * (c & 1) (the kernels compute it that way).
-AWQ_UNPACK_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
-PACK_FACTOR = 8
+__all__ = ["AWQ_PACK_ORDER", "AWQ_UNPACK_ORDER", "PACK_FACTOR", "awq_shifts", "dequantize_awq",
+           "unpack_int4", "w4a16_gemm_torch"]
 
 
 def awq_shifts(device: torch.device) -> torch.Tensor:
@@ -59,23 +57,3 @@ def w4a16_gemm_torch(
     out = x @ weight
     return out if bias is None else out + bias
 
-
-def w4a16_gemm(
-    x: torch.Tensor,
-    qweight: torch.Tensor,
-    qzeros: torch.Tensor,
-    scales: torch.Tensor,
-    group_size: int,
-    bias: torch.Tensor | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
-    """`auto`: Triton on CUDA (the fused GEMM for small M, a device-side dequantise plus
-    cuBLAS for large M), the torch reference elsewhere. `triton` forces the Triton path (on
-    CPU it needs TRITON_INTERPRET=1), `torch` the reference."""
-    if backend not in KERNEL_BACKENDS:
-        raise ValueError(f"w4a16 backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
-    if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
-        return w4a16_gemm_torch(x, qweight, qzeros, scales, group_size, bias)
-    from kvdeck.kernels.w4a16_gemm_triton import w4a16_gemm_triton
-
-    return w4a16_gemm_triton(x, qweight, qzeros, scales, group_size, bias)

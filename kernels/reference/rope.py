@@ -2,7 +2,7 @@
 
 import torch
 
-from kvdeck.kernels.step_memo import StepMemo
+from kvdeck.kernels.reference.step_memo import StepMemo
 
 
 def apply_rope_torch(

@@ -8,9 +8,9 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
-from kvdeck.kernels.kv_quant import FP8_DTYPES
-from kvdeck.kernels.kv_quant_triton import write_kv_cache_8bit
+from kvdeck.kernels.reference.kv_quant import FP8_DTYPES
+from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.kv_quant import write_kv_cache_8bit
 
 
 @triton.jit

@@ -16,15 +16,15 @@
  * loaded by the time this library is, so both share one thread pool and torch's thread
  * count (omp_get_max_threads of the calling thread).
  *
- * Built at first use by kernels/cpu_native.py with -O3 -march=native.
+ * Built at first use by kernels/cpu/native.py with -O3 -march=native.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 #include <omp.h>
 
-#include "cpu_native.h"
-#include "cpu_simd.h"
+#include "native.h"
+#include "simd.h"
 
 /* 1 when this build has the AVX512-BF16 path (the Python side uses nothing else). */
 int kvdeck_gemv_native(void) { return KVDECK_NATIVE; }

@@ -13,7 +13,7 @@ Above FUSED_MAX_TOKENS the GEMM is compute bound: the weight is dequantised on t
 by a Triton kernel and cuBLAS multiplies. Nothing on either path makes a host tensor or
 synchronises, so CUDA graphs capture AWQ layers at every decode bucket.
 
-Kept importable only through `kernels.w4a16_gemm.w4a16_gemm` or directly by tests:
+Kept importable only through `kernels.dispatch.w4a16_gemm` or directly by tests:
 `triton.jit` decides compiled vs interpreted at import time.
 """
 
@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.w4a16_gemm import PACK_FACTOR
+from kvdeck.kernels.ops import PACK_FACTOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class W4A16Config:
 
 # (largest M of the bucket, its config), smallest bucket first. Chosen without a GPU: shared memory
 # within the 99 KiB of sm_86/sm_89 and no register spills on sm_80..sm_90 for fp16/bf16 at
-# groups 32..128 (tests/kernels/compile_for_gpu.py, table in kernels/README.md). split_k here
+# groups 32..128 (benchmarks/compile_for_gpu.py, table in kernels/README.md). split_k here
 # is the most a call may use; `choose_config` fits it to the shape and the SM count.
 # GPU timings are still to be taken: benchmarks/bench_w4a16.py sweeps alternatives.
 M_BUCKETS: tuple[tuple[int, W4A16Config], ...] = (

@@ -23,7 +23,7 @@ class AttentionConfig:
 
 
 # Chosen without a GPU: shared memory within sm_86/sm_89's 99 KiB and no register spills in
-# the decode configs on sm_80..sm_89 (tests/kernels/compile_for_gpu.py, table in
+# the decode configs on sm_80..sm_89 (benchmarks/compile_for_gpu.py, table in
 # kernels/README.md). Only Hopper's have been timed (below); benchmarks/bench_kernels.py
 # --sweep compares alternatives on any GPU.
 DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=64, num_warps=4, num_stages=3)
@@ -47,7 +47,7 @@ DECODE_CONFIG_8BIT = DECODE_CONFIG_WIDE_ROWS
 # faster than DECODE_CONFIG at 17 of 18 shapes (the heads of Llama-3.2-1B, Qwen3-0.6B and
 # Llama-3.1-8B, batch 1-256; the 18th within 1%), and 4-warp, 3-stage tiles prefill
 # Llama-3.1-8B's heads over 8192 tokens 1.27x faster than PREFILL_CONFIG. Hopper's 227 KiB of
-# shared memory per block holds both (tests/kernels/compile_for_gpu.py). 16-bit caches only:
+# shared memory per block holds both (benchmarks/compile_for_gpu.py). 16-bit caches only:
 # the sweep timed bf16, and wider or 8-bit rows keep their own tiles above.
 HOPPER_ARCH = 90
 HOPPER_DECODE_CONFIG = AttentionConfig(block_m=16, tile_n=128, num_warps=4, num_stages=2)

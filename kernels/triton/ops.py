@@ -4,12 +4,12 @@ Imported lazily by the dispatch: on CPU, TRITON_INTERPRET=1 must already be set 
 module (and so `triton.jit`) first runs, or the kernels would be built for a GPU.
 """
 
-from kvdeck.kernels.activation_triton import gelu_tanh_and_mul_triton, silu_and_mul_triton
-from kvdeck.kernels.attention_triton import paged_attention_triton
-from kvdeck.kernels.dispatch import KernelOps
-from kvdeck.kernels.kv_cache_triton import write_kv_cache_triton
-from kvdeck.kernels.rmsnorm_triton import rms_norm_triton
-from kvdeck.kernels.rope_triton import apply_rope_triton
+from kvdeck.kernels.ops import KernelOps
+from kvdeck.kernels.triton.activation import gelu_tanh_and_mul_triton, silu_and_mul_triton
+from kvdeck.kernels.triton.attention import paged_attention_triton
+from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
+from kvdeck.kernels.triton.rmsnorm import rms_norm_triton
+from kvdeck.kernels.triton.rope import apply_rope_triton
 
 TRITON_OPS = KernelOps(
     name="triton",

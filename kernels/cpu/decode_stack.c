@@ -18,32 +18,8 @@
  * H] receives the residual stream beside it. Both contiguous. */
 #include <string.h>
 
-#include "cpu_native.h"
-
-/* A layer's tensors, all of the stack's element type (bf16 or fp32; the step function says
- * which). */
-typedef struct {
-    const void* input_norm;  /* [H] */
-    const void* qkv;         /* [Q + 2 KV, H], Q = heads * head_dim, KV = kv_heads * head_dim */
-    const void* qkv_bias;    /* [Q + 2 KV] or NULL */
-    const void* q_norm;      /* [head_dim] or NULL (with k_norm: Qwen3) */
-    const void* k_norm;      /* [head_dim] or NULL */
-    const void* o_proj;      /* [H, Q] */
-    const void* post_norm;   /* [H] */
-    const void* gate_up;     /* [2 I, H] */
-    const void* down;        /* [H, I] */
-    void* k_cache;           /* [num_blocks, block_size, kv_heads, head_dim] */
-    void* v_cache;
-    float scale;             /* attention's score scale */
-} kvdeck_decoder_layer;
-
-typedef struct {
-    int64_t num_layers, hidden, heads, kv_heads, head_dim, intermediate, block_size, rot_dim;
-    int64_t num_blocks;  /* of each layer's caches */
-    float eps;
-    const kvdeck_decoder_layer* layers;
-    const void* final_norm;  /* [H] or NULL: the model's norm after the last layer */
-} kvdeck_decoder_stack;
+#include "decode_stack.h"
+#include "native.h"
 
 /* Whether every index the step will follow lies inside what it indexes: a position inside
  * the cos|sin table, a slot (or -1) and every block of each row's context inside the cache,
@@ -87,7 +63,7 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_ROPE kvdeck_rope_neox_bf16
 #define STACK_ATTENTION kvdeck_decode_attention_bf16
 #define STACK_SILU_AND_MUL kvdeck_silu_and_mul_bf16
-#include "cpu_decode_stack_step.h"
+#include "decode_stack_step.h"
 #undef STACK_ELEM
 #undef STACK_CACHE_ELEM
 #undef STACK_STORE_KV
@@ -107,7 +83,7 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_ROPE kvdeck_rope_neox_f32
 #define STACK_ATTENTION kvdeck_decode_attention_f32
 #define STACK_SILU_AND_MUL kvdeck_silu_and_mul_f32
-#include "cpu_decode_stack_step.h"
+#include "decode_stack_step.h"
 #undef STACK_CACHE_ELEM
 #undef STACK_STORE_KV
 #undef STACK_STEP
@@ -119,4 +95,4 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_STORE_KV(dst, src, count) kvdeck_store_f16(dst, src, count)
 #define STACK_STEP kvdeck_decode_stack_f32_f16kv
 #define STACK_ATTENTION kvdeck_decode_attention_f32_f16kv
-#include "cpu_decode_stack_step.h"
+#include "decode_stack_step.h"

@@ -5,7 +5,7 @@ of weights read (one row of activations does too little arithmetic per byte). So
 bytes per weight is the lever:
 - bf16: oneDNN's GEMM on a weight packed once into its blocked layout reads half of
   fp32's bytes; aten's plain bf16 matmul is slower than that packed one at every batch size.
-  For one to four rows kernels/cpu_native.py streams a row-major copy faster still;
+  For one to four rows kernels/cpu/native.py streams a row-major copy faster still;
 - int8 weight-only (one scale per output channel): aten's `_weight_int8pack_mm` reads a
   quarter of fp32's bytes, with bf16 activations (its fp32 path is a slow generic loop).
   It is a matrix-vector kernel: at 64 rows it loses to dequantising the weight and running
@@ -49,7 +49,7 @@ _numbers = itertools.count()
 
 
 # Registered with torch.library.Library, not the custom_op decorator, whose Python layers
-# cost more per call than a small packed GEMV itself (see kernels/torch_custom_ops.py).
+# cost more per call than a small packed GEMV itself (see kernels/cpu/compiled_ops.py).
 _LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
 _LIBRARY.define("packed_linear(Tensor x, Tensor? bias, int weight_number, int out_features) -> Tensor")
 

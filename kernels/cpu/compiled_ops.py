@@ -13,8 +13,8 @@ wraps each call in Python layers that cost about 6-8 us a call against 4 (measur
 
 import torch
 
-from kvdeck.kernels.dispatch import paged_attention_torch_backend
-from kvdeck.kernels.kv_cache import write_kv_cache_torch
+from kvdeck.kernels.cpu.ops import paged_attention_torch_backend
+from kvdeck.kernels.reference.kv_cache import write_kv_cache_torch
 
 _LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
 _LIBRARY.define(

@@ -2,7 +2,7 @@
  * composes for an fp32 model's decode steps: the GEMV of a few rows, decode attention over
  * the paged cache, RMSNorm with the residual, SiLU-and-mul and rotary.
  *
- * They compute the torch path's formulas (kernels/rmsnorm.py, activation.py, rope.py,
+ * They compute the torch path's formulas (kernels/reference/rmsnorm.py, activation.py, rope.py,
  * attention.py) in fp32 with nothing rounded in between, so they differ from it only in
  * the order of the fp32 sums and the last bits of exp: a few units in the last place, as
  * two BLAS libraries differ. fp32 stays the comparison with transformers; the tests hold
@@ -17,8 +17,8 @@
 #include <string.h>
 #include <omp.h>
 
-#include "cpu_native.h"
-#include "cpu_simd.h"
+#include "native.h"
+#include "simd.h"
 
 #if KVDECK_NATIVE
 /* Weight rows n0..n1 against `rows` (<= 8) rows of x, the row count a compile-time constant

@@ -6,6 +6,8 @@
 #define KVDECK_CPU_NATIVE_H
 #include <stdint.h>
 
+/* 1 when this build has the AVX512-BF16 path (the Python side uses nothing else). */
+int kvdeck_gemv_native(void);
 int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const uint16_t* w,
                      int64_t n_len, int64_t k_len, const uint16_t* bias, uint16_t* y,
                      int64_t y_stride);

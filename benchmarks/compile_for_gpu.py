@@ -1,6 +1,6 @@
 """Compile every Triton kernel for CUDA targets ahead of time, without a GPU.
 
-    python tests/kernels/compile_for_gpu.py [--arch 80 86 89 90] [--only NAME ...] [--jobs N]
+    python benchmarks/compile_for_gpu.py [--arch 80 86 89 90] [--only NAME ...] [--jobs N]
                                             [--markdown]
 
 Builds each kernel the way its wrapper specialises it (dtypes, padded head dims, GQA
@@ -36,17 +36,15 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
-from kvdeck.kernels import (  # noqa: E402
-    activation_triton,
-    attention_triton,
-    attention_tuning,
-    kv_cache_triton,
-    kv_quant_triton,
-    rmsnorm_triton,
-    rope_triton,
-    w4a16_gemm_triton,
-)
-from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
+from kvdeck.kernels.triton import activation as activation_triton  # noqa: E402
+from kvdeck.kernels.triton import attention as attention_triton  # noqa: E402
+from kvdeck.kernels.triton import attention_tuning  # noqa: E402
+from kvdeck.kernels.triton import kv_cache as kv_cache_triton  # noqa: E402
+from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
+from kvdeck.kernels.triton import rmsnorm as rmsnorm_triton  # noqa: E402
+from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
+from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
+from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
 
 # Opt-in shared memory per block (CUDA reserves 1 KB of the SM's carveout per block):
 # A100 163 KB, RTX 30xx/A10 (sm_86) and RTX 40xx/L4 (sm_89) 99 KB, H100/H200 227 KB.

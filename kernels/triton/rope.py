@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 
 
 @triton.jit

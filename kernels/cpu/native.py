@@ -1,4 +1,4 @@
-"""Native CPU kernels for bf16 decode steps (`cpu_native.c`), built at first use.
+"""Native CPU kernels for bf16 decode steps (`native.c`) and their fp32 twins: the wrappers.
 
 - `bf16_gemv`: the linear layers' product for one to four rows. A decode step of a few
   rows costs the bytes of the weights it reads, and torch's kernels for one bf16 row fall
@@ -12,41 +12,23 @@
 - `rms_norm`, `silu_and_mul`, `apply_rope_neox`: a bf16 layer's element-wise steps in one
   call each, rounding where the torch references round.
 
-`cpu_native_f32.c` holds the fp32 twins of these kernels, for an fp32 model's decode steps:
-the decoder stack (`cpu_decode_stack.py`) calls them, and the output head `f32_gemv`.
+`native_f32.c` holds the fp32 twins of these kernels, for an fp32 model's decode steps:
+the decoder stack (`decode_stack.py`) calls them, and the output head `f32_gemv`.
 
-The C source ships with the package and is compiled with the system's C compiler (`cc`,
-or $CC) with -O3 -march=native -fopenmp into the user cache, under a name that hashes
-the source, the flags, the compiler and this CPU's flags, so that a home directory shared
-by different machines never loads a binary built for another CPU. The build happens once
-(about a second) and is atomic. With no compiler, no AVX512-BF16, or KVDECK_CPU_NATIVE=0,
-`available()` is False and the torch paths run (oneDNN's packed GEMM, the torch attention).
-The OpenMP runtime is torch's own libgomp (already loaded, the same soname), so the kernels
-share torch's thread pool and thread count.
+Built and loaded by build.py (at first use, cached per CPU); `available()` is False where
+they cannot be, and the torch paths run (oneDNN's packed GEMM, the torch attention).
 """
 
-import ctypes
 import functools
-import hashlib
-import logging
 import os
-import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-logger = logging.getLogger(__name__)
+from kvdeck.kernels.cpu.build import available, require
 
-# The kernels (bf16, their fp32 twins), and the decoder stack that composes them
-# (kernels/cpu_decode_stack.py).
-SOURCES = [Path(__file__).with_name(name)
-           for name in ("cpu_native.c", "cpu_native_f32.c", "cpu_decode_stack.c")]
-HEADERS = [Path(__file__).with_name(name)
-           for name in ("cpu_native.h", "cpu_simd.h", "cpu_decode_stack_step.h")]
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11", "-lm"]
+__all__ = ["available"]  # with the wrappers below
+
 # Rows up to which a linear layer takes the kernel. Up to four rows it streams the weights
 # near the memory's speed and beats oneDNN's packed GEMM (SmolLM2's projections 1.2-1.6x,
 # the demo's 1.4-2.3x); at eight the arithmetic (one vdpbf16ps per row per 64 bytes of
@@ -62,15 +44,10 @@ F32_GEMV_MAX_ROWS = 8
 # at 16, 32 and 64 rows took 0.70, 0.87 and 0.98 of aten's time (which copies the weight
 # into its packed layout each call), its projections in the decoder stack likewise.
 F32_CACHED_MAX_ROWS = 64
-MAX_HEAD_DIM = 512  # cpu_native.c keeps a head's query and output in registers
+MAX_HEAD_DIM = 512  # native.c keeps a head's query and output in registers
 # The kernel reads a row-major copy of each weight, kept beside oneDNN's packed one (which
 # serves larger batches): only where the weights take at most this share of the RAM.
 MAX_SHARE_OF_MEMORY = 1 / 8
-
-
-def available() -> bool:
-    """The kernel is built (or buildable) for this CPU and not switched off."""
-    return _library() is not None
 
 
 def worth_a_second_copy(weight_bytes: int) -> bool:
@@ -134,7 +111,7 @@ _GEMV_FUNCTIONS = {torch.bfloat16: ("bf16_gemv", "kvdeck_gemv_bf16", "bf16"),
 
 def _gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
           dtype: torch.dtype) -> torch.Tensor:
-    library = _require()
+    library = require()
     name, function, dtype_name = _GEMV_FUNCTIONS[dtype]
     flat = x.reshape(-1, x.shape[-1])
     rows, k_len = flat.shape
@@ -176,9 +153,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      sliding_window: int = 0, soft_cap: float = 0.0) -> torch.Tensor:
     """Paged attention of one query token per row (q [rows, heads, dim]) over the caches
     [num_blocks, block_size, kv_heads, dim]: all bf16, all fp32, or fp32 q over fp16 caches
-    (the decoder stack's fp32 kernels); the same contract as kernels/attention.py's
+    (the decoder stack's fp32 kernels); the same contract as kernels/reference/attention.py's
     `paged_attention_torch` for a decode-only step."""
-    library = _require()
+    library = require()
     rows, heads, dim = q.shape
     kv_heads = k_cache.shape[2]
     function = _ATTENTION_FUNCTIONS.get((q.dtype, k_cache.dtype))
@@ -205,7 +182,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     return out
 
 
-# Registered with torch.library.Library (see kernels/torch_custom_ops.py for why not the
+# Registered with torch.library.Library (see kernels/cpu/compiled_ops.py for why not the
 # custom_op decorator).
 _LIBRARY = torch.library.Library("kvdeck", "FRAGMENT")
 _LIBRARY.define("bf16_gemv(Tensor x, Tensor weight, Tensor? bias) -> Tensor")
@@ -245,8 +222,8 @@ def _rows(x: torch.Tensor, what: str) -> torch.Tensor:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """kernels/rmsnorm.py's `rms_norm_torch` for bf16 x and weight, in one pass per row."""
-    library = _require()
+    """kernels/reference/rmsnorm.py's `rms_norm_torch` for bf16 x and weight, in one pass per row."""
+    library = require()
     flat = _rows(x, "rms_norm")
     rows, n = flat.shape
     if weight.dtype != torch.bfloat16 or weight.shape != (n,) or not weight.is_contiguous():
@@ -268,8 +245,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    """kernels/activation.py's `silu_and_mul_torch` for bf16: x [..., 2d] -> [..., d]."""
-    library = _require()
+    """kernels/reference/activation.py's `silu_and_mul_torch` for bf16: x [..., 2d] -> [..., d]."""
+    library = require()
     flat = _rows(x, "silu_and_mul")
     rows, width = flat.shape
     if width % 2:
@@ -281,9 +258,9 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def apply_rope_neox(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                     cos_sin_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """kernels/rope.py's `apply_rope_torch` (rotate-half form) for bf16 q [tokens, heads, dim]
+    """kernels/reference/rope.py's `apply_rope_torch` (rotate-half form) for bf16 q [tokens, heads, dim]
     and k [tokens, kv_heads, dim], whose heads may be views into one projection."""
-    library = _require()
+    library = require()
     tokens, q_heads, dim = q.shape
     k_heads = k.shape[1]
     rot_dim = cos_sin_cache.shape[-1]
@@ -302,110 +279,3 @@ def apply_rope_neox(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                                   tokens, dim, positions.data_ptr(), cos_sin_cache.data_ptr(), rot_dim,
                                   q_out.data_ptr(), k_out.data_ptr())
     return q_out, k_out
-
-
-def _require() -> ctypes.CDLL:
-    library = _library()
-    if library is None:
-        raise RuntimeError("the native CPU kernels are not available on this machine")
-    return library
-
-
-@functools.cache
-def _library() -> ctypes.CDLL | None:
-    if os.environ.get("KVDECK_CPU_NATIVE", "1") == "0":
-        return None
-    if platform.machine() not in ("x86_64", "AMD64") or not _cpu_has_avx512_bf16():
-        return None
-    try:
-        path = _built_library()
-        library = ctypes.CDLL(str(path))
-    except subprocess.CalledProcessError as exc:
-        logger.warning("building the CPU GEMV kernel failed, bf16 runs on oneDNN alone: %s",
-                       (exc.stderr or "").strip()[-500:])
-        return None
-    except OSError as exc:
-        logger.info("CPU GEMV kernel unavailable (%s); bf16 runs on oneDNN alone", exc)
-        return None
-    library.kvdeck_gemv_native.restype = ctypes.c_int
-    if library.kvdeck_gemv_native() != 1:
-        return None
-    for gemv in ("kvdeck_gemv_bf16", "kvdeck_gemv_f32"):
-        getattr(library, gemv).restype = ctypes.c_int
-        getattr(library, gemv).argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64]
-    for attention in ("kvdeck_decode_attention_bf16", "kvdeck_decode_attention_f32",
-                      "kvdeck_decode_attention_f32_f16kv"):
-        getattr(library, attention).restype = ctypes.c_int
-        getattr(library, attention).argtypes = [
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-            ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
-            ctypes.c_int64, ctypes.c_float, ctypes.c_float, ctypes.c_void_p]
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    signatures = {
-        "kvdeck_rms_norm_bf16": [ptr, i64, ptr, i64, ptr, ctypes.c_float, i64, i64, ptr, ptr],
-        "kvdeck_silu_and_mul_bf16": [ptr, i64, i64, i64, ptr],
-        "kvdeck_rope_neox_bf16": [ptr, i64, i64, ptr, i64, i64, i64, i64, ptr, ptr, i64, ptr, ptr],
-        "kvdeck_decode_stack_bf16": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
-        "kvdeck_decode_stack_f32": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
-        "kvdeck_decode_stack_f32_f16kv": [ptr, i64, ptr, ptr, i64, ptr, ptr, i64, ptr, ptr, ptr, ptr],
-    }
-    for name, argtypes in signatures.items():
-        getattr(library, name).restype = ctypes.c_int
-        getattr(library, name).argtypes = argtypes
-    library.kvdeck_decode_stack_workspace.restype = i64
-    library.kvdeck_decode_stack_workspace.argtypes = [ptr, i64]
-    library.kvdeck_decode_stack_in_range.restype = ctypes.c_int
-    library.kvdeck_decode_stack_in_range.argtypes = [ptr, i64, ptr, i64, ptr, ptr, i64, ptr]
-    return library
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
-
-
-def _cpu_has_avx512_bf16() -> bool:
-    return "avx512_bf16" in _cpu_flags().split()
-
-
-def _cache_dir() -> Path:
-    override = os.environ.get("KVDECK_HOME")
-    if override:
-        return Path(override).expanduser() / "cache" / "kernels"
-    try:
-        import platformdirs
-    except ImportError:  # a bare image (the GPU one has no platformdirs): its Linux default
-        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kvdeck" / "kernels"
-    return Path(platformdirs.user_cache_dir("kvdeck", appauthor=False)) / "kernels"
-
-
-def _built_library() -> Path:
-    compiler = os.environ.get("CC") or "cc"
-    if shutil.which(compiler) is None:
-        raise FileNotFoundError(f"no C compiler ({compiler!r}) on PATH")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    texts = [path.read_text() for path in (*SOURCES, *HEADERS)]
-    key = hashlib.sha256("\n".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = _cache_dir() / f"cpu_native-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Built beside the target and renamed into place: a concurrent process never loads a
-    # half-written library, and an interrupted build leaves only a temporary file.
-    fd, partial = tempfile.mkstemp(prefix=".cpu_native-", suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", partial], capture_output=True,
-                       text=True, check=True)
-        os.replace(partial, target)
-    finally:
-        if os.path.exists(partial):
-            os.unlink(partial)
-    return target

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kvdeck.kernels.kv_quant import dequantize
-from kvdeck.kernels.step_memo import StepMemo
+from kvdeck.kernels.reference.kv_quant import dequantize
+from kvdeck.kernels.reference.step_memo import StepMemo
 
 Scale = float | torch.Tensor | None
 

@@ -1,0 +1,35 @@
+"""What every kernel backend shares, importing neither torch nor triton (the engine's config
+reads `KERNEL_BACKENDS` in processes that never load torch).
+
+- `KernelOps`: the set of ops a backend provides; `kernels/cpu/ops.py` builds the torch
+  backend's (the references, with the native CPU kernels where they apply) and
+  `kernels/triton/ops.py` Triton's. `kernels/dispatch.py` picks one per device.
+- AutoAWQ's INT4 packing, which the reference, the Triton GEMM and the CPU repack all read.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+KERNEL_BACKENDS = ("auto", "triton", "torch")  # auto: Triton on CUDA, torch elsewhere
+
+# AutoAWQ's GEMM layout packs eight 4-bit values in an int32: the value for output column
+# 8*j + c sits at bits 4*i where AWQ_PACK_ORDER[i] == c.
+PACK_FACTOR = 8
+AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+# Nibble index that holds column c of a pack: the inverse permutation of AWQ_PACK_ORDER,
+# which is (c >> 1) + 4 * (c & 1) (the kernels compute it that way).
+AWQ_UNPACK_ORDER = (0, 4, 1, 5, 2, 6, 3, 7)
+
+
+@dataclass(frozen=True, slots=True)
+class KernelOps:
+    """One backend's implementation of each op a model layer calls (same contracts as the
+    torch references in kernels/reference/)."""
+
+    name: str
+    paged_attention: Callable
+    write_kv_cache: Callable
+    rms_norm: Callable
+    apply_rope: Callable
+    silu_and_mul: Callable
+    gelu_tanh_and_mul: Callable
