@@ -49,7 +49,7 @@ fi
 kvdeck() { $python -m kvdeck "$@"; }
 qwen=benchmarks/configs/qwen3-0.6b/config.json
 llama1b=benchmarks/configs/llama-3.2-1b/config.json
-# The standard workload (docs/ARCHITECTURE.md, as nano-vllm's bench): 256 requests, input and output lengths in [100, 1024].
+# The standard workload (benchmarks/README.md, as nano-vllm's bench): 256 requests, input and output lengths in [100, 1024].
 standard=(--num-prompts 256 --input-len 100:1024 --output-len 100:1024 --seed 0)
 repeats=${REPEATS:-3}
 dummy=(--load-format dummy --dtype bfloat16)

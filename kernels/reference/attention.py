@@ -1,6 +1,6 @@
 """Paged attention over a packed (varlen) batch.
 
-Layout contract (docs/ARCHITECTURE.md, "KV cache layout"): per layer `k_cache`/`v_cache` are
+Layout contract (docs/architecture/kv-cache.md, "Layout"): per layer `k_cache`/`v_cache` are
 `[num_blocks, block_size, num_kv_heads, head_dim]`; sequence b's logical block i
 lives in physical block `block_tables[b, i]`.
 

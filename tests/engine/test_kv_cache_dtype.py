@@ -5,7 +5,7 @@ Agreement is the mean, over the prompts, of the share of the 128 tokens generate
 the first one that differs from the 32-bit cache's. The demo model is tiny and its next-token
 distributions flat, so an 8-bit cache moves the greedy path sooner than on a real model;
 the floors sit below what this model measures (int8 0.81, fp8_e5m2 0.37, fp8_e4m3 0.27 over
-eight prompts; docs/ARCHITECTURE.md) and far above what a broken dequantisation gives
+eight prompts; docs/guide/engine-options.md) and far above what a broken dequantisation gives
 (divergence within a few tokens)."""
 
 import pytest
