@@ -1,21 +1,21 @@
-"""`kvdeck` entry point.
+"""`kvdeck` entry point: every subcommand's flags and output, one module per command group.
 
-`kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible
-server; subcommands (pull, models, rm, import, quantize, eval-ppl, bench, attach) come from
-the modules in SUBCOMMANDS, each exposing
-`COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]`. A module is imported
-only when its command is on the command line (`kvdeck --help` imports none), so the TUI's
-window appears before torch is loaded, and the benchmarks run on a machine that has
-only torch, triton and transformers (the lent GPU image).
+`kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible server
+(engine_flags.py holds the engine's flags); subcommands come from the modules in
+SUBCOMMANDS (models.py: pull, models, rm; gguf.py: import; quantize.py: quantize, eval-ppl;
+bench.py; attach.py), each exposing
+`COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]` and calling into the
+layer that does the work (the store, the jobs, the quantiser, the bench runners, the TUI).
+A module is imported only when its command is on the command line (`kvdeck --help` imports
+none), so the TUI's window appears before torch is loaded, and the benchmarks run on a
+machine that has only torch, triton and transformers (the lent GPU image).
 """
 
 import argparse
 import importlib
-import json
 import sys
-from collections.abc import Callable
-from dataclasses import MISSING, fields
 
+from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from_args
 from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
@@ -33,69 +33,6 @@ SUBCOMMANDS = {  # name: (module, help)
     "attach": ("kvdeck.tui.attach_command",
                "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
 }
-# Options that are not engine knobs on the command line.
-_HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig field, in kebab case (vLLM's names)."""
-    group = parser.add_argument_group("engine")
-    group.add_argument("--model", default=None,
-                       help="model directory or hub id; 'demo' for the tiny bundled model (default: "
-                            "SmolLM2-135M-Instruct, fetched on first use)")
-    for f in fields(EngineConfig):
-        if f.name in _HIDDEN_ENGINE_FIELDS:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        default = None if f.default is MISSING else f.default
-        if isinstance(default, bool):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"(default: {default})")
-            continue
-        kind = _flag_type(f.type)
-        group.add_argument(flag, type=kind, default=None,
-                           help=_FLAG_HELP.get(f.name, "") + f"(default: {default})")
-
-
-_FLAG_HELP = {  # the flags whose value a name alone does not explain
-    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
-                          "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
-                          "\"num_speculative_tokens\": 3}' ",
-}
-
-
-def _flag_type(annotation: object) -> Callable[[str], object]:
-    text = str(annotation)
-    if "dict" in text:
-        return _json_object
-    if "float" in text:
-        return float
-    if "int" in text:
-        return int
-    return str
-
-
-def _json_object(text: str) -> dict:
-    """A JSON-typed flag (--speculative-config '{...}'); argparse reports the error."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
-    """The engine options the user actually set (others keep EngineConfig's defaults)."""
-    kwargs: dict[str, object] = {}
-    for f in fields(EngineConfig):
-        if f.name in _HIDDEN_ENGINE_FIELDS:
-            continue
-        value = getattr(args, f.name, None)
-        if value is not None:
-            kwargs[f.name] = value
-    return kwargs
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:

@@ -1,0 +1,73 @@
+"""The engine's flags: one per EngineConfig field, for `kvdeck`, `kvdeck --serve` and the
+in-process benchmarks (`kvdeck bench throughput|decode`)."""
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+
+from kvdeck.engine.types.config import EngineConfig
+
+# Options that are not engine knobs on the command line.
+_HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per EngineConfig field, in kebab case (vLLM's names)."""
+    group = parser.add_argument_group("engine")
+    group.add_argument("--model", default=None,
+                       help="model directory or hub id; 'demo' for the tiny bundled model (default: "
+                            "SmolLM2-135M-Instruct, fetched on first use)")
+    for f in fields(EngineConfig):
+        if f.name in _HIDDEN_ENGINE_FIELDS:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        default = None if f.default is MISSING else f.default
+        if isinstance(default, bool):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=f"(default: {default})")
+            continue
+        kind = _flag_type(f.type)
+        group.add_argument(flag, type=kind, default=None,
+                           help=_FLAG_HELP.get(f.name, "") + f"(default: {default})")
+
+
+_FLAG_HELP = {  # the flags whose value a name alone does not explain
+    "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
+                          "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
+                          "\"num_speculative_tokens\": 3}' ",
+}
+
+
+def _flag_type(annotation: object) -> Callable[[str], object]:
+    text = str(annotation)
+    if "dict" in text:
+        return _json_object
+    if "float" in text:
+        return float
+    if "int" in text:
+        return int
+    return str
+
+
+def _json_object(text: str) -> dict:
+    """A JSON-typed flag (--speculative-config '{...}'); argparse reports the error."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
+    """The engine options the user actually set (others keep EngineConfig's defaults)."""
+    kwargs: dict[str, object] = {}
+    for f in fields(EngineConfig):
+        if f.name in _HIDDEN_ENGINE_FIELDS:
+            continue
+        value = getattr(args, f.name, None)
+        if value is not None:
+            kwargs[f.name] = value
+    return kwargs
