@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     from kvdeck.app.bench.result import build_result, write_json_atomic
-    from kvdeck.app.store.default_model import default_model
+    from kvdeck.app.cli.default_model import default_model
 
     model = args.model or default_model(None)
     if model is None:

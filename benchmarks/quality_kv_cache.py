@@ -35,7 +35,7 @@ def resolve(model: str) -> tuple[str, Path]:
     if model == "demo":
         return str(demo_model_dir()), demo_model_dir() / "heldout.txt"
     if model == "smollm2":
-        from kvdeck.app.store.default_model import default_model
+        from kvdeck.app.cli.default_model import default_model
 
         directory = default_model(None)
         if directory is None:

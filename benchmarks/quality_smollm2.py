@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from kvdeck.app.bench.result import build_result, write_json_atomic
-from kvdeck.app.store.default_model import default_model
+from kvdeck.app.cli.default_model import default_model
 from kvdeck.quant.awq_pipeline import QuantizeJob, run_quantize_job
 from kvdeck.quant.evaluate import evaluate_perplexity
 

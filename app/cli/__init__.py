@@ -19,11 +19,11 @@ from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from
 from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
-    "pull": ("kvdeck.app.store.commands", "download a model from the Hugging Face hub (resumable, verified)"),
-    "models": ("kvdeck.app.store.commands",
+    "pull": ("kvdeck.app.cli.models", "download a model from the Hugging Face hub (resumable, verified)"),
+    "models": ("kvdeck.app.cli.models",
                "list local models, free disk space and recommended models; `models add DIR`"),
-    "rm": ("kvdeck.app.store.commands", "delete a local model"),
-    "import": ("kvdeck.app.store.gguf_commands",
+    "rm": ("kvdeck.app.cli.models", "delete a local model"),
+    "import": ("kvdeck.app.cli.gguf",
                "import a GGUF model (a file, or ollama:NAME[:TAG]) into kvdeck's store"),
     "quantize": ("kvdeck.app.jobs.quantize_command",
                  "quantise a model to INT4 (AWQ, or RTN; AutoAWQ GEMM layout) into the store"),
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args._handlers[args.command](args) or 0)
         engine_kwargs = engine_kwargs_from_args(args)
         EngineConfig.from_kwargs(None, **engine_kwargs)  # fail fast on bad flags
-        from kvdeck.app.store.default_model import default_model
+        from kvdeck.app.cli.default_model import default_model
 
         args.model = default_model(args.model)
         if args.serve:

@@ -190,7 +190,7 @@ def test_qwen3_head_dim_from_key_length(kvdeck_env, tmp_path):
 def test_import_bar_draws_on_a_terminal(monkeypatch):
     import io
 
-    from kvdeck.app.store.gguf_commands import ImportBar
+    from kvdeck.app.cli.gguf import ImportBar
     from kvdeck.app.store.gguf_import import ImportProgress
 
     class Tty(io.StringIO):

@@ -51,7 +51,7 @@ def test_pull_models_rm_round_trip(hub, capsys, monkeypatch):
 
 
 def test_rm_asks_for_confirmation_on_a_terminal(hub, capsys):
-    from kvdeck.app.store.commands import run_rm
+    from kvdeck.app.cli.models import run_rm
     from kvdeck.app.store.download import download_model
 
     download_model("tiny/llama")
@@ -120,7 +120,7 @@ def test_recommended_memory_estimates_are_consistent():
 
 
 def test_terminal_progress_draws_bar_speed_eta_and_files(monkeypatch):
-    from kvdeck.app.store.commands import TerminalProgress
+    from kvdeck.app.cli.models import TerminalProgress
     from kvdeck.app.store.download_progress import DownloadProgress, FileProgress
 
     class Tty(io.StringIO):

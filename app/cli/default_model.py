@@ -12,7 +12,7 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
     """The model to open: `model` as given, or SmolLM2's folder, or None (the demo model)."""
     if model is not None:
         return None if model == DEMO else model
-    from kvdeck.app.store.gguf_commands import ImportBar
+    from kvdeck.app.cli.gguf import ImportBar
     from kvdeck.app.store.gguf_import import GGUFImportError, ImportCancelled
     from kvdeck.app.store.smollm2 import STORE_NAME, SmolLM2Unavailable, ensure_smollm2
 

@@ -1,4 +1,5 @@
-"""`kvdeck pull ID`, `kvdeck models`, `kvdeck rm ID`: the model store from the terminal."""
+"""`kvdeck pull ID`, `kvdeck models`, `kvdeck rm ID`: the model store (kvdeck.app.store) from the
+terminal."""
 
 import argparse
 import json
@@ -7,7 +8,8 @@ import sys
 import time
 from typing import TextIO
 
-from kvdeck.app.store import gguf_commands, local_models, paths
+from kvdeck.app.cli.gguf import importable_json, print_importable
+from kvdeck.app.store import local_models, paths
 from kvdeck.app.store.download import DownloadError, download_model
 from kvdeck.app.store.download_progress import (
     CancelToken,
@@ -127,7 +129,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         }
         if args.recommended:
             data["recommended"] = [_recommended_json(r, args.context) for r in RECOMMENDED]
-        data["importable"] = gguf_commands.importable_json()
+        data["importable"] = importable_json()
         json.dump(data, out, indent=1)
         out.write("\n")
         return 0
@@ -147,7 +149,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         print(f"incomplete download: {p.repo_id} ({format_bytes(p.bytes_on_disk)} on disk;"
               f" `kvdeck pull {p.repo_id}` resumes it)", file=out)  # fmt: skip
     print(f"free disk: {format_bytes(free)} in {paths.hf_hub_cache()}", file=out)
-    gguf_commands.print_importable(out)
+    print_importable(out)
     if args.recommended:
         print(f"\nrecommended for one GPU (memory for one {args.context}-token sequence):", file=out)
         rec = [("REPO", "PARAMS", "QUANT", "WEIGHTS", "TOTAL", "")]
