@@ -5,8 +5,8 @@ import io
 import torch
 from transformers import AutoModelForCausalLM
 
+from kvdeck.app.cli.quantize import TerminalProgress, step_line
 from kvdeck.quant.awq_quantizer import AWQSettings, QuantizeProgress, QuantizeStep, quantize_awq
-from kvdeck.quant.cli import TerminalProgress, step_line
 from kvdeck.quant.progress_text import format_duration, format_remaining, remaining_seconds
 
 

@@ -1,7 +1,15 @@
-"""`kvdeck eval-ppl`, and the quantiser's side of `kvdeck quantize` (its arguments, its
-progress bar, the run into a directory); app/jobs/quantize_command.py adds the store."""
+"""`kvdeck quantize SOURCE` and `kvdeck eval-ppl`: INT4 (AWQ or RTN) into kvdeck's model store,
+unless --out says where, and the perplexity of a model on a text file.
+
+Writing into the store (through a staging folder, renamed when complete, registered with
+the model it came from: kvdeck.app.jobs.quantize) is what lets the TUI's Models screen list,
+compare, load and delete the result. SOURCE is a listed model's name or any model directory.
+The store's modules are imported only when they are needed, so `--out` runs where only the
+quantiser's dependencies are installed.
+"""
 
 import argparse
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -122,6 +130,44 @@ def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
     return 0
 
 
+def run_quantize_command(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        return run_quantize(args)
+    from kvdeck.app.jobs.quantize import default_name, install_quantized, new_staging
+    from kvdeck.app.store import local_models
+
+    source = local_models.find_model(args.source)
+    if source is not None:
+        origin, origin_path = source.name, source.path
+        name = args.name or default_name(source, args.method)
+    else:  # a model folder kvdeck does not list: named after the folder
+        folder = Path(args.source).expanduser()
+        if not folder.is_dir():
+            print(f"kvdeck: error: {args.source!r} is neither a listed model (see `kvdeck models`) "
+                  "nor a model directory", file=sys.stderr)
+            return 1
+        origin, origin_path = folder.resolve().name, folder.resolve()
+        name = args.name or f"{origin}-{args.method}"
+    try:
+        staging = new_staging(name)
+    except ValueError as exc:
+        print(f"kvdeck: error: {exc} (pass --name or --out)", file=sys.stderr)
+        return 1
+    args.source = str(origin_path)
+
+    def install(written: Path) -> Path:
+        return install_quantized(written, name, origin, str(origin_path), args.calib_file,
+                                 args.method).path
+
+    try:
+        code = run_quantize(args, out_dir=str(staging / name), on_written=install)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    if code == 0:
+        print(f"added to kvdeck's model store as {name} (`kvdeck models` lists it)")
+    return code
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="model directory (fp or AWQ checkpoint)")
     parser.add_argument("--file", required=True, help="text file to score")
@@ -147,8 +193,7 @@ def run_eval_ppl(args: argparse.Namespace) -> int:
     return 0
 
 
-# `kvdeck quantize` itself is kvdeck.app.jobs.quantize_command: it writes into the model
-# store, which lives in the app layer above this one.
 COMMANDS = {  # name: (add_arguments, run); the help texts are in kvdeck.app.cli
+    "quantize": (add_quantize_arguments, run_quantize_command),
     "eval-ppl": (add_eval_arguments, run_eval_ppl),
 }
