@@ -5,7 +5,8 @@ The binaries come from `python benchmarks/llama_cpp.py build` (cached outside th
 repository) and the model from `python benchmarks/llama_cpp.py convert MODEL OUT.gguf`;
 this module only starts the server and speaks its native API, whose field names differ
 from vLLM's: `/tokenize` takes `content` (not `prompt`), `/completion` takes `n_predict` and
-answers with `tokens` and server-side `timings`.
+answers with `tokens` and server-side `timings`. Its flags (--llama-cpp-*) are defined in
+kvdeck.app.cli.bench.
 """
 
 import argparse
@@ -27,23 +28,6 @@ CACHE_ROOT = Path.home() / ".cache" / "kvdeck" / "llama.cpp"
 START_TIMEOUT_S = 300.0
 # kvdeck's KV cache dtype -> llama.cpp's cache type: the same precision on both sides.
 KV_CACHE_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
-
-
-def add_arguments(parser: argparse.ArgumentParser, running_server: bool = False) -> None:
-    """The flags that say which llama.cpp to run, on which GGUF, with how many threads."""
-    group = parser.add_argument_group("llama.cpp baseline (--baseline llama.cpp)")
-    group.add_argument("--llama-cpp-gguf", default=None,
-                       help="the same model as GGUF (python benchmarks/llama_cpp.py convert MODEL OUT.gguf)")
-    group.add_argument("--llama-cpp-bin", default=None,
-                       help="folder holding llama-server (default: $KVDECK_LLAMA_CPP_DIR/build/bin, "
-                            "else the newest build under ~/.cache/kvdeck/llama.cpp)")
-    group.add_argument("--llama-cpp-threads", type=int, default=None,
-                       help="llama.cpp's threads (default: as many as kvdeck's torch uses)")
-    group.add_argument("--llama-cpp-args", default="",
-                       help="more llama-server flags, as one string (e.g. \"--poll 0\")")
-    if running_server:
-        group.add_argument("--llama-cpp-url", default=None,
-                           help="a llama-server already running (instead of starting one)")
 
 
 def find_bin_dir(explicit: str | None = None) -> Path:

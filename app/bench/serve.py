@@ -5,7 +5,7 @@ TTFT (request sent -> first token), ITL (gap between streamed chunks), TPOT
 
 With `--baseline llama.cpp` the same requests (the same token ids: the pool is what both
 servers' tokenizers give for one text) go to a llama-server too, in turns with the server
-under test, and each pair's ratios are kept.
+under test, and each pair's ratios are kept. The flags are defined in kvdeck.app.cli.bench.
 """
 
 import argparse
@@ -15,27 +15,6 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--base-url", default="http://127.0.0.1:8000")
-    parser.add_argument("--model", default=None, help="served model name (default: the first listed)")
-    parser.add_argument("--api-key", default=None)
-    parser.add_argument("--request-rate", type=float, default=float("inf"),
-                        help="requests per second, Poisson arrivals (default: all at once)")
-    parser.add_argument("--max-concurrency", type=int, default=None)
-    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
-    parser.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
-                        help="also send the same requests to llama.cpp's server, in turns")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="runs of the workload per side (in turns with a baseline)")
-    parser.add_argument("--llama-cpp-parallel", type=int, default=32,
-                        help="llama-server slots (requests it runs at once; the rest queue)")
-    parser.add_argument("--llama-cpp-slot-context", type=int, default=None,
-                        help="tokens per llama-server slot (default: the longest request)")
-    from kvdeck.app.bench import llama_cpp
-
-    llama_cpp.add_arguments(parser, running_server=True)
 
 
 @dataclass(slots=True)

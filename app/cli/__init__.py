@@ -28,7 +28,7 @@ SUBCOMMANDS = {  # name: (module, help)
     "quantize": ("kvdeck.app.cli.quantize",
                  "quantise a model to INT4 (AWQ, or RTN; AutoAWQ GEMM layout) into the store"),
     "eval-ppl": ("kvdeck.app.cli.quantize", "perplexity of a model (dense or AWQ) on a text file"),
-    "bench": ("kvdeck.app.bench.commands",
+    "bench": ("kvdeck.app.cli.bench",
               "benchmark throughput, serving latency or decode against the roofline"),
     "attach": ("kvdeck.tui.attach_command",
                "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),

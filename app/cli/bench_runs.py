@@ -1,76 +1,12 @@
-"""`kvdeck bench throughput|serve|decode`: speed figures against a baseline in the same run."""
+"""`kvdeck bench throughput` and `kvdeck bench decode`: the engine in this process against a
+baseline in the same run (the runners are kvdeck.app.bench's), the figures printed and written
+as JSON."""
 
 import argparse
 import sys
 from pathlib import Path
 
-from kvdeck.app.cli import add_engine_arguments, engine_kwargs_from_args
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from kvdeck.app.bench import llama_cpp as bench_llama_cpp
-    from kvdeck.app.bench import serve as bench_serve
-
-    sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
-                                required=True)
-    tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload",
-                        epilog=SPEC_HELP)
-    add_engine_arguments(tp)
-    _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
-    tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
-    tp.add_argument("--baseline", choices=["hf", "llama.cpp", "none"], default="none",
-                    help="also run Hugging Face transformers generate, or llama.cpp's server, on "
-                         "the same requests")
-    tp.add_argument("--baseline-batch-size", type=int, default=None,
-                    help="static batch size of the baseline (default: what fits)")
-    tp.add_argument("--repeats", type=int, default=1,
-                    help="time each side this many times and report its median run (noisy machines)")
-    tp.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
-    bench_llama_cpp.add_arguments(tp)
-
-    sv = sub.add_parser("serve", help="online latency and throughput against a running server")
-    bench_serve.add_arguments(sv)
-    _add_workload_arguments(sv)
-    dc = sub.add_parser("decode", help="one sequence's decode speed against the memory-bandwidth "
-                                       "roofline", epilog=SPEC_HELP)
-    add_engine_arguments(dc)
-    dc.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
-    dc.add_argument("--output-len", type=int, default=256, help="tokens to generate")
-    dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
-    dc.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
-    dc.add_argument("--out", default=None, help="write the JSON result here")
-    dc.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
-                    help="also decode the same prompt with llama.cpp, in turns with kvdeck")
-    bench_llama_cpp.add_arguments(dc)
-
-
-WORKLOADS = ("random", "grounded")
-WORKLOAD_HELP = ("random: random token ids; grounded: continue a passage of the bundled docs text that "
-                 "is in the prompt (app/bench/grounded.py; what speculative decoding predicts)")
-SPEC_HELP = ("with --speculative-config, both sides run in this process: the engine with and without "
-             "speculative decoding, alternating, and the JSON holds the speedup and acceptance")
-
-
-def _add_workload_arguments(parser: argparse.ArgumentParser, with_seed: bool = True) -> None:
-    parser.add_argument("--num-prompts", type=int, default=256)
-    parser.add_argument("--input-len", default="100:1024", help="MIN:MAX prompt tokens")
-    parser.add_argument("--output-len", default="100:1024", help="MIN:MAX output tokens")
-    if with_seed:
-        parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="write the JSON result here")
-    parser.add_argument("--plot", default=None, help="draw the figures into this PNG")
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.bench_command == "decode":
-        return run_decode(args)
-    if args.num_prompts <= 0:
-        raise ValueError(f"--num-prompts must be positive, got {args.num_prompts}")
-    if args.bench_command == "serve":
-        from kvdeck.app.bench.serve import run_serve_benchmark
-
-        return run_serve_benchmark(args)
-    return run_throughput(args)
+from kvdeck.app.cli.engine_flags import engine_kwargs_from_args
 
 
 def run_throughput(args: argparse.Namespace) -> int:
@@ -310,6 +246,3 @@ def _print_line(name: str, figures: dict) -> None:
               f"{figures['preemptions']}, prefix-cache hit rate {figures['prefix_cache_hit_rate']:.1%}")
         print(f"         host work (schedule, prepare inputs, update) {figures['host_overhead_share']:.1%} "
               "of step time")
-
-
-COMMANDS = {"bench": (add_arguments, run)}  # the help text is in kvdeck.app.cli
