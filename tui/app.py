@@ -2,7 +2,7 @@
 
 `run_tui` is what `kvdeck` calls. The engine runs in a background process behind the client;
 this process only draws, so the UI stays responsive whatever the engine does. `kvdeck
-attach URL...` opens the same app on servers instead (tui/attach_command.py): its client
+attach URL...` opens the same app on servers instead (`run_attached`): its client
 talks HTTP, reconnects by itself, and a lost connection greys the dashboard instead of
 showing the engine-error screen.
 """
@@ -493,3 +493,14 @@ def run_tui(model: str | None, engine_kwargs: dict) -> int:
                     factory_for_model=real_client_factory, engine_options=engine_kwargs)
     result = app.run()
     return int(result or 0)
+
+
+def run_attached(urls: list[str], api_key: str | None) -> int:
+    """Open the TUI on running servers (`kvdeck attach`); no engine starts in this process."""
+    from kvdeck.tui.attached_servers import AttachedServers
+    from kvdeck.tui.settings_store import default_settings_path
+
+    servers = AttachedServers(urls, api_key)
+    app = KvdeckApp(servers.client_factory(), urls[0], model=None,
+                    settings_store=SettingsStore(default_settings_path()), servers=servers)
+    return int(app.run() or 0)

@@ -30,7 +30,7 @@ SUBCOMMANDS = {  # name: (module, help)
     "eval-ppl": ("kvdeck.app.cli.quantize", "perplexity of a model (dense or AWQ) on a text file"),
     "bench": ("kvdeck.app.cli.bench",
               "benchmark throughput, serving latency or decode against the roofline"),
-    "attach": ("kvdeck.tui.attach_command",
+    "attach": ("kvdeck.app.cli.attach",
                "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
 }
 

@@ -4,6 +4,7 @@ The chat talks to the first server through its OpenAI API (f6: the next one); th
 draws a kvdeck server's own snapshots (block map, requests, latencies), or what a vLLM
 server's /metrics say; with several URLs, a Servers tab shows each and their sum. No engine
 is started and no model is loaded here, so it runs on a laptop watching a workstation.
+The app itself is kvdeck.tui.app's (`run_attached`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_attach(args: argparse.Namespace) -> int:
     from kvdeck.app.attach.connection import normalise_url
-    from kvdeck.tui.app import KvdeckApp
-    from kvdeck.tui.attached_servers import AttachedServers
-    from kvdeck.tui.settings_store import SettingsStore, default_settings_path
+    from kvdeck.tui.app import run_attached
 
     try:
         urls = [normalise_url(url) for url in args.urls]
@@ -36,10 +35,7 @@ def run_attach(args: argparse.Namespace) -> int:
         print(f"kvdeck attach: error: {exc}", file=sys.stderr)
         return 2
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
-    servers = AttachedServers(urls, api_key)
-    app = KvdeckApp(servers.client_factory(), urls[0], model=None,
-                    settings_store=SettingsStore(default_settings_path()), servers=servers)
-    return int(app.run() or 0)
+    return run_attached(urls, api_key)
 
 
 COMMANDS = {  # name: (add_arguments, run); the help text is in kvdeck.app.cli
