@@ -1,7 +1,8 @@
 """Files kvdeck ships with: the demo model and the calibration text (package data, found
-through importlib.resources, so an installed wheel has them as a checkout does). The
-scripts beside them (`train_demo_model.py`, `calibration/build_calibration.py`) are how they
-were made; they run as scripts, not as part of the package."""
+through importlib.resources, so an installed wheel has them as a checkout does). How they
+were made: scripts/train_demo_model.py and scripts/train_demo_draft.py (the demo model and
+its draft), calibration/build_calibration.py (the calibration text); those run as scripts,
+not as part of the package."""
 
 from importlib.resources import files
 from pathlib import Path

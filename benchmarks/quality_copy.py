@@ -20,8 +20,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
-sys.path.insert(0, str(ASSETS))
-import demo_corpus  # noqa: E402 - the demo's corpus, importable as a script
+sys.path.insert(0, str(ASSETS.parent / "scripts"))
+import demo_corpus  # noqa: E402 - the demo's corpus and trainer, in scripts/
 from train_demo_model import encode_documents  # noqa: E402
 
 

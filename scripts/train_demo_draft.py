@@ -39,8 +39,8 @@ import transformers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 HERE = Path(__file__).resolve().parents[1] / "assets"
-sys.path.insert(0, str(HERE))
-import demo_corpus  # noqa: E402 - the demo's corpus and trainer, importable as scripts
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import demo_corpus  # noqa: E402 - the demo's corpus and trainer, scripts beside this one
 from train_demo_model import encode_documents, pack, write_atomically  # noqa: E402
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")

@@ -1,13 +1,14 @@
-"""The demo trainer's copy documents (assets/train_demo_model.py --copy-fraction): each
+"""The demo trainer's copy documents (scripts/train_demo_model.py --copy-fraction): each
 repeats its passage, plainly or as a chat turn answered with it."""
 
 import sys
+from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
 from kvdeck.engine.types.model_path import demo_model_dir
 
-sys.path.insert(0, str(demo_model_dir().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from train_demo_model import copy_documents  # noqa: E402
 
 

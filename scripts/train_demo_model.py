@@ -1,11 +1,11 @@
 """Train kvdeck's bundled demo model: a small Llama on Python's own documentation.
 
-Builds the corpus (assets/demo_corpus.py), trains a byte-level BPE tokenizer, trains a
+Builds the corpus (scripts/demo_corpus.py), trains a byte-level BPE tokenizer, trains a
 LlamaForCausalLM with AdamW and a cosine schedule on CPU, measures held-out perplexity,
 generates sample answers with transformers and writes everything, with a model card, to
 assets/demo_model/ (written to a temporary folder, then swapped in).
 
-    nohup nice -n 5 python assets/train_demo_model.py > /tmp/demo_train.log 2>&1 &
+    nohup nice -n 5 python scripts/train_demo_model.py > /tmp/demo_train.log 2>&1 &
 
 Deterministic for a seed, a thread count and a Python version (the corpus is the running
 interpreter's docstrings).
@@ -77,9 +77,9 @@ class TrainSettings:
 
 
 def parse_args(argv: list[str] | None = None) -> TrainSettings:
-    here = Path(__file__).resolve().parent
+    assets = Path(__file__).resolve().parents[1] / "assets"
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out-dir", type=Path, default=here / "demo_model")
+    p.add_argument("--out-dir", type=Path, default=assets / "demo_model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden-size", type=int, default=256)
@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"final train loss {final_loss:.3f}  held-out ppl {heldout_ppl:.2f}  "
           f"heldout.txt ppl {sample_ppl:.2f}", flush=True)
 
-    command = "python assets/train_demo_model.py " + " ".join(argv or sys.argv[1:])
+    command = "python scripts/train_demo_model.py " + " ".join(argv or sys.argv[1:])
     runs = [*earlier_runs, {"command": command, "seed": s.seed, "steps": steps_run,
                             "tokens_seen": steps_run * s.batch_size * s.seq_len,
                             "train_minutes": round(train_minutes, 1), "peak_lr": s.lr,

@@ -106,7 +106,7 @@ def card_markdown(facts: CardFacts, samples: str) -> str:
     return f"""# kvdeck demo model
 
 A {facts.n_params / 1e6:.2f}M-parameter Llama-architecture language model trained from
-scratch by kvdeck's own script (`assets/train_demo_model.py`) on the documentation that ships
+scratch by kvdeck's own script (`scripts/train_demo_model.py`) on the documentation that ships
 inside Python {v['python']}. It exists so that `kvdeck` runs offline out of the box and so that
 tests have a model with real (not random) weights. It answers questions about Python's
 standard library in the style of a docstring; it is a toy, not an assistant: it invents
