@@ -1,9 +1,15 @@
-"""Admission for /v1/completions and /v1/chat/completions: a request is checked completely
-(model, engine state, sampling values, context length, queue room) before anything is
-queued, so a bad request never disturbs the others; what can never succeed is a 400, what
-may succeed later a 429 or 503 with Retry-After."""
+"""Admission for /v1/completions and /v1/chat/completions: what the HTTP server adds to the
+engine's own checks. Before the engine sees a request: the model, the engine's state,
+unsupported fields, choices beyond what the queue could ever hold, the sampling values.
+Then one call hands each prompt to the engine, which tokenises it and checks it (prompt,
+context length, grammar, request ids) and, with no await in between, asks `_admit` for the
+rest: OpenAI's max_tokens rule and room in the queue. What can never succeed is a 400, what
+may succeed later a 429 or 503 with Retry-After; the engine's refusals become OpenAI errors
+here. A bad request never disturbs the others.
+"""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 from kvdeck.app.serve.errors import OpenAIError, bad_request
 from kvdeck.app.serve.metrics import EngineMetrics
@@ -16,6 +22,7 @@ from kvdeck.engine.api.async_client import (
     EngineNotReadyError,
     RequestStream,
 )
+from kvdeck.engine.types.errors import GrammarError, PromptError
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.structured import StructuredOutputsParams
 
@@ -38,11 +45,13 @@ class ServeState:
 
 
 
-@dataclass(slots=True)
-class PreparedPrompt:
-    request_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
+@dataclass(slots=True, frozen=True)
+class Fields:
+    """The request's fields that the engine's refusals are about."""
+
+    prompt: str = "prompt"  # or "messages"
+    constraint: str | None = None  # the field that gave the output constraint
+    max_tokens_given: bool = False  # max_tokens was in the request (not a default)
 
 
 
@@ -111,58 +120,71 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
 
 
 
-async def check_constraint(state: ServeState, params: SamplingParams, field: str | None) -> None:
-    """A schema, regex or grammar the grammar library refuses is a 400 quoting it."""
-    if params.structured_outputs is None:
-        return
+async def queue(state: ServeState, prompts: list[tuple[str, object]], params: SamplingParams,
+                fields: Fields, messages: list[dict] | None = None,
+                tools: list[dict] | None = None) -> list[RequestStream]:
+    """Hand each (request id, prompt) to the engine, all or none; a stream each."""
+    streams: list[RequestStream] = []
     try:
-        await state.client.check_grammar_async(params)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param=field, code="invalid_grammar") from None
-    state.metrics.observe_constrained()
-
-
-
-def prepare(state: ServeState, prompt_ids: list[int], params: SamplingParams,
-            request_id: str, max_tokens_given: bool, prompt_field: str = "prompt") -> PreparedPrompt:
-    client = state.client
-    try:
-        client.check_request(prompt_ids, params)
-    except ValueError as exc:
-        error = bad_request(exc, _PARAM_NAMES)
-        if error.param == "prompt":
-            error.param = prompt_field
-        if "max_model_len" in error.message:
-            error.code = "context_length_exceeded"
+        for request_id, prompt in prompts:
+            streams.append(await state.client.add_request(
+                request_id, prompt, replace(params), messages=messages, tools=tools,
+                admit=partial(_admit, state, fields.max_tokens_given)))
+    except BaseException as exc:
+        for stream in streams:
+            stream.cancel()
+        if not isinstance(exc, GrammarError):
+            _observe_constrained(state, params)  # the engine checks the grammar first
+        error = _refusal(exc, fields)
+        if error is exc:
+            raise
         raise error from None
+    _observe_constrained(state, params)
+    return streams
+
+
+
+def _admit(state: ServeState, max_tokens_given: bool, prompt_ids: list[int],
+           params: SamplingParams) -> None:
+    """Called by the engine once the prompt passed its checks, right before it is queued."""
+    room = state.client.max_model_len - len(prompt_ids)
     if params.max_tokens is None:
-        params.max_tokens = client.max_model_len - len(prompt_ids)
-    elif max_tokens_given and len(prompt_ids) + params.max_tokens > client.max_model_len:
+        params.max_tokens = room
+    elif max_tokens_given and params.max_tokens > room:
         raise OpenAIError(
-            400, f"this model's maximum context length is {client.max_model_len} tokens; you asked "
-                 f"for {len(prompt_ids) + params.max_tokens} ({len(prompt_ids)} in the prompt, "
+            400, f"this model's maximum context length is {state.client.max_model_len} tokens; you "
+                 f"asked for {len(prompt_ids) + params.max_tokens} ({len(prompt_ids)} in the prompt, "
                  f"{params.max_tokens} to generate): shorten the prompt or lower max_tokens",
             param="max_tokens", code="context_length_exceeded")
     else:
-        params.max_tokens = min(params.max_tokens, client.max_model_len - len(prompt_ids))
-    return PreparedPrompt(request_id, prompt_ids, params)
+        params.max_tokens = min(params.max_tokens, room)
+    check_queue(state, params.n)
 
 
 
-def submit(state: ServeState, prepared: list[PreparedPrompt]) -> list[RequestStream]:
-    """Check for queue room and queue, with no await in between (no other request can
-    slip in); all or nothing."""
-    check_queue(state, len(prepared))
-    streams: list[RequestStream] = []
-    try:
-        for p in prepared:
-            streams.append(state.client.add_request(p.prompt_token_ids, p.params,
-                                                    request_id=p.request_id))
-    except (ValueError, EngineDeadError, EngineNotReadyError) as exc:
-        for stream in streams:
-            stream.cancel()
-        raise stream_error(exc) from None
-    return streams
+def _observe_constrained(state: ServeState, params: SamplingParams) -> None:
+    if params.structured_outputs is not None:
+        state.metrics.observe_constrained()
+
+
+
+def _refusal(exc: BaseException, fields: Fields) -> BaseException:
+    """What the client is told when the engine refuses a request."""
+    match exc:
+        case GrammarError():
+            return OpenAIError(400, str(exc), param=fields.constraint, code="invalid_grammar")
+        case PromptError():
+            return bad_prompt(exc, fields.prompt)
+        case ValueError():
+            error = bad_request(exc, _PARAM_NAMES)
+            if error.param == "prompt":
+                error.param = fields.prompt
+            if "max_model_len" in error.message:
+                error.code = "context_length_exceeded"
+            return error
+        case EngineDeadError() | EngineNotReadyError():
+            return stream_error(exc)
+    return exc
 
 
 

@@ -1,9 +1,10 @@
 """/v1/completions and /v1/chat/completions on top of the EngineClient.
 
 Checks live in admission.py, running and streaming in streaming.py, body pieces in
-response_parts.py. Tokenising and chat templates run off the event loop. n > 1 queues one
-engine request per choice (frontend/parallel_sampling.py); choice i*n + j is prompt i's
-choice j, as OpenAI numbers them.
+response_parts.py. Each prompt goes to the engine in one call (it tokenises off the event
+loop, checks, and runs the n choices) and comes back as one stream whose outputs carry
+their choice's index; choice i*n + j of the reply is prompt i's choice j, as OpenAI numbers
+them.
 """
 
 import time
@@ -15,16 +16,14 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 from kvdeck.app.serve.admission import (
+    Fields,
     ServeState,
-    bad_prompt,
     check_choice_count,
-    check_constraint,
     check_engine,
     check_model,
     check_unsupported,
-    prepare,
+    queue,
     sampling_params,
-    submit,
 )
 from kvdeck.app.serve.errors import OpenAIError, sse_error
 from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -38,7 +37,6 @@ from kvdeck.app.serve.response_parts import (
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
 from kvdeck.app.serve.structured import ToolCallStream, plan_tools, structured_spec, tool_call_message
 from kvdeck.engine.api.async_client import RequestStream
-from kvdeck.engine.frontend.parallel_sampling import choice_params
 from kvdeck.engine.frontend.tool_calls import ToolCallFormat
 from kvdeck.engine.types.outputs import RequestOutput
 
@@ -61,23 +59,15 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     structured, field = structured_spec(req)
     params = sampling_params(req, req.max_tokens if req.max_tokens is not None
                              else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs, structured)
-    await check_constraint(state, params, field)
-    prepared = []
-    for prompt in prompts:
-        try:
-            _, ids = await state.client.encode_async(prompt)
-        except ValueError as exc:
-            raise bad_prompt(exc, "prompt") from None
-        for choice in choice_params(params):
-            prepared.append(prepare(state, ids, choice, f"{request_id}-{len(prepared)}",
-                                    req.max_tokens is not None))
-    streams = submit(state, prepared)
+    streams = await queue(state, [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)], params,
+                          Fields("prompt", field, req.max_tokens is not None))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        prompt_ids = [p.prompt_token_ids for p in prepared] if req.return_token_ids else None
+        prompt_ids = ([s.prompt_token_ids for s in streams for _ in range(req.n)]
+                      if req.return_token_ids else None)
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
                                                       req.logprobs, req.n, prompt_ids), streams)
-    finals = await run_to_end(streams, raw, state.drain)
+    finals = [out for outs in await run_to_end(streams, raw, state.drain) for out in outs]
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": completion_logprobs(out, 0, req.logprobs),
                 "finish_reason": out.outputs[0].finish_reason,
@@ -97,13 +87,14 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
     """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
     prompt's ids on a choice's first chunk, each chunk's new token ids on it)."""
     created = int(time.time())
-    sent_tokens = [0] * len(streams)  # tokens already sent, per choice
-    finals: list[RequestOutput | None] = [None] * len(streams)
+    sent_tokens = [0] * (len(streams) * choices_per_prompt)  # tokens already sent, per choice
+    finals: list[RequestOutput | None] = [None] * len(sent_tokens)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
-            async for index, out in outputs:
+            async for prompt_index, out in outputs:
                 completion = out.outputs[0]
-                if out.finished:
+                index = prompt_index * choices_per_prompt + completion.index
+                if completion.finish_reason is not None:
                     finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue  # text held back (partial character or possible stop string)
@@ -149,24 +140,17 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens, logprobs, structured)  # bad values fail early
-    await check_constraint(state, params, field)
     state.metrics.observe_request_params(req.n, max_tokens)
-    try:
-        _, ids = await state.client.encode_async(messages=[m.for_template() for m in req.messages],
-                                                 tools=tools.template_tools)
-    except ValueError as exc:
-        raise bad_prompt(exc, "messages") from None
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    choices = choice_params(params)
-    prepared = [prepare(state, ids, choice, request_id if len(choices) == 1 else f"{request_id}-{i}",
-                        max_tokens is not None, "messages") for i, choice in enumerate(choices)]
-    streams = submit(state, prepared)
+    streams = await queue(state, [(request_id, None)], params,
+                          Fields("messages", field, max_tokens is not None),
+                          messages=[m.for_template() for m in req.messages], tools=tools.template_tools)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(
-            state, streams, request_id, include_usage, logprobs, tools.fmt,
-            req.parallel_tool_calls, ids if req.return_token_ids else None), streams)
-    finals = await run_to_end(streams, raw, state.drain)
+            state, streams, request_id, include_usage, logprobs, req.n, tools.fmt,
+            req.parallel_tool_calls, req.return_token_ids), streams)
+    (finals,) = await run_to_end(streams, raw, state.drain)
     choices = []
     for i, out in enumerate(finals):
         completion = out.outputs[0]
@@ -181,17 +165,18 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
             "model": state.model_name, "choices": choices, "usage": usage(finals, len(finals))}
     if req.return_token_ids:
-        body["prompt_token_ids"] = ids
+        body["prompt_token_ids"] = streams[0].prompt_token_ids
     return JSONResponse(body)
 
 
 async def _chat_stream(state: ServeState, streams: list[RequestStream], request_id: str,
-                       include_usage: bool, logprobs: int | None,
+                       include_usage: bool, logprobs: int | None, n: int,
                        tool_format: ToolCallFormat | None = None,
                        parallel_tool_calls: bool = True,
-                       prompt_ids: list[int] | None = None) -> AsyncIterator[str]:
-    """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
-    prompt's ids on the first chunk, each chunk's new token ids on its choice)."""
+                       return_token_ids: bool = False) -> AsyncIterator[str]:
+    """return_token_ids: vLLM's shape (the prompt's ids on the first chunk, each chunk's new
+    token ids on its choice)."""
+    prompt_ids = streams[0].prompt_token_ids if return_token_ids else None
     created = int(time.time())
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
             "model": state.model_name}
@@ -207,20 +192,21 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
             body["usage"] = None
         return sse_event(body)
 
-    sent_tokens = [0] * len(streams)
-    finals: list[RequestOutput | None] = [None] * len(streams)
+    sent_tokens = [0] * n
+    finals: list[RequestOutput | None] = [None] * n
     # With tools, text goes through a parser that turns calls into tool_calls deltas.
     tool_streams = [ToolCallStream(tool_format, parallel_tool_calls) if tool_format else None
-                    for _ in streams]
+                    for _ in range(n)]
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
-            for index in range(len(streams)):
+            for index in range(n):
                 top = {"prompt_token_ids": prompt_ids} if prompt_ids and index == 0 else {}
                 yield chunk(index, {"role": "assistant", "content": ""}, **top)
-            async for index, out in outputs:
+            async for _, out in outputs:
                 completion = out.outputs[0]
+                index = completion.index
                 tool_stream = tool_streams[index]
-                if out.finished:
+                if completion.finish_reason is not None:
                     finals[index] = out
                 elif not out.delta_text and logprobs is None:
                     continue
@@ -232,11 +218,12 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                 if tool_stream is None:
                     delta = {"content": out.delta_text} if out.delta_text else {}
                 else:
-                    content, calls = tool_stream.update(completion.text, out.finished)
+                    done = completion.finish_reason is not None
+                    content, calls = tool_stream.update(completion.text, done)
                     delta = {"content": content} if content else {}
                     if calls:
                         delta["tool_calls"] = calls
-                    if out.finished and tool_stream.called:
+                    if done and tool_stream.called:
                         finish = "tool_calls"
                 yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason, new_ids)
         if include_usage:

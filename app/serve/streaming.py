@@ -1,5 +1,6 @@
 """Running engine requests for an HTTP request: SSE responses that abort on disconnect,
-waiting for the final outputs, merging several streams, and the error a failed run gets."""
+waiting for the final outputs, merging the streams of several prompts, and the error a
+failed run gets."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -44,20 +45,11 @@ class EventStreamResponse(StreamingResponse):
 
 
 
-async def final_output(stream: RequestStream) -> RequestOutput:
-    last = None
-    try:
-        async for out in stream:
-            last = out
-    finally:
-        stream.cancel()
-    return last
-
-
-
-async def run_to_end(streams: list[RequestStream], raw: Request, drain: Drain) -> list[RequestOutput]:
-    """Run to completion; if the HTTP client goes away first, abort (frees the blocks)."""
-    work = asyncio.ensure_future(asyncio.gather(*(final_output(s) for s in streams)))
+async def run_to_end(streams: list[RequestStream], raw: Request,
+                     drain: Drain) -> list[list[RequestOutput]]:
+    """Each stream's final outputs (one per choice); if the HTTP client goes away first,
+    abort (frees the blocks)."""
+    work = asyncio.ensure_future(asyncio.gather(*(s.final_outputs() for s in streams)))
     watchers = {asyncio.ensure_future(wait_disconnect(raw)), asyncio.ensure_future(drain.expired.wait())}
     try:
         await asyncio.wait({work, *watchers}, return_when=asyncio.FIRST_COMPLETED)
@@ -106,9 +98,9 @@ async def wait_disconnect(raw: Request) -> None:
 
 
 async def merged_outputs(streams: list[RequestStream],
-                  drain: Drain) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(prompt index, output) from one or several requests, as they arrive; raises
-    ServerShuttingDown once the grace period after SIGTERM is over."""
+                         drain: Drain) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(prompt index, output) from the streams of one or several prompts, as they arrive;
+    raises ServerShuttingDown once the grace period after SIGTERM is over."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, stream: RequestStream) -> None:

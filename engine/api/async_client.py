@@ -1,9 +1,11 @@
 """EngineClient: the async front of an EngineCore running in a background process.
 
 Three parts, each in its own file: the process supervisor (start, stop, restart, health),
-the front-end (tokenise, check, detokenise, stop strings; the same one the offline engine
-uses) and the stream registry (one async stream per request, stats fan-out). Everything
-runs on the caller's event loop; nothing here imports torch.
+the front-end (tokenise, check, fan out n choices, detokenise, stop strings; the same one
+the offline engine uses) and the stream registry (one async stream per request, stats
+fan-out). A caller hands a request over with one call, `add_request` (or `generate`), and
+reads its outputs from the stream. Everything runs on the caller's event loop; nothing
+here imports torch.
 
 A dead engine never hangs anyone: every pending stream and stats stream raises
 EngineDeadError, health() says DEAD with the reason, and restart() starts a fresh process.
@@ -27,7 +29,7 @@ from kvdeck.engine.client.supervisor import (
     ProcessSupervisor,
     ProgressListener,
 )
-from kvdeck.engine.frontend.frontend import Frontend, Prompt, checked_grammar
+from kvdeck.engine.frontend.frontend import Admit, Frontend, Prompt, checked_grammar
 from kvdeck.engine.frontend.tokenizer import load_tokenizer
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_path import resolve_model_path
@@ -77,7 +79,7 @@ class EngineClient:
         self.num_blocks = info.num_blocks
         self.last_stats = ready.stats
         self._frontend = Frontend(self.tokenizer, self._supervisor.require_ready(),
-                                  RequestLimits(info.max_model_len, info.vocab_size))
+                                  RequestLimits(info.max_model_len, info.vocab_size), self._notify)
 
     async def _load_tokenizer(self) -> None:
         if self.tokenizer is not None:
@@ -116,11 +118,12 @@ class EngineClient:
 
     @property
     def num_waiting(self) -> int:
-        """Requests sent to the engine that have not produced their first token yet."""
-        return self._streams.num_waiting
+        """Engine requests (choices) sent that have not produced their first token yet."""
+        return self._frontend.num_waiting if self._frontend is not None else 0
 
     def add_output_listener(self, listener: OutputListener) -> None:
-        """Called on the event loop with every RequestOutput (metrics, logging)."""
+        """Called on the event loop with every engine request's output (one choice each,
+        under its engine request id): metrics, logging."""
         self._output_listeners.append(listener)
 
     def add_step_listener(self, listener: Callable[[list[int]], None]) -> None:
@@ -134,13 +137,6 @@ class EngineClient:
         if self._frontend is None:
             raise EngineNotReadyError("the engine has not been started")
         return self._frontend.encode(prompt, messages)
-
-    def check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """The engine's admission checks (ValueError naming the problem), for callers that
-        prepare several requests before queueing any."""
-        if self._frontend is None:
-            raise EngineNotReadyError("the engine has not been started")
-        self._frontend.limits.check(prompt_token_ids, params)
 
     async def encode_async(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
                            tools: list[dict] | None = None) -> tuple[str | None, list[int]]:
@@ -162,53 +158,38 @@ class EngineClient:
         return await loop.run_in_executor(
             self._tokenize_pool, lambda: frontend.tokenizer.encode(text, add_special_tokens=False))
 
-    async def check_grammar_async(self, params: SamplingParams) -> None:
-        """Check a structured-outputs spec off the event loop (ValueError quoting the grammar
-        library); `add_request` then finds it checked."""
-        if params.structured_outputs is not None:
-            loop = asyncio.get_running_loop()
-            await loop.run_in_executor(self._tokenize_pool, checked_grammar, params.structured_outputs)
-
     async def decode_async(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             raise EngineNotReadyError("the engine has not been started")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self.tokenizer.decode, token_ids)
 
-    def add_request(self, prompt: Prompt | None, params: SamplingParams,
-                    request_id: str | None = None, messages: list[dict] | None = None) -> RequestStream:
-        """Queue a request now and return its stream (closing the stream early aborts it).
-
-        Synchronous, so a caller can check capacity and queue without another task
-        slipping in between (pass token ids, from `encode_async`, to keep the tokenising
-        off the loop). ValueError for bad input, before anything is queued.
-        """
+    async def add_request(self, request_id: str | None, prompt: Prompt | None,
+                          params: SamplingParams, *, messages: list[dict] | None = None,
+                          tools: list[dict] | None = None, admit: Admit | None = None) -> RequestStream:
+        """Hand one request (its n choices) to the engine; its stream (closing the stream
+        early aborts every choice). Tokenising, the chat template (with `tools`) and the
+        grammar check run off the event loop; ValueError (PromptError, GrammarError), with
+        nothing queued, for bad input. `admit(prompt_ids, params)`: the caller's last word,
+        called after the engine's checks with no await before the request is queued (a
+        server's queue limit); it may set params.max_tokens, or raise to refuse."""
         self._supervisor.require_ready()
-        frontend = self._frontend
-        assert frontend is not None
-        prompt_text, prompt_ids = frontend.encode(prompt, messages)
-        return self._add_encoded(request_id, prompt_text, prompt_ids, params)
-
-    def _add_encoded(self, request_id: str | None, prompt_text: str | None, prompt_ids: list[int],
-                     params: SamplingParams) -> RequestStream:
-        self._supervisor.require_ready()
+        loop = asyncio.get_running_loop()
+        prompt_text, prompt_ids = await loop.run_in_executor(
+            self._tokenize_pool, _tokenize, self._frontend, prompt, messages, tools, params)
+        self._supervisor.require_ready()  # it may have stopped meanwhile
         frontend = self._frontend
         assert frontend is not None
         request_id = request_id if request_id is not None else uuid.uuid4().hex
-        if request_id in self._streams.streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        frontend.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=time.time())
-        stream = self._streams.open(request_id)
-        return RequestStream(request_id, stream, self._cancel)
+        frontend.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=time.time(),
+                              admit=admit)
+        return RequestStream(request_id, prompt_ids, self._streams.open(request_id), self._cancel)
 
     async def generate(self, prompt: Prompt | None, params: SamplingParams,
                        request_id: str | None = None,
                        messages: list[dict] | None = None) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; leaving the loop early aborts the request.
-        Tokenising runs off the event loop."""
-        self._supervisor.require_ready()
-        prompt_text, prompt_ids = await self.encode_async(prompt, messages)
-        stream = self._add_encoded(request_id, prompt_text, prompt_ids, params)
+        """Stream one request's outputs; leaving the loop early aborts the request."""
+        stream = await self.add_request(request_id, prompt, params, messages=messages)
         try:
             async for out in stream:
                 yield out
@@ -229,14 +210,11 @@ class EngineClient:
             yield stats
 
     # ---- internals -----------------------------------------------------------------
-    def _abort_in_engine(self, request_id: str) -> RequestOutput | None:
+    def _abort_in_engine(self, request_id: str) -> list[RequestOutput]:
         if self._frontend is None:
-            return None
+            return []
         ready = self._supervisor.health.status is EngineState.READY
-        for out in self._frontend.abort([request_id], tell_core=ready):
-            self._notify(out)
-            return out
-        return None
+        return self._frontend.abort([request_id], tell_core=ready)
 
     def _cancel(self, request_id: str) -> None:
         """A stream was closed early: abort silently (nobody reads the stream any more)."""
@@ -244,8 +222,17 @@ class EngineClient:
         self._abort_in_engine(request_id)
 
     def _finish_aborted(self, request_id: str) -> None:
-        out = self._abort_in_engine(request_id)
-        self._streams.end(request_id, out)
+        for out in self._abort_in_engine(request_id):  # each running choice's last output
+            self._streams.deliver(out)
+        self._streams.end(request_id)
+
+    def _deliver(self, out: RequestOutput) -> None:
+        if out.error is None:
+            self._streams.deliver(out)
+            return
+        # One choice failed: the request fails, and its other choices stop.
+        self._streams.end(out.request_id, RequestFailedError(out.error))
+        self._abort_in_engine(out.request_id)
 
     def _notify(self, out: RequestOutput) -> None:
         for listener in self._output_listeners:
@@ -262,27 +249,37 @@ class EngineClient:
                         step_listener(iteration_tokens)
                 if outputs and self._frontend is not None:
                     for out in self._frontend.process_outputs(outputs):
-                        self._notify(out)
-                        self._streams.deliver(out)
+                        self._deliver(out)
                 if stats is not None:
                     self.last_stats = stats
                     self._streams.publish_stats(stats)
-            case RequestRejected(request_id, text):
+            case RequestRejected(engine_request_id, text):
                 if self._frontend is not None:
-                    self._frontend.abort([request_id], tell_core=False)
-                self._streams.end(request_id, ValueError(text))
+                    request_id = self._frontend.refused(engine_request_id)
+                    if request_id is not None:
+                        self._streams.end(request_id, ValueError(text))
             case _:
                 logger.warning("unexpected message from the engine: %s", type(message).__name__)
 
     def _on_death(self, detail: str) -> None:
         error = EngineDeadError(detail)
-        lost = self._streams.end_all(error)
+        self._streams.end_all(error)
         if self._frontend is not None:
             # Their last word: finished with "error", so listeners (metrics) count them.
-            lost += [rid for rid in list(self._frontend.output_processor.states) if rid not in lost]
-            for out in self._frontend.abort(lost, tell_core=False, error=detail):
-                self._notify(out)
+            self._frontend.abort(list(self._frontend.requests), tell_core=False, error=detail)
         self._streams.publish_stats(error)
+
+
+def _tokenize(frontend: Frontend | None, prompt: Prompt | None, messages: list[dict] | None,
+              tools: list[dict] | None, params: SamplingParams) -> tuple[str | None, list[int]]:
+    """In the tokenizer's thread: the grammar check (remembered, so add_encoded finds it
+    done), then the prompt's token ids."""
+    if frontend is None:
+        raise EngineNotReadyError("the engine has not been started")
+    structured = getattr(params, "structured_outputs", None)  # a non-SamplingParams fails later
+    if structured is not None:
+        checked_grammar(structured)
+    return frontend.encode(prompt, messages, tools)
 
 
 __all__ = [

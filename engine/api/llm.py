@@ -1,9 +1,7 @@
 """The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
 
-from collections.abc import Callable
-
 from kvdeck.engine.api.llm_engine import LLMEngine
-from kvdeck.engine.frontend.parallel_sampling import choice_params, merge_choices
+from kvdeck.engine.frontend.parent_request import merge_choices
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -45,7 +43,7 @@ class LLM:
         if not isinstance(prompts, list) or not prompts:
             raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of those")
         params = self._params_per_prompt(sampling_params, len(prompts))
-        return self._run(prompts, params, self.engine.add_request)
+        return self._run([(prompt, None) for prompt in prompts], params)
 
     def chat(
         self,
@@ -55,7 +53,7 @@ class LLM:
         """One conversation (a list of messages) or several; the chat template is applied."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_per_prompt(sampling_params, len(conversations))
-        return self._run(conversations, params, self.engine.add_chat_request)
+        return self._run([(None, conversation) for conversation in conversations], params)
 
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
@@ -67,25 +65,23 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {count} prompts")
         return list(params)
 
-    def _run(self, prompts: list, params: list[SamplingParams],
-             add: Callable[[str | None, object, SamplingParams], str]) -> list[RequestOutput]:
-        """Queue each prompt's choices with `add(request_id, prompt, params)` and run them to
-        the end; one output per prompt, its choices merged."""
-        request_ids: list[list[str]] = []
-        queued: list[str] = []
+    def _run(self, prompts: list[tuple[object, list[dict] | None]],
+             params: list[SamplingParams]) -> list[RequestOutput]:
+        """Queue each (prompt, messages) and run them to the end; one output per prompt, its
+        choices merged."""
+        request_ids: list[str] = []
         try:
-            for prompt, prompt_params in zip(prompts, params):
-                request_ids.append([])
-                for choice in choice_params(prompt_params):
-                    queued.append(add(None, prompt, choice))
-                    request_ids[-1].append(queued[-1])
-            finished: dict[str, RequestOutput] = {}
+            for (prompt, messages), prompt_params in zip(prompts, params):
+                request_ids.append(self.engine.add_request(None, prompt, prompt_params,
+                                                           messages=messages))
+            finals: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in request_ids}
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():
-                    if output.finished:
-                        finished[output.request_id] = output
+                    choice = output.outputs[0]
+                    if choice.finish_reason is not None:
+                        finals[output.request_id][choice.index] = output
         except BaseException:
             # Bad input or an interrupt: leave nothing queued behind.
-            self.engine.abort_request(queued)
+            self.engine.abort_request(request_ids)
             raise
-        return [merge_choices([finished[rid] for rid in ids]) for ids in request_ids]
+        return [merge_choices([finals[rid][i] for i in sorted(finals[rid])]) for rid in request_ids]

@@ -1,7 +1,8 @@
 """LLMEngine: the synchronous step API, the front-end over an in-process EngineCore.
 
 `add_request` / `step` / `abort_request` as vLLM's LLMEngine; the offline `LLM` drives it.
-The async `EngineClient` runs the same front-end over a core in its own process.
+`step()` returns the requests' outputs, one per choice that moved (`outputs[0].index` says
+which). The async `EngineClient` runs the same front-end over a core in its own process.
 """
 
 import itertools
@@ -24,45 +25,42 @@ NOTHING_TO_RUN_WAIT_S = 0.001
 class LLMEngine:
     def __init__(self, config: EngineConfig, progress: ProgressCallback | None = None) -> None:
         self.config = config
-        self.client = InprocCoreClient(config, progress)
-        info = self.client.info
+        self.core_client = InprocCoreClient(config, progress)
+        info = self.core_client.info
         try:
             self.tokenizer = load_tokenizer(info.model_dir, config.tokenizer,
                                             required=config.load_format != "dummy")
         except BaseException:
-            self.client.shutdown()
+            self.core_client.shutdown()
             raise
-        self.frontend = Frontend(self.tokenizer, self.client,
+        self.frontend = Frontend(self.tokenizer, self.core_client,
                                  RequestLimits(info.max_model_len, info.vocab_size))
         self._ids = itertools.count()
 
     @property
     def core(self):
         """The EngineCore itself (tests and debugging look inside it)."""
-        return self.client.core
+        return self.core_client.core
 
     @property
     def info(self) -> EngineInfo:
-        return self.client.info
+        return self.core_client.info
 
     @property
     def max_model_len(self) -> int:
-        return self.client.info.max_model_len
+        return self.core_client.info.max_model_len
 
     def next_request_id(self) -> str:
         return str(next(self._ids))
 
-    def add_request(self, request_id: str | None, prompt: Prompt,
-                    params: SamplingParams | None = None, arrival_time: float | None = None) -> str:
+    def add_request(self, request_id: str | None, prompt: Prompt | None,
+                    params: SamplingParams | None = None, arrival_time: float | None = None,
+                    *, messages: list[dict] | None = None) -> str:
+        """Queue one request (its n choices); its id. `messages`: a conversation instead of a
+        prompt (the chat template is applied). ValueError, with nothing queued, on bad input."""
         request_id = request_id if request_id is not None else self.next_request_id()
-        self.frontend.add_request(request_id, prompt, params or SamplingParams(),
+        self.frontend.add_request(request_id, prompt, params or SamplingParams(), messages=messages,
                                   arrival_time=arrival_time)
-        return request_id
-
-    def add_chat_request(self, request_id: str | None, messages: list[dict],
-                         params: SamplingParams | None = None) -> str:
-        request_id = request_id if request_id is not None else self.next_request_id()
-        self.frontend.add_request(request_id, None, params or SamplingParams(), messages=messages)
         return request_id
 
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
@@ -70,31 +68,31 @@ class LLMEngine:
         return self.frontend.abort(ids)
 
     def has_unfinished_requests(self) -> bool:
-        return self.client.has_unfinished_requests()
+        return self.core_client.has_unfinished_requests()
 
     def step(self) -> list[RequestOutput]:
         steps_before = self.core.num_steps
-        outputs = self.frontend.process_outputs(self.client.step())
+        outputs = self.frontend.process_outputs(self.core_client.step())
         if not outputs and self.core.num_steps == steps_before:
             time.sleep(NOTHING_TO_RUN_WAIT_S)  # every waiting request is compiling its grammar
         return outputs
 
     def stats(self) -> EngineStats:
-        return self.client.stats()
+        return self.core_client.stats()
 
     # ---- for benchmarks -------------------------------------------------------------
     def occupancy(self) -> KVOccupancy:
-        return self.client.occupancy()
+        return self.core_client.occupancy()
 
     def step_timings(self) -> StepTimings:
-        return self.client.step_timings()
+        return self.core_client.step_timings()
 
     def reset_timings(self) -> None:
-        self.client.reset_timings()
+        self.core_client.reset_timings()
 
     def reset_prefix_cache(self) -> None:
-        self.client.reset_prefix_cache()
+        self.core_client.reset_prefix_cache()
 
     def shutdown(self) -> None:
         """Free the model and the KV pool now; unfinished requests are aborted."""
-        self.client.shutdown()
+        self.core_client.shutdown()

@@ -1,15 +1,15 @@
-"""Per-request output streams and the stats fan-out of the async client.
+"""Per-request output streams and the stats fan-out of the async engine.
 
-A `RequestStream` is an async iterator over one request's `RequestOutput`s; it ends after
-the finished output, or raises what ended it (EngineDeadError, ValueError for a request the
-core refused, RequestFailedError for one that failed in the engine). Closing it early
-aborts the request. Stats readers each get a small queue that keeps the newest snapshots,
+A `RequestStream` is an async iterator over one request's `RequestOutput`s, one per choice
+that moved (`outputs[0].index` says which); it ends after the request's finished output,
+or raises what ended it (EngineDeadError, ValueError for a request the core refused,
+RequestFailedError for one that failed in the engine). Closing it early aborts the request,
+every choice of it. Stats readers each get a small queue that keeps the newest snapshots,
 so a slow reader never builds a backlog.
 """
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 from kvdeck.engine.types.outputs import RequestOutput
 
@@ -20,54 +20,39 @@ class RequestFailedError(RuntimeError):
     """This request failed in the engine (the engine and the other requests went on)."""
 
 
-@dataclass(slots=True)
-class StreamQueue:
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    has_output: bool = False
-
-
 class StreamRegistry:
     """The open streams by request id, and the stats readers."""
 
     def __init__(self) -> None:
-        self.streams: dict[str, StreamQueue] = {}
+        self.streams: dict[str, asyncio.Queue] = {}
         self.stats_readers: set[asyncio.Queue] = set()
 
-    def open(self, request_id: str) -> StreamQueue:
-        if request_id in self.streams:
-            raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = self.streams[request_id] = StreamQueue()
-        return stream
+    def open(self, request_id: str) -> asyncio.Queue:
+        """A stream for a request the front-end has just taken (so its id is not in use)."""
+        queue = self.streams[request_id] = asyncio.Queue()
+        return queue
 
     def deliver(self, output: RequestOutput) -> None:
-        stream = self.streams.get(output.request_id)
-        if stream is None:
+        queue = self.streams.get(output.request_id)
+        if queue is None:
             return
-        stream.has_output = True
-        if output.error is not None:
-            self.end(output.request_id, RequestFailedError(output.error))
-            return
-        stream.queue.put_nowait(output)
+        queue.put_nowait(output)
         if output.finished:
             del self.streams[output.request_id]
 
     def end(self, request_id: str, item: RequestOutput | BaseException | None = None) -> None:
         """Close one stream, with a last output or the error that ended it."""
-        stream = self.streams.pop(request_id, None)
-        if stream is not None and item is not None:
-            stream.queue.put_nowait(item)
+        queue = self.streams.pop(request_id, None)
+        if queue is not None and item is not None:
+            queue.put_nowait(item)
 
     def end_all(self, error: BaseException) -> list[str]:
         """Every stream raises `error`; the ids that were open."""
         ids = list(self.streams)
-        for stream in self.streams.values():
-            stream.queue.put_nowait(error)
+        for queue in self.streams.values():
+            queue.put_nowait(error)
         self.streams.clear()
         return ids
-
-    @property
-    def num_waiting(self) -> int:
-        return sum(1 for s in self.streams.values() if not s.has_output)
 
     def publish_stats(self, item: object) -> None:
         """A snapshot, an error or None (the end) for every stats reader."""
@@ -96,9 +81,11 @@ class StreamRegistry:
 class RequestStream:
     """The outputs of one queued request, as an async iterator."""
 
-    def __init__(self, request_id: str, stream: StreamQueue, abort: Callable[[str], None]) -> None:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], queue: asyncio.Queue,
+                 abort: Callable[[str], None]) -> None:
         self.request_id = request_id
-        self._stream = stream
+        self.prompt_token_ids = prompt_token_ids
+        self._queue = queue
         self._abort = abort
         self._done = False
 
@@ -108,12 +95,23 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self._done:
             raise StopAsyncIteration
-        item = await self._stream.queue.get()
+        item = await self._queue.get()
         if isinstance(item, BaseException):
             self._done = True
             raise item
         self._done = item.finished
         return item
+
+    async def final_outputs(self) -> list[RequestOutput]:
+        """Run to the end: each choice's final output, in choice order."""
+        finals: dict[int, RequestOutput] = {}
+        try:
+            async for out in self:
+                if out.outputs[0].finish_reason is not None:
+                    finals[out.outputs[0].index] = out
+        finally:
+            self.cancel()
+        return [finals[index] for index in sorted(finals)]
 
     def cancel(self) -> None:
         """Abort the request unless it already ended (idempotent)."""

@@ -1,9 +1,10 @@
 """EngineCore: scheduler + block manager + model runner, in token ids only.
 
 Driven in-process by the offline `LLM` (`kvdeck.engine.client.inproc`), or by the loop in
-its own process (`kvdeck.engine.core.loop`) behind the subprocess client. It never changes
-the config it is given: what it resolves (the quantisation a checkpoint implies) lives in
-its own copy.
+its own process (`kvdeck.engine.core.loop`) behind the subprocess client. It runs one
+choice per request (the front-end sends a request's n choices as n requests). It never
+changes the config it is given: what it resolves (the quantisation a checkpoint implies)
+lives in its own copy.
 """
 
 import json
@@ -110,6 +111,9 @@ class EngineCore:
         if request.request_id in self.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in use")
         self.limits.check(request.prompt_token_ids, request.params)
+        if request.params.n != 1:
+            raise ValueError(f"n={request.params.n}: the core runs one choice per request; the "
+                             "front-end sends a request's choices as requests of their own")
         core_request = Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),

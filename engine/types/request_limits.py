@@ -1,6 +1,7 @@
 """The checks a request must pass before it is queued, written once: the front-end runs
 them before anything is sent (so bad input fails at once, with a clear message), and the
-core runs them again on what it receives (so no client can hurt it)."""
+core runs them again on what it receives (so no client can hurt it). Each side runs them
+once per request: the front-end on the caller's request, the core on each choice."""
 
 from dataclasses import dataclass
 
@@ -17,10 +18,6 @@ class RequestLimits:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         params.validate()
-        if params.n != 1:
-            raise ValueError(f"n={params.n}: a request here yields one choice; split it with "
-                             "kvdeck.engine.frontend.parallel_sampling.choice_params "
-                             "(LLM.generate and the server do)")
         if not prompt_token_ids:
             raise ValueError("prompt must not be empty")
         if len(prompt_token_ids) >= self.max_model_len:

@@ -58,7 +58,7 @@ _INTEGER_FIELDS = {"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
 
 @dataclass(slots=True)
 class SamplingParams:
-    n: int = 1  # choices per prompt; the front-end fans them out (frontend/parallel_sampling.py)
+    n: int = 1  # choices per prompt; the front-end fans them out (frontend/parent_request.py)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # -1 or 0: no limit

@@ -3,6 +3,7 @@
 import pytest
 
 from kvdeck import LLM, SamplingParams
+from kvdeck.engine.types.wire import EngineCoreRequest
 
 
 @pytest.fixture(scope="module")
@@ -142,4 +143,27 @@ def test_bad_input_in_an_n_batch_leaves_nothing_queued(llm):
 
 def test_the_core_takes_one_choice_per_request(llm):
     with pytest.raises(ValueError, match="n=2"):
-        llm.engine.add_request(None, "Hi", SamplingParams(n=2))
+        llm.engine.core.add_request(EngineCoreRequest("two", [5, 6, 7], SamplingParams(n=2)))
+
+
+def test_one_request_of_n_choices_in_the_step_api(llm):
+    # The front-end owns the whole request: one id, outputs by choice index, one abort.
+    engine = llm.engine
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=30, ignore_eos=True)
+    engine.add_request("three", "The quick brown fox", params)
+    assert engine.core.requests.keys() == {"three-0", "three-1", "three-2"}
+    seen: set[int] = set()
+    while len(seen) < 3:
+        for out in engine.step():
+            assert out.request_id == "three" and len(out.outputs) == 1
+            seen.add(out.outputs[0].index)
+    assert seen == {0, 1, 2} and not any(out.finished for out in engine.step())
+    finals = engine.abort_request("three")
+    assert [out.outputs[0].index for out in finals] == [0, 1, 2]
+    assert [out.finished for out in finals] == [False, False, True]
+    assert {out.outputs[0].finish_reason for out in finals} == {"abort"}
+    assert not engine.has_unfinished_requests() and llm.stats().kv_cache_usage == 0
+    with pytest.raises(ValueError, match="already in use"):  # an id one of its choices has
+        engine.add_request("dup", "a", SamplingParams(n=2, max_tokens=2))
+        engine.add_request("dup-1", "b", SamplingParams(max_tokens=2))
+    engine.abort_request("dup")

@@ -112,7 +112,7 @@ async def test_client_lifecycle(serve_model_dir):
         # the engine dies: pending streams and stats streams raise, health says why
         pid = client.pid
         stats_task = asyncio.create_task(next_stats(client, lambda s: False, timeout=30))
-        stream = client.add_request("doomed", long)
+        stream = await client.add_request(None, "doomed", long)
         first = await asyncio.wait_for(stream.__anext__(), 10)
         assert not first.finished
         os.kill(pid, signal.SIGKILL)
