@@ -77,9 +77,9 @@ def tui_engine_kwargs(model: str | None, engine_kwargs: dict) -> dict:
 
 def real_client_factory(model: str | None, engine_kwargs: dict) -> ClientFactory:
     def make_client() -> EngineClientProtocol:
-        from kvdeck.engine.api.async_client import EngineClient
+        from kvdeck.engine.api.async_llm import AsyncLLM
 
-        return EngineClient(model, log_path=engine_log_path(),
+        return AsyncLLM(model, log_path=engine_log_path(),
                             **tui_engine_kwargs(model, engine_kwargs))
 
     return make_client

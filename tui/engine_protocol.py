@@ -1,4 +1,4 @@
-"""What the TUI needs from an engine client (engine.client.EngineClient satisfies it).
+"""What the TUI needs from an engine client (engine.api.async_llm.AsyncLLM satisfies it).
 
 The TUI is written against this protocol so it runs against the real client (engine in a
 background process) or the deterministic fake in tests/tui, and so that importing the TUI

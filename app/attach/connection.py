@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from kvdeck.engine.api.async_client import EngineDeadError, RequestFailedError
+from kvdeck.engine.api.async_llm import EngineDeadError, RequestFailedError
 
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 10.0

@@ -35,7 +35,7 @@ from kvdeck.app.attach.metrics_view import MetricsView, summarise
 from kvdeck.app.attach.openai_reply import UNKNOWN_TOKEN_ID, ReplyAccumulator, request_body
 from kvdeck.app.attach.prometheus import Scrape, parse
 from kvdeck.app.attach.sse import server_sent_events
-from kvdeck.engine.api.async_client import EngineDeadError, EngineStartError, RequestFailedError
+from kvdeck.engine.api.async_llm import EngineDeadError, EngineStartError, RequestFailedError
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats, stats_from_dict

@@ -16,8 +16,8 @@ from kvdeck.app.serve.metrics import EngineMetrics
 from kvdeck.app.serve.protocol import SamplingRequest
 from kvdeck.app.serve.shutdown import Drain
 from kvdeck.app.serve.streaming import ENGINE_START_RETRY_S, stream_error
-from kvdeck.engine.api.async_client import (
-    EngineClient,
+from kvdeck.engine.api.async_llm import (
+    AsyncLLM,
     EngineDeadError,
     EngineNotReadyError,
     RequestStream,
@@ -35,7 +35,7 @@ _PARAM_NAMES = frozenset(_SAMPLING_FIELDS + (
 
 @dataclass(slots=True)
 class ServeState:
-    client: EngineClient
+    engine: AsyncLLM
     metrics: EngineMetrics
     model_name: str  # what /v1/models lists and requests must name
     max_queue_len: int
@@ -65,7 +65,7 @@ def check_model(state: ServeState, model: str | None) -> None:
 def check_engine(state: ServeState) -> None:
     if state.drain.draining:
         raise OpenAIError(503, "the server is shutting down", code="server_shutting_down")
-    health = state.client.health()
+    health = state.engine.health()
     if health.status == "ready":
         return
     if health.status == "starting":
@@ -89,7 +89,7 @@ def check_choice_count(state: ServeState, num_choices: int, param: str) -> None:
 
 
 def check_queue(state: ServeState, num_new: int) -> None:
-    waiting = state.client.num_waiting
+    waiting = state.engine.num_waiting
     if waiting + num_new > state.max_queue_len:
         raise OpenAIError(429, f"the queue is full ({waiting} requests waiting, "
                                f"--max-queue-len {state.max_queue_len}); retry later",
@@ -127,7 +127,7 @@ async def queue(state: ServeState, prompts: list[tuple[str, object]], params: Sa
     streams: list[RequestStream] = []
     try:
         for request_id, prompt in prompts:
-            streams.append(await state.client.add_request(
+            streams.append(await state.engine.add_request(
                 request_id, prompt, replace(params), messages=messages, tools=tools,
                 admit=partial(_admit, state, fields.max_tokens_given)))
     except BaseException as exc:
@@ -147,12 +147,12 @@ async def queue(state: ServeState, prompts: list[tuple[str, object]], params: Sa
 def _admit(state: ServeState, max_tokens_given: bool, prompt_ids: list[int],
            params: SamplingParams) -> None:
     """Called by the engine once the prompt passed its checks, right before it is queued."""
-    room = state.client.max_model_len - len(prompt_ids)
+    room = state.engine.max_model_len - len(prompt_ids)
     if params.max_tokens is None:
         params.max_tokens = room
     elif max_tokens_given and params.max_tokens > room:
         raise OpenAIError(
-            400, f"this model's maximum context length is {state.client.max_model_len} tokens; you "
+            400, f"this model's maximum context length is {state.engine.max_model_len} tokens; you "
                  f"asked for {len(prompt_ids) + params.max_tokens} ({len(prompt_ids)} in the prompt, "
                  f"{params.max_tokens} to generate): shorten the prompt or lower max_tokens",
             param="max_tokens", code="context_length_exceeded")

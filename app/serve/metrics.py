@@ -138,7 +138,7 @@ class EngineMetrics:
             histogram.observe(tokens)
 
     def observe_output(self, output: RequestOutput) -> None:
-        """Feed one streamed RequestOutput (EngineClient.add_output_listener)."""
+        """Feed one streamed RequestOutput (AsyncLLM.add_output_listener)."""
         label = self.model_name
         metrics = output.metrics
         seen, last_time = self._progress.get(output.request_id, (0, None))

@@ -1,4 +1,4 @@
-"""/v1/completions and /v1/chat/completions on top of the EngineClient.
+"""/v1/completions and /v1/chat/completions on top of the async engine (AsyncLLM).
 
 Checks live in admission.py, running and streaming in streaming.py, body pieces in
 response_parts.py. Each prompt goes to the engine in one call (it tokenises off the event
@@ -36,7 +36,7 @@ from kvdeck.app.serve.response_parts import (
 )
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
 from kvdeck.app.serve.structured import ToolCallStream, plan_tools, structured_spec, tool_call_message
-from kvdeck.engine.api.async_client import RequestStream
+from kvdeck.engine.api.async_llm import RequestStream
 from kvdeck.engine.frontend.tool_calls import ToolCallFormat
 from kvdeck.engine.types.outputs import RequestOutput
 
@@ -128,7 +128,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     check_choice_count(state, req.n, "n")
-    tools = plan_tools(req, getattr(state.client.tokenizer, "chat_template", None),
+    tools = plan_tools(req, getattr(state.engine.tokenizer, "chat_template", None),
                        state.tool_call_parser)
     structured, field = structured_spec(req)
     if tools.constraint is not None:

@@ -1,4 +1,4 @@
-"""`kvdeck --serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the EngineClient.
+"""`kvdeck --serve`: an OpenAI-compatible HTTP server (FastAPI + uvicorn) on the AsyncLLM.
 
 The server listens at once and starts the engine in the background: /health answers
 503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
@@ -44,7 +44,7 @@ from kvdeck.app.serve.protocol import (
 )
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
-from kvdeck.engine.api.async_client import EngineClient, EngineStartError
+from kvdeck.engine.api.async_llm import AsyncLLM, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/")
@@ -53,7 +53,7 @@ PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/")
 MAX_RESTART_DELAY = 60.0
 
 
-def create_app(client: EngineClient, *, served_model_name: str | None = None,
+def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                api_key: str | None = None, max_queue_len: int = 256,
                on_start_failed: Callable[[str], None] | None = None,
                engine_restart_delay: float | None = 1.0,
@@ -192,7 +192,7 @@ def _log_progress(p) -> None:
     logger.info("engine %s: %s", p.stage, p.message)
 
 
-async def _start_engine(client: EngineClient, model_name: str,
+async def _start_engine(client: AsyncLLM, model_name: str,
                         on_failed: Callable[[str], None] | None, restart_delay: float | None) -> None:
     try:
         await client.start(on_progress=_log_progress)
@@ -206,7 +206,7 @@ async def _start_engine(client: EngineClient, model_name: str,
         await _restart_when_dead(client, restart_delay)
 
 
-async def _restart_when_dead(client: EngineClient, delay: float) -> None:
+async def _restart_when_dead(client: AsyncLLM, delay: float) -> None:
     """Watch the engine; when it dies, start a new one (requests in flight have already
     ended with an error; new ones get 503 until it is ready)."""
     wait = delay
@@ -261,7 +261,7 @@ def run_server(args, engine_kwargs: dict) -> int:
     if not args.shutdown_grace_period >= 0:
         raise ValueError(f"--shutdown-grace-period must be >= 0, got {args.shutdown_grace_period}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    client = EngineClient(args.model, **engine_kwargs)
+    client = AsyncLLM(args.model, **engine_kwargs)
     failures: list[str] = []
     server: uvicorn.Server | None = None
 

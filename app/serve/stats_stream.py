@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
-from kvdeck.engine.api.async_client import EngineClient, EngineDeadError
+from kvdeck.engine.api.async_llm import AsyncLLM, EngineDeadError
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.stats import stats_to_dict
 
@@ -68,13 +68,13 @@ class LatencyFeed:
         return fresh, (fresh[-1].number if fresh else number)
 
 
-def engine_info(client: EngineClient, model_name: str) -> dict:
+def engine_info(client: AsyncLLM, model_name: str) -> dict:
     info = client.info
     return {"model": model_name, "engine": "kvdeck", "health": client.health().status,
             **(dataclasses.asdict(info) if info is not None else {})}
 
 
-async def stats_events(client: EngineClient, feed: LatencyFeed, model_name: str,
+async def stats_events(client: AsyncLLM, feed: LatencyFeed, model_name: str,
                        request: Request) -> AsyncIterator[str]:
     sent = feed.since(0)[1]  # latencies from before the reader connected are not its business
     yield _event("info", engine_info(client, model_name))

@@ -10,7 +10,7 @@ from fastapi.responses import StreamingResponse
 
 from kvdeck.app.serve.errors import OpenAIError
 from kvdeck.app.serve.shutdown import Drain
-from kvdeck.engine.api.async_client import (
+from kvdeck.engine.api.async_llm import (
     EngineDeadError,
     EngineNotReadyError,
     RequestFailedError,

@@ -2,7 +2,7 @@
 
 `add_request` / `step` / `abort_request` as vLLM's LLMEngine; the offline `LLM` drives it.
 `step()` returns the requests' outputs, one per choice that moved (`outputs[0].index` says
-which). The async `EngineClient` runs the same front-end over a core in its own process.
+which). The async `AsyncLLM` runs the same front-end over a core in its own process.
 """
 
 import itertools

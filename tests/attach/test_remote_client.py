@@ -12,7 +12,7 @@ from kvdeck.app.attach import remote_client
 from kvdeck.app.attach.connection import RemoteAuthError, normalise_url
 from kvdeck.app.attach.openai_reply import UNKNOWN_TOKEN_ID
 from kvdeck.app.attach.remote_client import RemoteClient
-from kvdeck.engine.api.async_client import EngineStartError
+from kvdeck.engine.api.async_llm import EngineStartError
 from kvdeck.engine.types.sampling_params import SamplingParams
 from tests.attach import fake_kvdeck, fake_vllm
 from tests.serve.conftest import free_port, start_server, stop_server

@@ -1,4 +1,4 @@
-"""EngineClient (the engine in a background process) used directly, as the TUI uses it."""
+"""AsyncLLM (the engine in a background process) used directly, as the TUI uses it."""
 
 import asyncio
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kvdeck import LLM, SamplingParams
-from kvdeck.engine.api.async_client import EngineClient, EngineDeadError, EngineStartError
+from kvdeck.engine.api.async_llm import AsyncLLM, EngineDeadError, EngineStartError
 from tests.serve.conftest import KV_GIB
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +21,7 @@ def one_engine_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # read by the spawned engine process
 
 
-async def next_stats(client: EngineClient, predicate, timeout: float = 10.0):
+async def next_stats(client: AsyncLLM, predicate, timeout: float = 10.0):
     async def wait():
         async for stats in client.stats_stream():
             if predicate(stats):
@@ -39,7 +39,7 @@ def process_gone(pid: int) -> bool:
 
 
 async def test_client_lifecycle(serve_model_dir):
-    client = EngineClient(str(serve_model_dir), kv_cache_memory_gib=float(KV_GIB))
+    client = AsyncLLM(str(serve_model_dir), kv_cache_memory_gib=float(KV_GIB))
     assert client.health().status == "stopped"
     stages = []
     await client.start(on_progress=lambda p: stages.append(p.stage))
@@ -145,12 +145,12 @@ async def test_start_failure_is_reported(serve_model_dir, tmp_path):
     config = json.loads((broken / "config.json").read_text())
     config["architectures"] = ["NoSuchForCausalLM"]
     (broken / "config.json").write_text(json.dumps(config))
-    client = EngineClient(str(broken), kv_cache_memory_gib=float(KV_GIB))
+    client = AsyncLLM(str(broken), kv_cache_memory_gib=float(KV_GIB))
     with pytest.raises(EngineStartError, match="NoSuchForCausalLM"):
         await client.start()
     assert client.health().status == "dead"
     assert client.pid is None
 
-    missing = EngineClient(str(tmp_path / "nowhere"))
+    missing = AsyncLLM(str(tmp_path / "nowhere"))
     with pytest.raises(EngineStartError, match="nowhere"):
         await missing.start()

@@ -1,4 +1,4 @@
-"""A deterministic stand-in for engine.client.EngineClient, for the TUI's tests.
+"""A deterministic stand-in for engine.api.async_llm.AsyncLLM, for the TUI's tests.
 
 It simulates a paged KV pool (block allocation on demand, prefix sharing by block hash
 once a block is computed, cached-evictable blocks after a request ends, abort freeing at

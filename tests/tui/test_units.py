@@ -214,7 +214,7 @@ def test_summary_says_idle_when_nothing_runs():
 
 
 def test_the_title_names_the_demo_model_as_the_engine_does():
-    from kvdeck.engine.api.async_client import DEMO_MODEL_NAME
+    from kvdeck.engine.api.async_llm import DEMO_MODEL_NAME
     from kvdeck.tui.engine_session import display_model_name
 
     assert display_model_name(None) == DEMO_MODEL_NAME  # not "demo model", then renamed

@@ -1,4 +1,4 @@
-"""EngineClient: the async front of an EngineCore running in a background process.
+"""AsyncLLM (vLLM v1's name): the async engine, over an EngineCore in a process of its own.
 
 Three parts, each in its own file: the process supervisor (start, stop, restart, health),
 the front-end (tokenise, check, fan out n choices, detokenise, stop strings; the same one
@@ -46,7 +46,7 @@ DEMO_MODEL_NAME = "kvdeck-demo"
 OutputListener = Callable[[RequestOutput], None]
 
 
-class EngineClient:
+class AsyncLLM:
     def __init__(self, model: str | None = None, *, log_path: str | None = None,
                  **engine_kwargs: object) -> None:
         self.config = EngineConfig.from_kwargs(model, **engine_kwargs)  # ValueError on bad knobs
@@ -283,7 +283,7 @@ def _tokenize(frontend: Frontend | None, prompt: Prompt | None, messages: list[d
 
 
 __all__ = [
-    "EngineClient",
+    "AsyncLLM",
     "EngineDeadError",
     "EngineHealth",
     "EngineNotReadyError",
