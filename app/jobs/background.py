@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvdeck.engine.client.spawn import SPAWN, real_std_streams, start_process
+from kvdeck.engine.core_client.spawn import SPAWN, real_std_streams, start_process
 
 WORKER_MAIN = "kvdeck.app.jobs.background:run_worker"
 _POLL_S = 0.1

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kvdeck.engine.api.streams import RequestFailedError, RequestStream, StreamRegistry
-from kvdeck.engine.client.supervisor import (
+from kvdeck.engine.core_client.supervisor import (
     EngineDeadError,
     EngineHealth,
     EngineNotReadyError,

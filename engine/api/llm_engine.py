@@ -8,7 +8,7 @@ which). The async `AsyncLLM` runs the same front-end over a core in its own proc
 import itertools
 import time
 
-from kvdeck.engine.client.inproc import InprocCoreClient
+from kvdeck.engine.core_client.inproc import InprocCoreClient
 from kvdeck.engine.frontend.frontend import Frontend, Prompt
 from kvdeck.engine.frontend.tokenizer import load_tokenizer
 from kvdeck.engine.runner.model_runner import ProgressCallback

@@ -1,6 +1,6 @@
 """EngineCore: scheduler + block manager + model runner, in token ids only.
 
-Driven in-process by the offline `LLM` (`kvdeck.engine.client.inproc`), or by the loop in
+Driven in-process by the offline `LLM` (`kvdeck.engine.core_client.inproc`), or by the loop in
 its own process (`kvdeck.engine.core.loop`) behind the subprocess client. It runs one
 choice per request (the front-end sends a request's n choices as n requests). It never
 changes the config it is given: what it resolves (the quantisation a checkpoint implies)

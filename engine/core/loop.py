@@ -1,6 +1,6 @@
 """The engine loop in its own process: owns the model and the KV cache.
 
-Started by the subprocess client (`kvdeck.engine.client.process`, which names
+Started by the subprocess client (`kvdeck.engine.core_client.process`, which names
 `run_engine_core` by string, so the parent never imports torch). It steps while any
 request is unfinished and blocks on its input pipe when idle, so an idle engine costs
 nothing. Each step sends the per-request deltas; a stats snapshot rides along at most

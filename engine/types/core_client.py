@@ -1,9 +1,9 @@
 """The one interface a front-end has to an EngineCore, whatever process it runs in.
 
-Two implementations: `InprocCoreClient` (the core in this process: the offline `LLM`,
-tests) and `CoreProcess` (the core in a spawned process: the TUI, the server). Requests go
-in as `EngineCoreRequest`s; outputs come back from `InprocCoreClient.step()` or, from the
-process, as `StepOutputs` messages.
+Two implementations, in engine/core_client/: `InprocCoreClient` (the core in this process:
+the offline `LLM`, tests) and `CoreProcess` (the core in a spawned process: the TUI, the
+server). Requests go in as `EngineCoreRequest`s; outputs come back from
+`InprocCoreClient.step()` or, from the process, as `StepOutputs` messages.
 """
 
 from typing import Protocol

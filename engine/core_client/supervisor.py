@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
-from kvdeck.engine.client.process import CoreProcess
+from kvdeck.engine.core_client.process import CoreProcess
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.wire import EngineCrashed, EngineReady, StartupFailed, StartupProgress
 

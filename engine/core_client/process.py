@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
-from kvdeck.engine.client.spawn import SPAWN, start_process
+from kvdeck.engine.core_client.spawn import SPAWN, start_process
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.wire import AbortRequests, AddRequest, EngineCoreRequest, RequestStatus, Shutdown
 
