@@ -109,6 +109,22 @@ async def test_client_lifecycle(serve_model_dir):
         idle = await next_stats(client, lambda s: s.finished_reasons.get("abort") == 2)
         assert idle.num_running == 0 and idle.kv_cache_usage == 0
 
+        # n choices are one request: outputs by choice index, one abort for all of them
+        pair = SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+        finals = await (await client.add_request("pair", "Paged attention", pair)).final_outputs()
+        want_pair = offline.generate("Paged attention", pair)[0].outputs
+        assert [f.outputs[0].text for f in finals] == [c.text for c in want_pair]
+        assert {f.request_id for f in finals} == {"pair"} and finals[-1].finished
+        three = SamplingParams(n=3, max_tokens=400, ignore_eos=True)
+        stream = await client.add_request("three", "abort us", three)
+        await asyncio.wait_for(stream.__anext__(), 10)
+        await client.abort("three")
+        rest = [out async for out in stream]
+        assert sorted(o.outputs[0].index for o in rest if o.outputs[0].finish_reason == "abort") == [0, 1, 2]
+        assert rest[-1].finished and client.num_unfinished == 0
+        idle = await next_stats(client, lambda s: s.finished_reasons.get("abort") == 5)
+        assert idle.num_running == 0 and idle.kv_cache_usage == 0
+
         # the engine dies: pending streams and stats streams raise, health says why
         pid = client.pid
         stats_task = asyncio.create_task(next_stats(client, lambda s: False, timeout=30))

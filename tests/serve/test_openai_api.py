@@ -1,6 +1,7 @@
 """The official openai client against a live `kvdeck --serve`, checked against the offline LLM."""
 
 import asyncio
+import json
 import time
 
 import httpx
@@ -301,6 +302,29 @@ def test_disconnect_mid_stream_aborts(server, api, model_name):
     assert generated < 480  # stopped early, not run to the end
     # and the server keeps serving
     assert api.completions.create(model=model_name, prompt="ok", max_tokens=2).usage
+
+
+def test_disconnect_mid_chat_stream_aborts_every_choice(server, model_name):
+    # n choices are one request in the engine: hanging up aborts all of them.
+    before = wait_idle(server)
+    body = {"model": model_name, "messages": MESSAGES, "n": 2, "max_tokens": 480,
+            "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=30) as http:
+        with http.stream("POST", f"{server.base_url}/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            lines = response.iter_lines()  # kept referenced: dropping it closes the stream
+            talking: set[int] = set()
+            while talking != {0, 1}:  # both choices are generating
+                line = next(lines)
+                if line.startswith("data: {"):
+                    choice = json.loads(line.removeprefix("data: "))["choices"][0]
+                    if choice["delta"].get("content"):
+                        talking.add(choice["index"])
+    after = wait_idle(server)
+    assert after["vllm:kv_cache_usage_perc{}"] == 0 and after["vllm:num_requests_running{}"] == 0
+    key = "vllm:request_success_total{finished_reason=abort}"
+    assert after.get(key, 0) - before.get(key, 0) == 2
+    assert after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"] < 960
 
 
 def test_disconnect_before_a_plain_response_aborts(server):
