@@ -79,8 +79,8 @@ def check_engine(state: ServeState) -> None:
 
 
 def check_choice_count(state: ServeState, num_choices: int, param: str) -> None:
-    """Before anything is expanded: a request with more choices than the queue holds can
-    never be queued (400, not 429)."""
+    """Before the engine sees it: a request with more choices (engine requests) than the
+    queue holds can never be queued (400, not 429)."""
     if num_choices > state.max_queue_len:
         raise OpenAIError(400, f"this request needs {num_choices} engine requests (prompts x n); "
                                f"the queue holds {state.max_queue_len} (--max-queue-len)",
@@ -120,10 +120,11 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
 
 
 
-async def queue(state: ServeState, prompts: list[tuple[str, object]], params: SamplingParams,
-                fields: Fields, messages: list[dict] | None = None,
-                tools: list[dict] | None = None) -> list[RequestStream]:
-    """Hand each (request id, prompt) to the engine, all or none; a stream each."""
+async def submit(state: ServeState, prompts: list[tuple[str, object]], params: SamplingParams,
+                 fields: Fields, messages: list[dict] | None = None,
+                 tools: list[dict] | None = None) -> list[RequestStream]:
+    """Hand each (request id, prompt) to the engine, one call each, all or none; a stream
+    each, its outputs by choice index."""
     streams: list[RequestStream] = []
     try:
         for request_id, prompt in prompts:

@@ -22,8 +22,8 @@ from kvdeck.app.serve.admission import (
     check_engine,
     check_model,
     check_unsupported,
-    queue,
     sampling_params,
+    submit,
 )
 from kvdeck.app.serve.errors import OpenAIError, sse_error
 from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -59,8 +59,8 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     structured, field = structured_spec(req)
     params = sampling_params(req, req.max_tokens if req.max_tokens is not None
                              else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs, structured)
-    streams = await queue(state, [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)], params,
-                          Fields("prompt", field, req.max_tokens is not None))
+    streams = await submit(state, [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)], params,
+                           Fields("prompt", field, req.max_tokens is not None))
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         prompt_ids = ([s.prompt_token_ids for s in streams for _ in range(req.n)]
@@ -142,9 +142,9 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     params = sampling_params(req, max_tokens, logprobs, structured)  # bad values fail early
     state.metrics.observe_request_params(req.n, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    streams = await queue(state, [(request_id, None)], params,
-                          Fields("messages", field, max_tokens is not None),
-                          messages=[m.for_template() for m in req.messages], tools=tools.template_tools)
+    streams = await submit(state, [(request_id, None)], params,
+                           Fields("messages", field, max_tokens is not None),
+                           messages=[m.for_template() for m in req.messages], tools=tools.template_tools)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(
