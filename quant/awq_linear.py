@@ -4,16 +4,27 @@ Parameters per layer: qweight int32 [in, out/8], qzeros int32 [in/group, out/8] 
 scales [in/group, out] (model dtype). Merged layers (qkv, gate/up) hold their shards
 side by side along the output dim, which is dim 1 here; each shard is a whole number of
 int32 packs, so a shard copies as a plain slice.
+
+Where the layers sit on a CPU with the INT4 kernels (kernels/cpu/int4.py) and the backend
+is "auto", the weights are repacked once loaded into that kernel's tiles (the AutoAWQ
+tensors are then dropped: the tiles are the weights) and every product runs it, at any
+number of rows: it beats dequantise-then-matmul at every size and oneDNN's bf16 GEMM from
+one row to 512 (benchmarks/bench_cpu_int4.py). Its activations are quantised to int8 per
+block of 32 (`w4a16_gemm_q8_torch` is its reference). Elsewhere, dispatch's `w4a16_gemm`.
 """
 
+import logging
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from kvdeck.engine.runner.models.linear import Linear, copy_shard
+from kvdeck.engine.runner.models.linear import Int8OutputHead, Linear, UnquantizedLinearMethod, copy_shard
+from kvdeck.kernels.cpu import int4 as cpu_int4
 from kvdeck.kernels.dispatch import w4a16_gemm
 from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR
+
+logger = logging.getLogger(__name__)
 
 AWQ_PARAMS = ("qweight", "qzeros", "scales")
 
@@ -50,13 +61,17 @@ class AWQConfig:
 
 
 class AWQLinearMethod:
-    """INT4 weights, dequantised inside the Triton GEMM on CUDA, before a matmul on CPU."""
+    """INT4 weights: the Triton GEMM on CUDA, the INT4 tiles' kernel on a CPU that has it,
+    dequantise-then-matmul otherwise (and with backend "torch", the reference)."""
 
     def __init__(self, config: AWQConfig, backend: str = "auto") -> None:
         if backend not in KERNEL_BACKENDS:
             raise ValueError(f"w4a16_backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
         self.config = config
         self.backend = backend
+        # What stays dense (the output head, where it is not int8): on a bf16 CPU it takes the
+        # unquantised method's packed weight and small-batch GEMV.
+        self.dense = UnquantizedLinearMethod()
 
     def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
         group = self.config.group_size
@@ -81,6 +96,7 @@ class AWQLinearMethod:
         layer.scales = nn.Parameter(
             torch.empty(num_groups, layer.output_size, dtype=dtype), requires_grad=False
         )
+        layer.int4 = None  # the CPU kernel's tiles, once repacked
 
     def load_weight(
         self, layer: Linear, param_name: str, tensor: torch.Tensor, shard_id: int | None
@@ -95,9 +111,29 @@ class AWQLinearMethod:
                    pack_factor=pack_factor)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        pass
+        if self.backend != "auto" or layer.qweight.device.type != "cpu" or not cpu_int4.available():
+            return
+        why = cpu_int4.why_not_repackable(layer.input_size, layer.output_size, self.config.group_size,
+                                          layer.scales)
+        if why is not None:
+            logger.info("INT4 layer stays on dequantise-then-matmul: %s", why)
+            return
+        layer.int4 = cpu_int4.repack_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
+                                         self.config.group_size)
+        for name in AWQ_PARAMS:  # the tiles hold the weights now
+            setattr(layer, name, nn.Parameter(getattr(layer, name).data.new_empty(0), requires_grad=False))
+
+    def output_head(self, lm_head: nn.Linear) -> nn.Module:
+        """Where the INT4 layers run the CPU kernel, the head takes int8 (as llama.cpp's Q4
+        files keep it at Q8_0); elsewhere it stays dense (AutoAWQ leaves it so)."""
+        if (self.backend == "auto" and cpu_int4.available()
+                and Int8OutputHead.takes(lm_head.weight, lm_head.bias)):
+            return Int8OutputHead(lm_head.weight)
+        return self.dense.output_head(lm_head)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        if layer.int4 is not None:
+            return cpu_int4.gemm(x, layer.int4, layer.bias)
         lead = x.shape[:-1]
         out = w4a16_gemm(
             x.reshape(-1, x.shape[-1]),

@@ -80,9 +80,12 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(previous_dtype)
         cpu_bf16 = self.device.type == "cpu" and self.dtype == torch.bfloat16
-        if isinstance(linear_method, UnquantizedLinearMethod) and cpu_bf16:
+        # The dense layers' method: the model's own, or a quantised method's for what it keeps
+        # dense (AWQ's output head).
+        dense_method = getattr(linear_method, "dense", linear_method)
+        if isinstance(dense_method, UnquantizedLinearMethod) and cpu_bf16:
             weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-            linear_method.small_batch_gemv = cpu_native.worth_a_second_copy(weight_bytes)
+            dense_method.small_batch_gemv = cpu_native.worth_a_second_copy(weight_bytes)
         if self.config.load_format == "dummy":
             init_dummy_weights(model, self.config.seed)
         else:

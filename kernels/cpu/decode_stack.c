@@ -48,10 +48,15 @@ int kvdeck_decode_stack_in_range(const kvdeck_decoder_stack* s, int64_t rows, co
     return step_in_range(s, rows, positions, max_positions, slots, block_tables, bt_stride, seq_lens);
 }
 
-/* The workspace (in elements of the stack's type) a step of `rows` rows needs. */
+/* The workspace (in elements of the stack's type, at least 2 bytes) a step of `rows` rows
+ * needs: the activations between kernels, then the INT4 products' scratch (their int8
+ * activations, for the widest input at the smallest group). */
 int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t rows) {
     const int64_t q = s->heads * s->head_dim, kv = s->kv_heads * s->head_dim;
-    return rows * (s->hidden + (q + 2 * kv) + 2 * (q + kv) + q + 3 * s->intermediate);
+    int64_t widest = s->hidden > q ? s->hidden : q;
+    widest = widest > s->intermediate ? widest : s->intermediate;
+    return rows * (s->hidden + (q + 2 * kv) + 2 * (q + kv) + q + 3 * s->intermediate)
+           + (kvdeck_q4_scratch_bytes(rows, widest, KVDECK_Q8_BLOCK) + 1) / 2 + 64;
 }
 
 #define STACK_ELEM uint16_t
@@ -59,6 +64,7 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_STORE_KV(dst, src, count) memcpy(dst, src, (size_t)(count) * sizeof(uint16_t))
 #define STACK_STEP kvdeck_decode_stack_bf16
 #define STACK_GEMV kvdeck_gemv_bf16
+#define STACK_Q4_GEMM kvdeck_q4_gemm_bf16
 #define STACK_RMS_NORM kvdeck_rms_norm_bf16
 #define STACK_ROPE kvdeck_rope_neox_bf16
 #define STACK_ATTENTION kvdeck_decode_attention_bf16
@@ -69,6 +75,7 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #undef STACK_STORE_KV
 #undef STACK_STEP
 #undef STACK_GEMV
+#undef STACK_Q4_GEMM
 #undef STACK_RMS_NORM
 #undef STACK_ROPE
 #undef STACK_ATTENTION
@@ -79,6 +86,7 @@ int64_t kvdeck_decode_stack_workspace(const kvdeck_decoder_stack* s, int64_t row
 #define STACK_STORE_KV(dst, src, count) memcpy(dst, src, (size_t)(count) * sizeof(float))
 #define STACK_STEP kvdeck_decode_stack_f32
 #define STACK_GEMV kvdeck_gemv_f32
+#define STACK_Q4_GEMM kvdeck_q4_gemm_f32
 #define STACK_RMS_NORM kvdeck_rms_norm_f32
 #define STACK_ROPE kvdeck_rope_neox_f32
 #define STACK_ATTENTION kvdeck_decode_attention_f32

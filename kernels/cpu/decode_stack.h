@@ -5,8 +5,11 @@
 #define KVDECK_DECODE_STACK_H
 #include <stdint.h>
 
+#include "int4.h"
+
 /* A layer's tensors, all of the stack's element type (bf16 or fp32; the step function says
- * which). */
+ * which). A projection is either dense (row-major [out, in]) or INT4 tiles (its *_q4, the
+ * dense pointer then NULL). */
 typedef struct {
     const void* input_norm;  /* [H] */
     const void* qkv;         /* [Q + 2 KV, H], Q = heads * head_dim, KV = kv_heads * head_dim */
@@ -19,6 +22,10 @@ typedef struct {
     const void* down;        /* [H, I] */
     void* k_cache;           /* [num_blocks, block_size, kv_heads, head_dim] */
     void* v_cache;
+    const kvdeck_q4_weight* qkv_q4;      /* or NULL */
+    const kvdeck_q4_weight* o_proj_q4;   /* or NULL */
+    const kvdeck_q4_weight* gate_up_q4;  /* or NULL */
+    const kvdeck_q4_weight* down_q4;     /* or NULL */
     float scale;             /* attention's score scale */
 } kvdeck_decoder_layer;
 

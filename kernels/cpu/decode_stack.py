@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.int4 import Int4Weight
 
 # The element types the stack runs in, and its step function for each (cpu_decode_stack.c).
 # (the weights' and activations' dtype, the KV cache's) -> the step function.
@@ -47,10 +48,13 @@ class DecoderLayerWeights:
     scale: float  # the attention's score scale
 
 
-class _Layer(ctypes.Structure):
+PROJECTIONS = ("qkv", "o_proj", "gate_up", "down")
+
+
+class _Layer(ctypes.Structure):  # decode_stack.h's kvdeck_decoder_layer
     _fields_ = [(name, ctypes.c_void_p) for name in (
         "input_norm", "qkv", "qkv_bias", "q_norm", "k_norm", "o_proj", "post_norm", "gate_up", "down",
-        "k_cache", "v_cache")] + [("scale", ctypes.c_float)]
+        "k_cache", "v_cache", *(f"{name}_q4" for name in PROJECTIONS))] + [("scale", ctypes.c_float)]
 
 
 class _Stack(ctypes.Structure):
@@ -91,7 +95,11 @@ class DecoderStack:
             if (layer.q_norm is None) != (layer.k_norm is None):
                 raise ValueError(f"layer {index}: q and k norms come together or not at all")
             for name, shape in shapes.items():
-                _check(getattr(layer, name), shape, dtype, f"layer {index}'s {name}", optional=name in (
+                value = getattr(layer, name)
+                if isinstance(value, Int4Weight):
+                    _check_int4(value, shape, f"layer {index}'s {name}")
+                    continue
+                _check(value, shape, dtype, f"layer {index}'s {name}", optional=name in (
                     "qkv_bias", "q_norm", "k_norm"))
             cache_shape = (num_blocks, block_size, kv_heads, head_dim)
             _check(layer.k_cache, cache_shape, cache_dtype, f"layer {index}'s k_cache")
@@ -104,7 +112,8 @@ class DecoderStack:
         self.max_rows = max_rows
         self.in_passes = in_passes
         self._layer_array = (_Layer * len(layers))(*(_Layer(
-            *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:-1]), layer.scale)
+            *(_address(getattr(layer, name)) for name, _ in _Layer._fields_[:11]),
+            *(_int4_address(getattr(layer, name)) for name in PROJECTIONS), layer.scale)
             for layer in layers))
         self._stack = _Stack(len(layers), hidden, heads, kv_heads, head_dim, intermediate, block_size,
                              rot_dim, num_blocks, eps, self._layer_array, _address(final_norm))
@@ -197,5 +206,16 @@ def _check(tensor: torch.Tensor | None, shape: tuple, dtype: torch.dtype, what: 
                          f"got {got}")
 
 
-def _address(tensor: torch.Tensor | None) -> int | None:
-    return None if tensor is None else tensor.data_ptr()
+def _check_int4(weight: Int4Weight, shape: tuple, what: str) -> None:
+    if (weight.n, weight.k) != shape:
+        raise ValueError(f"{what} must be INT4 tiles of [{shape[0]}, {shape[1]}], got "
+                         f"[{weight.n}, {weight.k}]")
+
+
+def _address(tensor: torch.Tensor | Int4Weight | None) -> int | None:
+    """A dense tensor's data (an INT4 projection has none: its tiles go in its *_q4 field)."""
+    return None if tensor is None or isinstance(tensor, Int4Weight) else tensor.data_ptr()
+
+
+def _int4_address(weight: torch.Tensor | Int4Weight | None) -> int | None:
+    return ctypes.addressof(weight.struct) if isinstance(weight, Int4Weight) else None

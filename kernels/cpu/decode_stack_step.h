@@ -2,8 +2,8 @@
  * cpu_decode_stack.c once per type (C's way to a template) with these defined:
  * STACK_ELEM (uint16_t for bf16, float), STACK_CACHE_ELEM (the KV cache's: the same, or
  * fp16's uint16_t under fp32), STACK_STORE_KV (a key or value row into the cache),
- * STACK_STEP (the function's name) and the kernels it composes, STACK_GEMV,
- * STACK_RMS_NORM, STACK_ROPE, STACK_ATTENTION and STACK_SILU_AND_MUL, which take that
+ * STACK_STEP (the function's name) and the kernels it composes, STACK_GEMV (a dense
+ * projection), STACK_Q4_GEMM (an INT4 one), STACK_RMS_NORM, STACK_ROPE, STACK_ATTENTION and STACK_SILU_AND_MUL, which take that
  * type (the attention, its cache's). */
 
 /* A step through the stack, in STACK_ELEM: positions, slots [rows] int64 (slot -1: not
@@ -26,7 +26,12 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
     STACK_ELEM* attended = k_rotated + rows * kv;     /* [rows, Q] */
     STACK_ELEM* gate_up = attended + rows * q;        /* [rows, 2 I] */
     STACK_ELEM* activated = gate_up + rows * 2 * inter; /* [rows, I] */
+    void* q4_scratch = activated + rows * inter;      /* the INT4 products' int8 activations */
     int status = 0;
+/* A projection, dense or INT4 (y = x W^T (+ bias)). */
+#define STACK_LINEAR(x, x_stride, dense, q4, n, k, bias, y, y_stride)                               \
+    ((q4) != NULL ? STACK_Q4_GEMM(x, rows, x_stride, q4, bias, y, y_stride, q4_scratch)              \
+                  : STACK_GEMV(x, rows, x_stride, dense, n, k, bias, y, y_stride))
     for (int64_t l = 0; l < s->num_layers && status == 0; l++) {
         const kvdeck_decoder_layer* layer = &s->layers[l];
         STACK_CACHE_ELEM* k_cache = layer->k_cache;
@@ -38,7 +43,8 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
             status |= STACK_RMS_NORM(hidden, h, residual, h, layer->input_norm, s->eps, rows, h, residual,
                                      normed);
         }
-        status |= STACK_GEMV(normed, rows, h, layer->qkv, qkv_width, h, layer->qkv_bias, qkv, qkv_width);
+        status |= STACK_LINEAR(normed, h, layer->qkv, layer->qkv_q4, qkv_width, h, layer->qkv_bias, qkv,
+                               qkv_width);
         const STACK_ELEM *q_source = qkv, *k_source = qkv + q;
         int64_t q_stride = qkv_width, k_stride = qkv_width;
         if (layer->q_norm) {
@@ -59,15 +65,17 @@ int STACK_STEP(const kvdeck_decoder_stack* s, int64_t rows, const int64_t* posit
         }
         status |= STACK_ATTENTION(q_rotated, rows, q, s->heads, d, k_cache, v_cache, s->kv_heads, block_tables,
                                   bt_stride, seq_lens, s->block_size, 0, layer->scale, 0.0f, attended);
-        status |= STACK_GEMV(attended, rows, q, layer->o_proj, h, q, NULL, hidden, h);
+        status |= STACK_LINEAR(attended, q, layer->o_proj, layer->o_proj_q4, h, q, NULL, hidden, h);
         status |= STACK_RMS_NORM(hidden, h, residual, h, layer->post_norm, s->eps, rows, h, residual, normed);
-        status |= STACK_GEMV(normed, rows, h, layer->gate_up, 2 * inter, h, NULL, gate_up, 2 * inter);
+        status |= STACK_LINEAR(normed, h, layer->gate_up, layer->gate_up_q4, 2 * inter, h, NULL, gate_up,
+                               2 * inter);
         status |= STACK_SILU_AND_MUL(gate_up, 2 * inter, rows, inter, activated);
-        status |= STACK_GEMV(activated, rows, inter, layer->down, h, inter, NULL, hidden, h);
+        status |= STACK_LINEAR(activated, inter, layer->down, layer->down_q4, h, inter, NULL, hidden, h);
     }
     if (status == 0 && s->final_norm != NULL) {  /* the model's last norm, as its forward does */
         status |= STACK_RMS_NORM(hidden, h, residual, h, s->final_norm, s->eps, rows, h, residual, normed);
         memcpy(hidden, normed, (size_t)(rows * h) * sizeof(STACK_ELEM));
     }
+#undef STACK_LINEAR
     return status == 0 ? 0 : -1;
 }

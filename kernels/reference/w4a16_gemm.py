@@ -16,7 +16,7 @@ import torch
 from kvdeck.kernels.ops import AWQ_PACK_ORDER, AWQ_UNPACK_ORDER, PACK_FACTOR
 
 __all__ = ["AWQ_PACK_ORDER", "AWQ_UNPACK_ORDER", "PACK_FACTOR", "awq_shifts", "dequantize_awq",
-           "unpack_int4", "w4a16_gemm_torch"]
+           "quantize_activations_q8", "unpack_int4", "w4a16_gemm_q8_torch", "w4a16_gemm_torch"]
 
 
 def awq_shifts(device: torch.device) -> torch.Tensor:
@@ -57,3 +57,35 @@ def w4a16_gemm_torch(
     out = x @ weight
     return out if bias is None else out + bias
 
+
+
+def quantize_activations_q8(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (x8 [M, K] int8-valued fp32, scales [M, K/block] fp32) with x ~= x8 * scale,
+    per block of `block` values: scale = amax / 127, x8 = round-half-even(x * (127 / amax))
+    (0 where amax is 0). The CPU INT4 kernel's operations, so its x8 and scales exactly."""
+    rows, k = x.shape
+    blocks = x.float().reshape(rows, k // block, block)
+    amax = blocks.abs().amax(dim=-1)
+    # A true division, as the kernel's (127.0 / tensor would be a reciprocal times 127).
+    inverse = torch.where(amax > 0, torch.full_like(amax, 127.0).div(amax), torch.zeros_like(amax))
+    x8 = torch.round(blocks * inverse.unsqueeze(-1)).clamp_(-127, 127)
+    return x8.reshape(rows, k), amax / 127.0
+
+
+def w4a16_gemm_q8_torch(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    qzeros: torch.Tensor,
+    scales: torch.Tensor,
+    group_size: int,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """What the CPU INT4 kernel computes: the activations quantised to int8 per block of 32
+    (`quantize_activations_q8`), then the dequantised product in fp32, in x's dtype."""
+    flat = x.reshape(-1, x.shape[-1])
+    x8, block_scales = quantize_activations_q8(flat)
+    activations = (x8.view(flat.shape[0], -1, 32) * block_scales.unsqueeze(-1)).reshape(flat.shape)
+    out = activations @ dequantize_awq(qweight, qzeros, scales.float(), group_size)
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).view(*x.shape[:-1], out.shape[-1])

@@ -6,7 +6,8 @@ from pathlib import Path
 
 from kvdeck.kernels.cpu import signatures
 
-HEADERS = [Path(signatures.__file__).with_name(name) for name in ("native.h", "decode_stack.h")]
+HEADERS = [Path(signatures.__file__).with_name(name)
+           for name in ("native.h", "decode_stack.h", "int4.h", "int8.h")]
 PROTOTYPE = re.compile(r"^(int|int64_t|void)\s+(kvdeck_\w+)\s*\(([^)]*)\);", re.MULTILINE)
 
 

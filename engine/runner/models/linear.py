@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from kvdeck.engine.types.quantization import make_linear_method
+from kvdeck.kernels.cpu import int8 as cpu_int8
 from kvdeck.kernels.cpu import native as cpu_native
 from kvdeck.kernels.cpu.linear import bf16_packing_supported, pack_bf16_weight, packed_linear
 
@@ -170,6 +171,29 @@ class PackedOutputHead(nn.Module):
         if self.dense_weight is not None and cpu_native.gemv_takes(hidden):
             return cpu_native.small_batch_linear(hidden, self.dense_weight, None)
         return packed_linear(hidden, self.packed_number, self.weight.shape[0])
+
+
+class Int8OutputHead(nn.Module):
+    """An output projection in int8 on the CPU (llama.cpp's Q8_0 form, kernels/cpu/int8.py),
+    for INT4 models: in bf16 SmolLM2's head is as many bytes as its INT4 layers together,
+    and llama.cpp's Q4 files keep theirs at Q8_0. Its activations are quantised to int8 per
+    block of 32 as the INT4 layers' are."""
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight  # tied: the input embedding's own tensor (its rows are looked up)
+        self.tiles = cpu_int8.from_dense(weight.data)
+
+    @staticmethod
+    def takes(weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        return (bias is None and weight.device.type == "cpu"
+                and weight.dtype in (torch.bfloat16, torch.float32) and cpu_int8.available()
+                and cpu_int8.takes(weight))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # a compiled graph cannot trace the ctypes call
+            return nn.functional.linear(hidden, self.weight)
+        return cpu_int8.gemm(hidden.contiguous(), self.tiles)
 
 
 def _packs_on_cpu(weight: torch.Tensor) -> bool:

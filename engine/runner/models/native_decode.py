@@ -10,7 +10,9 @@ runs the kernels the layers would run, in their order, so decode steps give the 
 tokens; in fp32 it runs their fp32 twins (cpu_native_f32.c), which
 differ from torch's fp32 only in the order of their sums, as transformers' own matmuls
 differ between batch shapes; the tests hold both to the Python forward's greedy tokens.
-Anything it does not cover (windows, soft caps, 8-bit caches, quantised weights, other
+INT4 projections (AWQ layers repacked into kernels/cpu/int4.py's tiles) run inside the
+stack through the same INT4 kernel the layers call, so in bf16 still the same bits.
+Anything it does not cover (windows, soft caps, 8-bit caches, other quantisations, other
 kernel backends, a bf16 model's second weight copy not kept) leaves the model on its
 Python forward; KVDECK_CPU_NATIVE=0 leaves every model there.
 """
@@ -23,7 +25,8 @@ from torch import nn
 from kvdeck.engine.runner.models.linear import Linear, UnquantizedLinearMethod
 from kvdeck.engine.runner.models.llama import LlamaDecoderLayer, LlamaModel
 from kvdeck.kernels.cpu import native as cpu_native
-from kvdeck.kernels.cpu.decode_stack import STEP_FUNCTIONS, DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.cpu.decode_stack import PROJECTIONS, STEP_FUNCTIONS, DecoderLayerWeights, DecoderStack
+from kvdeck.kernels.cpu.int4 import Int4Weight
 from kvdeck.kernels.dispatch import TORCH_OPS
 
 logger = logging.getLogger(__name__)
@@ -34,6 +37,10 @@ logger = logging.getLogger(__name__)
 # at 8, 16, 32 and 64 decoding requests, per step against the per-layer path: 7.1 -> 2.3,
 # 11.0 -> 5.4, 15.6 -> 9.0, 28.6 -> 23.4 ms; at 128, 52.9 -> 45.8.
 FP32_CACHED_MAX_ROWS = cpu_native.F32_CACHED_MAX_ROWS
+# fp32 steps of up to this many tokens take a stack whose projections are all INT4: the
+# kernel reads each tile once for every row of the step (rows four at a time from the core's
+# cache), so a speculative verify or a few chats cost about one row's weight bytes.
+INT4_MAX_ROWS = 16
 
 
 def bind_decoder_stack(model: nn.Module) -> bool:
@@ -69,15 +76,18 @@ def unbind_decoder_stack(model: nn.Module) -> None:
 
 
 def stack_max_rows(layers: list[DecoderLayerWeights]) -> int:
-    """The most tokens a step through these layers may have: bf16's GEMV beats oneDNN up to
-    GEMV_MAX_ROWS rows; fp32's beats aten up to F32_GEMV_MAX_ROWS in one pass, and up to
-    FP32_CACHED_MAX_ROWS where the projections' weights fit in the last-level cache (the
-    demo's 19 MB in this CPU's 32)."""
+    """The most tokens a step through these layers may have. bf16: GEMV_MAX_ROWS (its GEMV
+    beats oneDNN up to there, and a longer prompt chunk keeps the Python forward's SDPA
+    attention and so its bits). fp32: INT4_MAX_ROWS where every projection is INT4; else
+    F32_GEMV_MAX_ROWS in one pass of its GEMV, and up to FP32_CACHED_MAX_ROWS where the
+    projections' weights fit in the last-level cache (the demo's 19 MB in this CPU's 32)."""
     first = layers[0]
     if first.input_norm.dtype != torch.float32:
         return cpu_native.GEMV_MAX_ROWS
-    weight_bytes = sum(tensor.numel() * tensor.element_size() for layer in layers
-                       for tensor in (layer.qkv, layer.o_proj, layer.gate_up, layer.down))
+    projections = [getattr(layer, name) for layer in layers for name in PROJECTIONS]
+    if all(isinstance(weight, Int4Weight) for weight in projections):
+        return INT4_MAX_ROWS
+    weight_bytes = sum(weight.numel() * weight.element_size() for weight in projections)
     return cpu_native.f32_gemv_max_rows(weight_bytes)
 
 
@@ -114,8 +124,9 @@ def _why_not(model: LlamaModel) -> str | None:
         if (dtype, paged.k_cache.dtype) not in STEP_FUNCTIONS or paged.k_cache.device.type != "cpu":
             return "the model and its KV cache are not bf16 over bf16, fp32 over fp32 or fp16, on the CPU"
         linears = (attention.qkv_proj, attention.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-        if any(_row_major_weight(linear, dtype) is None for linear in linears):
-            return "a projection has no row-major weight (quantised, or bf16 too large for a second copy)"
+        if any(_projection_weight(linear, dtype) is None for linear in linears):
+            return ("a projection has neither a row-major weight nor INT4 tiles (another quantisation, or "
+                    "bf16 too large for a second copy)")
         if any(linear.bias is not None for linear in linears[1:]):
             return f"layer {index} has a bias beyond q/k/v"
         norms |= {layer.input_layernorm.eps, layer.post_attention_layernorm.eps}
@@ -128,9 +139,13 @@ def _why_not(model: LlamaModel) -> str | None:
     return None
 
 
-def _row_major_weight(linear: Linear, dtype: torch.dtype) -> torch.Tensor | None:
-    """The [out, in] weight the stack's GEMV reads: a bf16 layer's kept copy beside oneDNN's
-    packed one, an fp32 layer's own weight; None for anything else (quantised, say)."""
+def _projection_weight(linear: Linear, dtype: torch.dtype) -> torch.Tensor | Int4Weight | None:
+    """What the stack reads for a projection: its INT4 tiles, or the [out, in] weight its GEMV
+    reads (a bf16 layer's kept copy beside oneDNN's packed one, an fp32 layer's own weight);
+    None for anything else (another quantisation, say)."""
+    int4 = getattr(linear, "int4", None)
+    if isinstance(int4, Int4Weight):
+        return int4
     if linear.dense_weight is not None:
         return linear.dense_weight
     weight = getattr(linear, "weight", None)
@@ -144,12 +159,12 @@ def _layer_weights(layer: LlamaDecoderLayer) -> DecoderLayerWeights:
     attention, paged = layer.self_attn, layer.self_attn.attn
     dtype = layer.input_layernorm.weight.dtype
     return DecoderLayerWeights(
-        input_norm=layer.input_layernorm.weight.data, qkv=_row_major_weight(attention.qkv_proj, dtype),
+        input_norm=layer.input_layernorm.weight.data, qkv=_projection_weight(attention.qkv_proj, dtype),
         qkv_bias=None if attention.qkv_proj.bias is None else attention.qkv_proj.bias.data,
         q_norm=None if attention.q_norm is None else attention.q_norm.weight.data,
         k_norm=None if attention.k_norm is None else attention.k_norm.weight.data,
-        o_proj=_row_major_weight(attention.o_proj, dtype),
+        o_proj=_projection_weight(attention.o_proj, dtype),
         post_norm=layer.post_attention_layernorm.weight.data,
-        gate_up=_row_major_weight(layer.mlp.gate_up_proj, dtype),
-        down=_row_major_weight(layer.mlp.down_proj, dtype),
+        gate_up=_projection_weight(layer.mlp.gate_up_proj, dtype),
+        down=_projection_weight(layer.mlp.down_proj, dtype),
         k_cache=paged.k_cache, v_cache=paged.v_cache, scale=paged.scale)
