@@ -14,22 +14,17 @@ ByteLevel, is GPT-2's.
 """
 
 import argparse
-import hashlib
 import importlib.util
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tarfile
 import tempfile
-import urllib.parse
-import urllib.request
 from pathlib import Path
 
 VERSION = "0.3.36"  # llama-cpp-python; its vendor/llama.cpp is the source built
 TARGETS = ("llama-server", "llama-bench", "llama-batched-bench")
-PYPI_JSON = "https://pypi.org/pypi/llama-cpp-python/json"
 
 
 def cache_dir() -> Path:
@@ -46,23 +41,17 @@ def bin_dir() -> Path:
 
 
 def fetch_source() -> Path:
-    """vendor/llama.cpp of the sdist, unpacked once (sha256 checked against the index)."""
+    """vendor/llama.cpp of the sdist, unpacked once. pip fetches the sdist (so pip's own index,
+    proxies and hash checks apply, as for any package)."""
     if (source_dir() / "CMakeLists.txt").is_file():
         return source_dir()
-    with urllib.request.urlopen(PYPI_JSON, timeout=60) as response:
-        project = json.load(response)
-    (sdist,) = [u for u in project["releases"][VERSION] if u["packagetype"] == "sdist"]
-    url = urllib.parse.urljoin(PYPI_JSON, sdist["url"])  # a mirror may give it relative
     cache_dir().mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
-        archive = Path(tmp) / sdist["filename"]
-        print(f"llama.cpp: downloading {sdist['filename']} ({sdist['size'] / 2**20:.0f} MiB)")
-        with urllib.request.urlopen(url, timeout=600) as response, open(archive, "wb") as out:
-            shutil.copyfileobj(response, out)
-        digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-        if digest != sdist["digests"]["sha256"]:
-            raise SystemExit(f"llama.cpp: {archive.name} does not match its sha256 on the index")
-        prefix = f"{sdist['filename'].removesuffix('.tar.gz')}/vendor/llama.cpp/"
+        print(f"llama.cpp: pip download llama-cpp-python=={VERSION} (sdist)")
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "-q",
+                        "-d", tmp, f"llama-cpp-python=={VERSION}"], check=True)
+        (archive,) = Path(tmp).glob("llama_cpp_python-*.tar.gz")
+        prefix = f"{archive.name.removesuffix('.tar.gz')}/vendor/llama.cpp/"
         unpacked = Path(tmp) / "llama.cpp"
         with tarfile.open(archive) as tar:
             members = [m for m in tar.getmembers() if m.name.startswith(prefix)]
