@@ -36,6 +36,8 @@ _FLAG_HELP = {  # the flags whose value a name alone does not explain
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
                           "\"num_speculative_tokens\": 3}' ",
+    "cpu_threads": "threads of the CPU kernels; unset: adaptive, up to torch's count (OMP_NUM_THREADS), "
+                   "fewer while other processes keep cores busy ",
 }
 
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence, TokenMasks
+from kvdeck.engine.runner.cpu_threads import ThreadGovernor
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
 from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process
@@ -51,8 +52,12 @@ class ModelRunner:
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, model_config, self.device)
         self.token_budget = token_budget(config, self.device)
+        # The kernels' threads on the CPU: fewer while other processes keep cores busy.
+        self.cpu_threads: ThreadGovernor | None = None
         if self.device.type == "cpu":
             keep_freed_buffers_in_process()
+            self.cpu_threads = ThreadGovernor.for_engine(config.cpu_threads, torch.get_num_threads())
+            self._apply_cpu_threads()
         self.block_size = config.block_size
         self.ops = select_ops(config.attention_backend, self.device)
         self.kv_pool = KVPool(resolve_kv_format(config.kv_cache_dtype, self.dtype, self.device),
@@ -348,6 +353,14 @@ class ModelRunner:
             return host.pin_memory().to(self.device, non_blocking=True)
         return host
 
+    def _apply_cpu_threads(self) -> None:
+        """Set the thread count the governor chooses, in the thread that runs the steps (OpenMP's
+        count is per calling thread: the native kernels read it there)."""
+        if self.cpu_threads is not None:
+            threads = self.cpu_threads.threads()
+            if threads != torch.get_num_threads():
+                torch.set_num_threads(threads)
+
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         graphs = self.decode_graphs
         if (graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0])
@@ -364,6 +377,7 @@ class ModelRunner:
         `draft_probs`: the q each request's drafts were drawn from, by request id (absent:
         point masses, as an n-gram proposer's)."""
         started = time.perf_counter()
+        self._apply_cpu_threads()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
         hidden = self._forward(inputs)
@@ -392,6 +406,7 @@ class ModelRunner:
     def sample_logits(self, batch: BatchPlan) -> tuple[torch.Tensor, list[int]]:
         """Run the batch; the logits at the last token of each sequence that reached its end, and
         those sequences' batch indices (a draft model draws its proposals from these)."""
+        self._apply_cpu_threads()
         inputs = self.prepare_inputs(batch)
         hidden = self._forward(inputs)
         return self.model.compute_logits(_rows_of(hidden, inputs.sample_rows)), inputs.sample_batch_index

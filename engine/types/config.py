@@ -41,7 +41,7 @@ class EngineConfig:
     kv_cache_memory_gib: float = 1.0  # KV pool size where no GPU is profiled
     num_gpu_blocks_override: int | None = None  # fix the pool size (tests, debugging)
     enable_prefix_caching: bool = True
-    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA, float32 on CPU
+    dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA; on CPU engine/runner/device.py's rule
     seed: int = 0
     load_format: str = "auto"  # auto | dummy
     quantization: str | None = None  # awq | bnb-nf4 | int8 | None (awq detected from config.json)
@@ -54,6 +54,9 @@ class EngineConfig:
     allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
     # vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}
     speculative_config: dict | None = None
+    # CPU threads of the kernels. None: adaptive, up to torch's thread count (OMP_NUM_THREADS pins
+    # it), fewer while other processes keep cores busy (engine/runner/cpu_threads.py); N: N always.
+    cpu_threads: int | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -96,6 +99,8 @@ class EngineConfig:
             raise ValueError(
                 f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}"
             )
+        if self.cpu_threads is not None:
+            _positive_int("cpu_threads", self.cpu_threads)
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.speculative_config is not None:
