@@ -10,6 +10,7 @@ left holding the dequantised INT4 weights (what the checkpoint computes), so it 
 evaluated directly afterwards.
 """
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,9 +18,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from kvdeck.kernels.cpu.linear import bf16_packing_supported
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq
 from kvdeck.quant.awq_search import (
     apply_clip,
+    channel_means,
     fold_scales_into_linear,
     fold_scales_into_norm,
     search_clip,
@@ -51,6 +54,14 @@ class AWQSettings:
     duo_scaling: bool = True
     clip: bool = True
     batch_size: int = 8  # calibration samples per forward (bounds activation memory)
+    # The scale search scores its grid on this many calibration sequences (spread over the set;
+    # the per-channel statistics it starts from use every one): a grid point is a block
+    # forward, 20 of them per search, and on a CPU scoring all 128 sequences took half an hour
+    # for a 135M model. benchmarks/results/quality_smollm2_cpu.json: the same perplexity.
+    search_samples: int = 16
+    # ...and in bf16 where the layer is fp32 on a CPU that does bf16 matmuls natively (twice
+    # fp32's speed); the folds and the quantisation stay in the layer's own dtype.
+    search_in_bf16: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,26 +376,36 @@ def _search_and_fold_scales(
     attn_kwargs = {k: v for k, v in kwargs.items() if k != "use_cache"}
     batch, group, grid = settings.batch_size, settings.group_size, settings.n_grid
 
-    def attention(x: torch.Tensor) -> torch.Tensor:
-        return _layer_output(attn(hidden_states=x, **attn_kwargs))
+    # The searches run on a copy (in bf16 where that is faster), scoring the layer as it came
+    # in; the folds are applied to the layer itself afterwards.
+    scored = _search_copy(layer, settings)
+    dtype = next(scored.parameters()).dtype
+    s_attn, s_mlp = scored.self_attn, scored.mlp
 
-    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-    gate_up = [mlp.gate_proj, mlp.up_proj]
-    # All four searches score the layer as it came in; the folds are applied afterwards.
+    scored_kwargs = {key: _cast_floats(value, dtype) for key, value in attn_kwargs.items()}
+
+    def attention(x: torch.Tensor) -> torch.Tensor:
+        return _layer_output(s_attn(hidden_states=x, **scored_kwargs))
+
     tick = steps.chunk  # progress reports per calibration batch of each block forward
-    qkv_scales = search_scale(_chunked(attention, batch, tick), qkv, inputs["self_attn.q_proj"],
-                              group, grid, settings.duo_scaling, steps.search("q/k/v"))
+
+    def search(block, linears, name, what):
+        x = inputs[name]
+        every = max(1, x.shape[0] // settings.search_samples)
+        sample = x[::every][:settings.search_samples].to(dtype)
+        return search_scale(_chunked(block, batch, tick), linears, sample, group, grid, settings.duo_scaling,
+                            steps.search(what), x_mean=channel_means(x))
+
+    qkv_scales = search(attention, [s_attn.q_proj, s_attn.k_proj, s_attn.v_proj], "self_attn.q_proj", "q/k/v")
     v_o_scales = None
     if attn.v_proj.weight.shape == attn.o_proj.weight.shape:
         # With grouped-query attention v's rows do not map one to one onto o's inputs.
-        v_o_scales = search_scale(_chunked(attn.o_proj, batch, tick), [attn.o_proj],
-                                  inputs["self_attn.o_proj"], group, grid, settings.duo_scaling,
-                                  steps.search("v→o"))
-    mlp_scales = search_scale(_chunked(mlp, batch, tick), gate_up, inputs["mlp.gate_proj"],
-                              group, grid, settings.duo_scaling, steps.search("gate/up"))
-    down_scales = search_scale(_chunked(mlp.down_proj, batch, tick), [mlp.down_proj],
-                               inputs["mlp.down_proj"], group, grid, settings.duo_scaling,
-                               steps.search("down"))
+        v_o_scales = search(s_attn.o_proj, [s_attn.o_proj], "self_attn.o_proj", "v→o")
+    mlp_scales = search(s_mlp, [s_mlp.gate_proj, s_mlp.up_proj], "mlp.gate_proj", "gate/up")
+    down_scales = search(s_mlp.down_proj, [s_mlp.down_proj], "mlp.down_proj", "down")
+    del scored
+    qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
+    gate_up = [mlp.gate_proj, mlp.up_proj]
 
     # The recorded inputs are divided too: the clip search then sees what the scaled
     # weights will really be multiplied with.
@@ -397,6 +418,26 @@ def _search_and_fold_scales(
     _divide(inputs, "mlp.gate_proj", mlp_scales)
     fold_scales_into_linear(mlp.up_proj, [mlp.down_proj], down_scales)
     _divide(inputs, "mlp.down_proj", down_scales)
+
+
+def _search_copy(layer: nn.Module, settings: AWQSettings) -> nn.Module:
+    """The layer the scale searches score: a copy, in bf16 where the layer is fp32 on a CPU
+    that computes bf16 natively."""
+    scored = copy.deepcopy(layer)
+    parameter = next(layer.parameters())
+    if (settings.search_in_bf16 and parameter.dtype == torch.float32 and parameter.device.type == "cpu"
+            and bf16_packing_supported()):
+        scored = scored.to(torch.bfloat16)
+    return scored
+
+
+def _cast_floats(value, dtype: torch.dtype):
+    """The rotary tables (and any float mask) in the searched copy's dtype."""
+    if isinstance(value, tuple):
+        return tuple(_cast_floats(item, dtype) for item in value)
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    return value
 
 
 def _divide(inputs: dict[str, torch.Tensor], name: str, scales: torch.Tensor) -> None:

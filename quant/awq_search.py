@@ -31,19 +31,23 @@ def search_scale(
     n_grid: int = 20,
     duo_scaling: bool = True,
     on_grid_point: Callable[[int], None] | None = None,
+    x_mean: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Best per-input-channel scales [in] for `linears`, which all read `x` [..., in].
 
     `block_forward(x)` runs the block whose output error is scored (the attention for
     q/k/v, the MLP for gate/up, or the linear itself); it reads the linears' weights
     as they are at call time. `on_grid_point(i)` is told after each grid point is scored
-    (progress reports: one block forward over the calibration batch each).
+    (progress reports: one block forward over the calibration batch each). `x_mean`: the
+    mean |activation| per channel where it comes from more tokens than `x` (the losses are
+    scored on a subsample of the calibration set, the statistics taken on all of it).
     """
     weight = torch.cat([layer.weight for layer in linears], dim=0)
     w_abs = weight.abs().float().reshape(-1, group_size)
     w_norm = w_abs / (w_abs.amax(dim=1, keepdim=True) + 1e-6)
     w_mean = w_norm.reshape(weight.shape).mean(dim=0)
-    x_mean = x.abs().reshape(-1, x.shape[-1]).float().mean(dim=0)
+    if x_mean is None:
+        x_mean = channel_means(x)
 
     reference = block_forward(x).float()
     originals = [layer.weight.data.clone() for layer in linears]
@@ -72,6 +76,11 @@ def search_scale(
     if best_scales is None:
         raise ValueError("AWQ scale search found no finite loss (NaN/inf activations?)")
     return best_scales
+
+
+def channel_means(x: torch.Tensor) -> torch.Tensor:
+    """Mean |x| per input channel over every token, in fp32."""
+    return x.abs().reshape(-1, x.shape[-1]).float().mean(dim=0)
 
 
 @torch.no_grad()

@@ -1,4 +1,6 @@
-"""Benchmark results as JSON: the figures plus what is needed to trust them."""
+"""Benchmark results as JSON: the figures plus what is needed to trust them, the machine's
+load average at the start and at the end among them (a figure taken while something else
+ran is no figure: this 2-core machine's timings swing 2x under load)."""
 
 import json
 import os
@@ -8,6 +10,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+# The load average when a benchmark started: this module is imported as it starts.
+_LOAD_AT_START = os.getloadavg() if hasattr(os, "getloadavg") else None
 
 
 def environment() -> dict:
@@ -19,6 +24,8 @@ def environment() -> dict:
         "platform": platform.platform(),
         "cpu_count": os.cpu_count(),
         "device": "cpu",
+        "load_average_start": _LOAD_AT_START,
+        "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
     }
     for name in ("triton", "transformers"):
         try:
