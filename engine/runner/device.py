@@ -36,7 +36,7 @@ def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch
     """auto: on CUDA the checkpoint's dtype (bf16/fp16 for an fp32 one); on CPU bfloat16 for a
     bfloat16 checkpoint where the CPU does bf16 matmuls natively (avx512_bf16 / AMX: 2.1x the
     batch-1 decode speed of float32 on SmolLM2-135M, benchmarks/results/cpu_dtype_smollm2.json),
-    and for an INT4 (AWQ) one where the CPU also has the INT4 kernels (its products quantise
+    and for an INT4 (AWQ, GPTQ) one where the CPU also has the INT4 kernels (its products quantise
     their activations to int8 whatever the dtype, and the dense rest, the output head above
     all, reads half fp32's bytes: AutoAWQ checkpoints are float16, which this CPU does not
     compute in), otherwise float32. dtype="float32" keeps comparisons with transformers in
@@ -48,7 +48,8 @@ def resolve_dtype(config: EngineConfig, model_config: ModelConfig, device: torch
             return torch.float32
         if model_config.checkpoint_dtype == "bfloat16":
             return torch.bfloat16
-        int4 = config.quantization == "awq" and config.attention_backend == "auto" and cpu_int4.available()
+        int4 = (config.quantization in ("awq", "gptq") and config.attention_backend == "auto"
+                and cpu_int4.available())
         return torch.bfloat16 if int4 else torch.float32
     if model_config.checkpoint_dtype == "float32":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16

@@ -143,6 +143,8 @@ def _projection_weight(linear: Linear, dtype: torch.dtype) -> torch.Tensor | Int
     """What the stack reads for a projection: its INT4 tiles, or the [out, in] weight its GEMV
     reads (a bf16 layer's kept copy beside oneDNN's packed one, an fp32 layer's own weight);
     None for anything else (another quantisation, say)."""
+    if getattr(linear, "input_permutation", None) is not None:
+        return None  # GPTQ's act-order: the layer gathers its input first, the stack does not
     int4 = getattr(linear, "int4", None)
     if isinstance(int4, Int4Weight):
         return int4
