@@ -44,7 +44,7 @@ class EngineConfig:
     dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA; on CPU engine/runner/device.py's rule
     seed: int = 0
     load_format: str = "auto"  # auto | dummy
-    quantization: str | None = None  # awq | bnb-nf4 | int8 | None (awq detected from config.json)
+    quantization: str | None = None  # awq | gptq | bnb-nf4 | int8 | None (awq, gptq: from config.json)
     device: str = "auto"  # auto | cuda | cpu
     attention_backend: str = "auto"  # auto | triton | torch
     kv_cache_dtype: str = "auto"  # auto (the model's dtype) | fp8 | fp8_e4m3 | fp8_e5m2 | int8 | ...

@@ -14,11 +14,12 @@ AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 64, "zero_point": 
 
 
 def test_engine_hook_returns_our_methods():
-    assert linear_method_names() == ("awq", "bnb-nf4", "int8")  # registered by kvdeck.quant
+    assert linear_method_names() == ("awq", "gptq", "bnb-nf4", "int8")  # registered by kvdeck.quant
     assert isinstance(get_linear_method("awq", AWQ_CONFIG), AWQLinearMethod)
+    assert type(get_linear_method("gptq", {"bits": 4})).__name__ == "GPTQLinearMethod"
     assert type(get_linear_method("bnb-nf4", {})).__name__ == "BnbNF4LinearMethod"
     with pytest.raises(ValueError, match="quantization must be one of"):
-        make_linear_method("gptq", {})
+        make_linear_method("marlin", {})
 
 
 @pytest.mark.parametrize(
