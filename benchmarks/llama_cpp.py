@@ -4,7 +4,12 @@ folders to GGUF with its own converter. Not run by CI.
 
     python benchmarks/llama_cpp.py build              # CMake, Release, CPU; cached
     python benchmarks/llama_cpp.py convert DIR OUT.gguf [--outtype f32]
+    python benchmarks/llama_cpp.py quantize DIR OUT.gguf [--type Q4_1]
     python benchmarks/llama_cpp.py where               # the bin folder kvdeck bench uses
+
+`quantize` is `convert DIR f16.gguf --outtype f16` then `llama-quantize f16.gguf OUT.gguf
+Q4_1` (the F16 file in a temporary folder beside OUT): the 4-bit file an INT4 kvdeck model
+is compared with (`kvdeck bench decode --baseline llama.cpp --llama-cpp-gguf OUT.gguf`).
 
 The build lives in ~/.cache/kvdeck/llama.cpp/<version> (KVDECK_LLAMA_CPP_DIR overrides),
 outside the repository. The demo model's byte-level BPE pre-tokenizer is GPT-2's; the
@@ -24,7 +29,8 @@ import tempfile
 from pathlib import Path
 
 VERSION = "0.3.36"  # llama-cpp-python; its vendor/llama.cpp is the source built
-TARGETS = ("llama-server", "llama-bench", "llama-batched-bench")
+TARGETS = ("llama-server", "llama-bench", "llama-batched-bench", "llama-quantize")
+QUANTIZE_TYPES = ("Q4_0", "Q4_1", "Q4_K_M", "Q4_K_S", "IQ4_NL", "IQ4_XS", "Q5_K_M", "Q8_0")
 
 
 def cache_dir() -> Path:
@@ -62,16 +68,19 @@ def fetch_source() -> Path:
     return source_dir()
 
 
-def build() -> Path:
+def build(targets: tuple[str, ...] = TARGETS) -> Path:
+    """The targets built (only those missing: a build made before a target was added gets
+    just that one)."""
     source = fetch_source()
     build_dir = cache_dir() / "build"
-    if all((bin_dir() / target).is_file() for target in TARGETS):
+    missing = [target for target in targets if not (bin_dir() / target).is_file()]
+    if not missing:
         return bin_dir()
     subprocess.run(["cmake", "-S", str(source), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
                     "-DGGML_NATIVE=ON", "-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF",
                     "-DLLAMA_BUILD_EXAMPLES=ON", "-DLLAMA_BUILD_SERVER=ON"], check=True)
     subprocess.run(["cmake", "--build", str(build_dir), "--config", "Release", "-j",
-                    str(os.cpu_count() or 2), "--target", *TARGETS], check=True)
+                    str(os.cpu_count() or 2), "--target", *missing], check=True)
     return bin_dir()
 
 
@@ -114,6 +123,19 @@ def convert(model_dir: Path, out: Path, outtype: str) -> Path:
     return out
 
 
+def quantize(model_dir: Path, out: Path, quant_type: str) -> Path:
+    """The model as a `quant_type` GGUF: converted to F16, then llama-quantize."""
+    tool = build(("llama-quantize",)) / "llama-quantize"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".quantize-", dir=out.parent) as tmp:
+        f16 = Path(tmp) / "f16.gguf"
+        convert(model_dir, f16, "f16")
+        partial = Path(tmp) / out.name
+        subprocess.run([str(tool), str(f16), str(partial), quant_type], check=True)
+        os.replace(partial, out)
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -123,11 +145,17 @@ def main() -> int:
     convert_args.add_argument("model_dir", type=Path)
     convert_args.add_argument("out", type=Path)
     convert_args.add_argument("--outtype", default="f32", choices=("f32", "f16", "bf16", "q8_0"))
+    quantize_args = commands.add_parser("quantize", help="convert to F16, then llama-quantize")
+    quantize_args.add_argument("model_dir", type=Path)
+    quantize_args.add_argument("out", type=Path)
+    quantize_args.add_argument("--type", dest="quant_type", default="Q4_1", choices=QUANTIZE_TYPES)
     args = parser.parse_args()
     if args.command == "build":
         print(build())
     elif args.command == "where":
         print(bin_dir())
+    elif args.command == "quantize":
+        print(quantize(args.model_dir.resolve(), args.out.resolve(), args.quant_type))
     else:
         print(convert(args.model_dir.resolve(), args.out.resolve(), args.outtype))
     return 0

@@ -9,8 +9,14 @@ roofline time per token / measured time per token. The copy is far larger than t
 last-level cache, so the roofline assumes weights come from DRAM; a model whose weights fit
 in that cache (the demo's 23 MB in a 32 MB L3) can beat it, and the JSON says so.
 
-With a baseline (llama.cpp), both sides decode the same prompt in turns and each pair's
-ratio is kept.
+The weight bytes are counted from the loaded model's modules, as a step reads them: every
+parameter and buffer once (not the input embedding, of which a step reads one row, unless the
+output head reads it; not the rotary table), plus the tiles the CPU's INT4 layers
+(kernels/cpu/int4.py) and an INT4 model's int8 output head (kernels/cpu/int8.py) keep outside
+their parameters, instead of the dense head weight such a head no longer reads.
+
+With a baseline (llama.cpp's server or llama-bench), both sides decode the same prompt in
+turns and each pair's ratio is kept.
 """
 
 import statistics
@@ -24,8 +30,9 @@ from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.kernels.cpu.native import last_level_cache_bytes
 
-# A baseline's decode of the prompt: (seconds per output token, its greedy token ids).
-DecodeRun = tuple[float, list[int]]
+# A baseline's decode of the prompt: (seconds per output token, its greedy token ids, or None
+# where the baseline gives none: llama-bench).
+DecodeRun = tuple[float, list[int] | None]
 
 COPY_BYTES = {"cuda": 1 << 30, "cpu": 1 << 28}
 COPY_REPEATS = 10
@@ -80,7 +87,7 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
     tpot = statistics.median(runs)
     info = llm.engine.info
     bandwidth = copy_bandwidth(torch.device(info.device))
-    weights = info.weight_bytes_per_token
+    weights = decode_weight_bytes(llm)
     kv_per_token = info.kv_bytes_per_token
     # Output token t + 1 attends to len(prompt) + t tokens: on average len(prompt) + output_len / 2.
     mean_context = len(prompt) + output_len / 2
@@ -110,8 +117,52 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
         # kvdeck's tokens/s over the baseline's, pair by pair (> 1: kvdeck is faster).
         figures["ratio"] = ratio_summary([base[0] / kvdeck[0] for kvdeck, base in pairs])
         kvdeck_tokens, base_tokens = pairs[-1][0][1], pairs[-1][1][1]
-        figures["greedy_tokens_in_common"] = common_prefix(kvdeck_tokens, base_tokens)
+        if base_tokens is not None:
+            figures["greedy_tokens_in_common"] = common_prefix(kvdeck_tokens, base_tokens)
     return figures
+
+
+def decode_weight_bytes(llm: LLM) -> int:
+    """The weight bytes one decode step reads, from the loaded model (the engine's own count
+    where the model is not in this process)."""
+    core = getattr(llm.engine, "core", None)
+    model = getattr(getattr(core, "runner", None), "model", None)
+    if model is None:
+        return llm.engine.info.weight_bytes_per_token
+    return weight_bytes_read_per_step(model)
+
+
+def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
+    """Every parameter and buffer once, less the input embedding (a row per token) unless the
+    output head reads it and less the rotary table (a row); plus INT4 layers' tiles (their
+    AutoAWQ tensors are emptied once repacked) and an int8 head's tiles in place of the dense
+    weight it keeps only for reference (tied: the embedding's)."""
+    from kvdeck.kernels.cpu.int4 import Int4Weight
+    from kvdeck.kernels.cpu.int8 import Int8Weight
+
+    total, seen = 0, set()
+    for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+        if id(tensor) in seen or name.endswith("cos_sin_cache"):
+            continue
+        seen.add(id(tensor))
+        total += tensor.numel() * tensor.element_size()
+    embedding = model.model.embed_tokens.weight
+    head = model.lm_head
+    head_tiles = getattr(head, "tiles", None)
+    head_weight = getattr(head, "weight", None)
+    if isinstance(head_tiles, Int8Weight):
+        total += head_tiles.tiles.numel() * head_tiles.tiles.element_size()
+        # the dense weight is not read by the head; tied, it is the embedding, not read either
+        if head_weight is not None and head_weight is not embedding:
+            total -= head_weight.numel() * head_weight.element_size()
+        total -= embedding.numel() * embedding.element_size()
+    elif head_weight is not embedding:
+        total -= embedding.numel() * embedding.element_size()
+    for module in model.modules():
+        tiles = getattr(module, "int4", None)
+        if isinstance(tiles, Int4Weight):
+            total += tiles.nbytes
+    return total
 
 
 def _synchronize(device: torch.device) -> None:

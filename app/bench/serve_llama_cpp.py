@@ -9,13 +9,12 @@ on both sides.
 
 import argparse
 import os
-import shlex
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from kvdeck.app.bench.llama_cpp import LlamaServer, find_bin_dir
+from kvdeck.app.bench.llama_cpp import LlamaServer, extra_args, find_bin_dir, repack_args
 from kvdeck.app.bench.pairs import alternate, ratio_summary
 
 # The latencies compared, as kvdeck's over llama.cpp's (above 1: kvdeck is slower), and the
@@ -46,7 +45,7 @@ class LlamaCppServeBaseline:
             threads = args.llama_cpp_threads or os.cpu_count() or 1
             server = LlamaServer(find_bin_dir(args.llama_cpp_bin), args.llama_cpp_gguf, threads,
                                  args.llama_cpp_slot_context or longest_request, args.llama_cpp_parallel,
-                                 extra_args=shlex.split(args.llama_cpp_args)).start()
+                                 extra_args=repack_args(args) + extra_args(args)).start()
             url = server.url
         model, _ = _server_info(url, {}, None)
         return cls(args, url, model, server)

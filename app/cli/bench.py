@@ -17,9 +17,40 @@ SPEC_HELP = ("with --speculative-config, both sides run in this process: the eng
              "speculative decoding, alternating, and the JSON holds the speedup and acceptance")
 
 
+# Flags whose value may itself start with a dash (`--llama-cpp-args --no-repack`): argparse
+# would take such a value for an option of its own and refuse the flag as missing its value.
+DASH_VALUE_FLAGS = ("--llama-cpp-args",)
+
+
+class _BenchParser(argparse.ArgumentParser):
+    """A bench subcommand's parser: a DASH_VALUE_FLAGS flag takes the next word as its value,
+    whatever it starts with (joined as `--flag=value` before argparse sees it)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(join_dash_values(args), namespace)
+
+
+def join_dash_values(args: list[str] | None) -> list[str] | None:
+    if args is None:
+        return None
+    joined, index = [], 0
+    while index < len(args):
+        arg = args[index]
+        if arg in DASH_VALUE_FLAGS and index + 1 < len(args) and args[index + 1].startswith("-"):
+            joined.append(f"{arg}={args[index + 1]}")
+            index += 2
+            continue
+        if arg == "--":  # what follows is positional, as argparse has it
+            joined += args[index:]
+            break
+        joined.append(arg)
+        index += 1
+    return joined
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
-                                required=True)
+                                required=True, parser_class=_BenchParser)
     tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload",
                         epilog=SPEC_HELP)
     add_engine_arguments(tp)
@@ -46,8 +77,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
     dc.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
     dc.add_argument("--out", default=None, help="write the JSON result here")
-    dc.add_argument("--baseline", choices=["llama.cpp", "none"], default="none",
-                    help="also decode the same prompt with llama.cpp, in turns with kvdeck")
+    dc.add_argument("--baseline", choices=["llama.cpp", "llama-bench", "none"], default="none",
+                    help="also decode the same prompt with llama.cpp, in turns with kvdeck: llama.cpp "
+                         "runs llama-server; llama-bench runs llama.cpp's llama-bench (-p 0 -n "
+                         "OUTPUT_LEN -d INPUT_LEN -r 1), where the server cannot run. On an INT4 "
+                         "model without --llama-cpp-gguf, the 4-bit GGUF it (or the model it was "
+                         "quantised from) was imported from")
     _add_llama_cpp_arguments(dc)
 
 
@@ -86,14 +121,22 @@ def _add_llama_cpp_arguments(parser: argparse.ArgumentParser, running_server: bo
     (kvdeck.app.bench.llama_cpp reads them)."""
     group = parser.add_argument_group("llama.cpp baseline (--baseline llama.cpp)")
     group.add_argument("--llama-cpp-gguf", default=None,
-                       help="the same model as GGUF (python benchmarks/llama_cpp.py convert MODEL OUT.gguf)")
+                       help="the same model as GGUF (python benchmarks/llama_cpp.py convert MODEL OUT.gguf; "
+                            "for an INT4 model, quantize MODEL OUT.gguf --type Q4_1). Default for an "
+                            "INT4 model (decode, throughput): the 4-bit GGUF it or its dense origin "
+                            "was imported from")
     group.add_argument("--llama-cpp-bin", default=None,
                        help="folder holding llama-server (default: $KVDECK_LLAMA_CPP_DIR/build/bin, "
                             "else the newest build under ~/.cache/kvdeck/llama.cpp)")
     group.add_argument("--llama-cpp-threads", type=int, default=None,
                        help="llama.cpp's threads (default: as many as kvdeck's torch uses)")
-    group.add_argument("--llama-cpp-args", default="",
-                       help="more llama-server flags, as one string (e.g. \"--poll 0\")")
+    group.add_argument("--llama-cpp-args", action="append", default=[],
+                       help="more llama.cpp flags, as one string split as a shell would "
+                            "(\"--poll 0\", --llama-cpp-args=--no-repack or --llama-cpp-args "
+                            "--no-repack); may be repeated")
+    group.add_argument("--llama-cpp-repack", type=int, choices=(0, 1), default=None,
+                       help="llama.cpp's weight repacking at load: 0 off (--no-repack; llama-bench's "
+                            "--repack 0), 1 on (default: llama.cpp's, on)")
     if running_server:
         group.add_argument("--llama-cpp-url", default=None,
                            help="a llama-server already running (instead of starting one)")

@@ -44,6 +44,8 @@ def run_throughput(args: argparse.Namespace) -> int:
     if speculative and args.baseline != "none":
         raise ValueError("--speculative-config compares with the same engine without speculation; "
                          f"leave out --baseline {args.baseline}")
+    if args.baseline == "llama.cpp":
+        _choose_gguf(args)
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     requests = _workload(args, llm, input_len, output_len)
@@ -127,6 +129,8 @@ def run_decode(args: argparse.Namespace) -> int:
     if engine_kwargs.get("speculative_config") is not None and args.baseline != "none":
         raise ValueError("--speculative-config compares with the same engine without speculation; "
                          f"leave out --baseline {args.baseline}")
+    if args.baseline != "none":
+        _choose_gguf(args)
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     seed = args.seed if args.seed is not None else 0
@@ -144,13 +148,20 @@ def run_decode(args: argparse.Namespace) -> int:
                   "workload": args.workload}
         return _run_decode_comparison(args, llm, prompts, config)
     prompt = prompts[0]
-    server = baseline = None
+    server = baseline = command = None
     try:
         if args.baseline == "llama.cpp":
             from kvdeck.app.bench.against_llama_cpp import decode_baseline
 
             server, baseline = decode_baseline(args, prompt, args.output_len, torch.get_num_threads(),
                                                info.kv_cache_dtype)
+            command = server.command
+        elif args.baseline == "llama-bench":
+            from kvdeck.app.bench import llama_bench
+
+            bench, baseline = llama_bench.decode_baseline(args, len(prompt), args.output_len,
+                                                          torch.get_num_threads(), info.kv_cache_dtype)
+            command = bench.command
         figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats, baseline)
     finally:
         if server is not None:
@@ -167,14 +178,17 @@ def run_decode(args: argparse.Namespace) -> int:
     print(f"  {figures['roofline_fraction']:.1%} of the roofline (DRAM{in_cache})")
     if "baseline" in figures:
         ratio = figures["ratio"]
-        print(f"llama.cpp: {figures['baseline']['time_per_output_token_s'] * 1e3:.3f} ms/token; kvdeck / "
-              f"llama.cpp tokens/s: median {ratio['median']:.3f}x over {len(ratio['pairs'])} pairs "
-              f"({ratio['min']:.3f}-{ratio['max']:.3f}); greedy tokens in common "
-              f"{figures['greedy_tokens_in_common']}/{args.output_len}")
+        name = "llama-bench" if args.baseline == "llama-bench" else "llama.cpp"
+        common = figures.get("greedy_tokens_in_common")
+        greedy = (f"; greedy tokens in common {common}/{args.output_len}" if common is not None
+                  else " (llama-bench returns no tokens to compare)")
+        print(f"{name}: {figures['baseline']['time_per_output_token_s'] * 1e3:.3f} ms/token; kvdeck / "
+              f"{name} tokens/s: median {ratio['median']:.3f}x over {len(ratio['pairs'])} pairs "
+              f"({ratio['min']:.3f}-{ratio['max']:.3f}){greedy}")
     config = {"model": args.model or "demo", "input_len": args.input_len,
               "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
               "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
-              "baseline": _llama_cpp_config(args, server.command) if server is not None else "none",
+              "baseline": _llama_cpp_config(args, command) if command is not None else "none",
               "workload": args.workload}
     result = build_result("decode", config, {"decode": figures})
     if args.out:
@@ -205,8 +219,27 @@ def _run_decode_comparison(args: argparse.Namespace, spec, prompts: list[list[in
     return 0
 
 
+def _choose_gguf(args: argparse.Namespace) -> None:
+    """--llama-cpp-gguf, or an INT4 model's nearest 4-bit GGUF, said on stderr (and set on args
+    with its type, for the server, llama-bench and the JSON)."""
+    from kvdeck.app.bench.baseline_gguf import choose_baseline_gguf
+    from kvdeck.engine.types.model_path import resolve_model_path
+
+    chosen = choose_baseline_gguf(args, resolve_model_path(args.model))
+    args.llama_cpp_gguf = str(chosen.path)
+    args.llama_cpp_gguf_type = chosen.quantization
+    args.llama_cpp_gguf_chosen_because = chosen.chosen_because
+    print(f"llama.cpp baseline: {chosen.path} ({chosen.quantization or 'type unknown'}; "
+          f"{chosen.chosen_because})", file=sys.stderr)
+
+
 def _llama_cpp_config(args: argparse.Namespace, command: list[str]) -> dict:
-    return {"name": "llama.cpp", "gguf": str(args.llama_cpp_gguf), "command": command}
+    """What ran on the baseline's side: the tool, its GGUF (type, why that file) and command."""
+    return {"name": "llama.cpp", "tool": Path(command[0]).name if command else None,
+            "gguf": str(args.llama_cpp_gguf), "gguf_type": getattr(args, "llama_cpp_gguf_type", None),
+            "gguf_chosen_because": getattr(args, "llama_cpp_gguf_chosen_because", None),
+            "llama_cpp_args": list(args.llama_cpp_args or []),
+            "repack": getattr(args, "llama_cpp_repack", None), "command": command}
 
 
 def _workload(args: argparse.Namespace, llm, input_len: tuple[int, int],

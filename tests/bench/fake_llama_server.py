@@ -8,6 +8,10 @@ vLLM and kvdeck do, so that it can stand for the server under test as well.
 
 Its "model" is arithmetic: the greedy continuation of a prompt is (sum of the prompt + i) % 97,
 and each generated token "takes" `FAKE_MS_PER_TOKEN` ms in its timings.
+
+With $FAKE_LLAMA_SIGNAL set (a signal number) it dies of that signal at start, after a log line
+of llama.cpp's CPU repack, as llama-server does where the repack crashes; run as
+`fake_llama_server.py bench ...` it stands for `llama-bench` instead (`bench_main`).
 """
 
 import argparse
@@ -96,16 +100,48 @@ def serve_in_thread(model: str = "fake", tokenize_field: str = "content",
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
 
+def bench_main(argv: list[str]) -> int:
+    """llama-bench's `-o json` for its tg test: FAKE_MS_PER_TOKEN ms per token."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("-m", dest="model", required=True)
+    parser.add_argument("-n", dest="n_gen", type=int, default=128)
+    parser.add_argument("-p", dest="n_prompt", type=int, default=512)
+    parser.add_argument("-d", dest="n_depth", type=int, default=0)
+    parser.add_argument("-o", dest="output", default="md")
+    args, _ = parser.parse_known_args(argv)
+    _log_argv(argv)
+    _die_if_asked()
+    avg_ts = 1e3 / FAKE_MS_PER_TOKEN
+    print(json.dumps([{"model_filename": args.model, "n_prompt": args.n_prompt, "n_gen": args.n_gen,
+                       "n_depth": args.n_depth, "avg_ts": avg_ts, "samples_ts": [avg_ts]}], indent=2))
+    return 0
+
+
+def _log_argv(argv: list[str]) -> None:
+    log_path = os.environ.get("FAKE_LLAMA_LOG")
+    if log_path:
+        with open(log_path, "a") as log:
+            log.write(json.dumps({"argv": argv}) + "\n")
+
+
+def _die_if_asked() -> None:
+    number = os.environ.get("FAKE_LLAMA_SIGNAL")
+    if number:
+        print("load_tensors:   CPU_REPACK model buffer size =    54.00 MiB", flush=True)
+        os.kill(os.getpid(), int(number))
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["bench"]:
+        return bench_main(argv[1:])
     parser = argparse.ArgumentParser()
     parser.add_argument("-m", dest="model", required=True)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     args, _ = parser.parse_known_args(argv)
+    _log_argv(argv)
+    _die_if_asked()
     log_path = os.environ.get("FAKE_LLAMA_LOG")
-    if log_path:
-        with open(log_path, "a") as log:
-            log.write(json.dumps({"argv": argv}) + "\n")
     server = ThreadingHTTPServer((args.host, args.port), make_handler(args.model, "content", log_path))
     server.serve_forever()
     return 0
