@@ -134,78 +134,22 @@ int kvdeck_gemv_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const ui
 
 /* Decode attention: one query token per row, bf16 q and cache, fp32 arithmetic.
  *
- * Each (row, head) walks its context once (the last `window` positions with a window),
- * with an online softmax (flash attention's running maximum and denominator), so nothing
- * of size context is allocated. The keys go sixteen at a time: their scores (fp32 sums of
- * bf16 products, vdpbf16ps) fill one vector, which takes one maximum, one rescale and one
- * vector exp, where a key at a time made every key wait on the previous one's exp (4x
- * slower at SmolLM2's 64-dim heads). Scores are capped as c * tanh(s / c) when soft_cap > 0
- * (Gemma 2), and the output is rounded to bf16 once at the end. Rows and heads are shared
- * among the threads.
+ * Each (row, tile of up to four heads) walks its context once (the last `window` positions
+ * with a window), with an online softmax (flash attention's running maximum and
+ * denominator), so nothing of size context is allocated: native_f32.c's tile kernel over
+ * the bf16 cache, each key's slot read once for the tile's heads and each head's sixteen
+ * scores summed across lanes together (one reduction a key, with a division a key through
+ * the block table, cost SmolLM2 a third of its INT4 decode step). The query is widened to
+ * fp32 (exact), scores are capped as c * tanh(s / c) when soft_cap > 0 (Gemma 2), and the
+ * output is rounded to bf16 once at the end. Rows and head tiles are shared among the
+ * threads.
  *
  * q [rows, heads, dim] (row stride q_stride), caches [num_blocks, block_size, kv_heads, dim]
  * contiguous, block_tables [rows, bt_stride] int32, seq_lens [rows] int32 (context length
  * including this step's token), out [rows, heads, dim] contiguous. */
 
 #if KVDECK_NATIVE
-/* One (row, head): the attention of `query` over positions first..len-1 of its table. */
-static void attend_one(const void* query_, const void* k_cache_, const void* v_cache_, const int32_t* table,
-                       int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t kv_head,
-                       int64_t dim, float scale, float soft_cap, void* result_) {
-    const uint16_t *query = query_, *k_cache = k_cache_, *v_cache = v_cache_;
-    uint16_t* result = result_;
-    const int64_t chunks = (dim + 15) / 16, pairs = (dim + 31) / 32;
-    __m512 acc[MAX_HEAD_DIM / 16];
-    __m512bh qv[MAX_HEAD_DIM / 32];
-    __mmask16 lanes[MAX_HEAD_DIM / 16];
-    __mmask32 pair_lanes[MAX_HEAD_DIM / 32];
-    for (int64_t c = 0; c < chunks; c++) {
-        lanes[c] = lanes_from(dim - c * 16);
-        acc[c] = _mm512_setzero_ps();
-    }
-    for (int64_t c = 0; c < pairs; c++) {
-        const int64_t left = dim - c * 32;
-        pair_lanes[c] = left >= 32 ? (__mmask32)0xFFFFFFFFu : (__mmask32)((1u << left) - 1u);
-        qv[c] = (__m512bh)_mm512_maskz_loadu_epi16(pair_lanes[c], query + c * 32);
-    }
-    float running_max = -INFINITY, denominator = 0.0f;
-    for (int64_t p0 = first; p0 < len; p0 += KEY_TILE) {
-        const int64_t count = len - p0 < KEY_TILE ? len - p0 : KEY_TILE;
-        int64_t offsets[KEY_TILE];
-        float scores[KEY_TILE];
-        for (int64_t j = 0; j < count; j++) {
-            const int64_t p = p0 + j;
-            const int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-            offsets[j] = (slot * kv_heads + kv_head) * dim;
-            __m512 dot = _mm512_setzero_ps();
-            for (int64_t c = 0; c < pairs; c++)
-                dot = _mm512_dpbf16_ps(dot, qv[c], (__m512bh)_mm512_maskz_loadu_epi16(
-                                                       pair_lanes[c], k_cache + offsets[j] + c * 32));
-            scores[j] = _mm512_reduce_add_ps(dot) * scale;
-            if (soft_cap > 0.0f) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
-        }
-        float weight[KEY_TILE];
-        softmax_tile(scores, count, &running_max, &denominator, acc, chunks, weight);
-        for (int64_t j = 0; j < count; j++) {
-            const __m512 w = _mm512_set1_ps(weight[j]);
-            for (int64_t c = 0; c < chunks; c++)
-                acc[c] = _mm512_fmadd_ps(w, widen(v_cache + offsets[j] + c * 16, lanes[c]), acc[c]);
-        }
-    }
-    const __m512 inverse = _mm512_set1_ps(denominator > 0.0f ? 1.0f / denominator : 0.0f);
-    for (int64_t c = 0; c < chunks; c++)
-        _mm256_mask_storeu_epi16(result + c * 16, lanes[c],
-                                 (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(acc[c], inverse)));
-}
-/* A tile of heads one at a time (bf16 keeps attend_one's order of sums bit for bit). */
-static void attend_heads(const void* query, int64_t first_head, int64_t heads, int64_t group, const void* k_cache,
-                         const void* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
-                         int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result) {
-    for (int64_t g = 0; g < heads; g++)
-        attend_one((const uint16_t*)query + g * dim, k_cache, v_cache, table, first, len, block_size, kv_heads,
-                   (first_head + g) / group, dim, scale, soft_cap, (uint16_t*)result + g * dim);
-}
-#define ATTEND_HEADS attend_heads
+#define ATTEND_HEADS kvdeck_attend_tile_bf16
 #else
 #define ATTEND_HEADS NULL  /* kvdeck_attention_rows refuses: this build has no AVX-512 path */
 #endif
@@ -215,8 +159,7 @@ int kvdeck_decode_attention_bf16(const uint16_t* q, int64_t rows, int64_t q_stri
                                  int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride,
                                  const int32_t* seq_lens, int64_t block_size, int64_t window,
                                  float scale, float soft_cap, uint16_t* out) {
-    const int64_t group = heads / (kv_heads > 0 ? kv_heads : 1);  /* a kv head's heads an item */
-    return kvdeck_attention_rows(ATTEND_HEADS, group, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache,
+    return kvdeck_attention_rows(ATTEND_HEADS, HEAD_TILE, sizeof(uint16_t), q, rows, q_stride, heads, dim, k_cache,
                                  v_cache, kv_heads, block_tables, bt_stride, seq_lens, block_size, window, scale,
                                  soft_cap, out);
 }

@@ -79,11 +79,19 @@ int kvdeck_gemv_f32(const float* x, int64_t rows, int64_t x_stride, const float*
 }
 
 #if KVDECK_NATIVE
+/* The caches' element formats the attention reads. */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+
 /* Sixteen cache elements from `index` (the lanes in `lanes`; the others 0) as fp32: fp32
- * elements, or fp16 ones (`half`: an fp32 model's 16-bit cache, llama.cpp's default). */
-static inline __m512 load_kv(const void* cache, int64_t index, __mmask16 lanes, int half) {
-    return half ? _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, (const uint16_t*)cache + index))
-                : _mm512_maskz_loadu_ps(lanes, (const float*)cache + index);
+ * elements, fp16 ones (an fp32 model's 16-bit cache, llama.cpp's default) or bf16 ones (a
+ * bf16 model's cache). Each widening is exact. */
+static inline __m512 load_kv(const void* cache, int64_t index, __mmask16 lanes, int format) {
+    const uint16_t* halves = (const uint16_t*)cache + index;
+    if (format == KV_F16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, halves));
+    if (format == KV_BF16)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(lanes, halves)),
+                                                     16));
+    return _mm512_maskz_loadu_ps(lanes, (const float*)cache + index);
 }
 
 /* Up to HEAD_TILE query heads of one row (`heads` of them, from first_head; head h reads kv
@@ -98,7 +106,7 @@ static inline __m512 load_kv(const void* cache, int64_t index, __mmask16 lanes, 
 static inline __attribute__((always_inline)) void attend_heads_f32(
     const float* query, int64_t first_head, int64_t heads, int64_t group, const void* k_cache,
     const void* v_cache, const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads,
-    int64_t dim, int64_t chunks, int half, float scale, float soft_cap, float* result) {
+    int64_t dim, int64_t chunks, int format, float scale, float soft_cap, float* result) {
     __mmask16 lanes[MAX_HEAD_DIM / 16];
     for (int64_t c = 0; c < chunks; c++) lanes[c] = lanes_from(dim - c * 16);
     __m512 acc[HEAD_TILE][MAX_HEAD_DIM / 16], qv[HEAD_TILE][MAX_HEAD_DIM / 16];
@@ -127,7 +135,7 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
                 if (j < count)
                     for (int64_t c = 0; c < chunks; c++)
                         dot = _mm512_fmadd_ps(
-                            qv[g][c], load_kv(k_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], half), dot);
+                            qv[g][c], load_kv(k_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format), dot);
                 dots[g][j] = dot;
             }
         float weight[HEAD_TILE][KEY_TILE];
@@ -143,7 +151,7 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
                 const __m512 w = _mm512_set1_ps(weight[g][j]);
                 for (int64_t c = 0; c < chunks; c++)
                     acc[g][c] = _mm512_fmadd_ps(
-                        w, load_kv(v_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], half), acc[g][c]);
+                        w, load_kv(v_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format), acc[g][c]);
             }
     }
     for (int64_t g = 0; g < heads; g++) {
@@ -153,35 +161,39 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
     }
 }
 
-#define ATTEND_HEADS_F32(HEADS, CHUNKS, HALF)                                                              \
-    static void attend_##HEADS##_##CHUNKS##_##HALF(const float* q, int64_t h0, int64_t group, const void* k, \
+#define ATTEND_HEADS_F32(HEADS, CHUNKS, FORMAT)                                                            \
+    static void attend_##HEADS##_##CHUNKS##_##FORMAT(const float* q, int64_t h0, int64_t group, const void* k, \
                                                    const void* v, const int32_t* t, int64_t first, int64_t len, \
                                                    int64_t bs, int64_t kvh, int64_t dim, float scale, float cap, \
                                                    float* out) {                                            \
-        attend_heads_f32(q, h0, HEADS, group, k, v, t, first, len, bs, kvh, dim, CHUNKS, HALF, scale, cap, out); \
+        attend_heads_f32(q, h0, HEADS, group, k, v, t, first, len, bs, kvh, dim, CHUNKS, FORMAT, scale, cap, out); \
     }
-#define ATTEND_SHAPES(HALF)                                                                                  \
-    ATTEND_HEADS_F32(1, 4, HALF) ATTEND_HEADS_F32(2, 4, HALF) ATTEND_HEADS_F32(3, 4, HALF)                   \
-    ATTEND_HEADS_F32(4, 4, HALF) ATTEND_HEADS_F32(1, 8, HALF) ATTEND_HEADS_F32(2, 8, HALF)                   \
-    ATTEND_HEADS_F32(3, 8, HALF) ATTEND_HEADS_F32(4, 8, HALF)
+#define ATTEND_SHAPES(FORMAT)                                                                                \
+    ATTEND_HEADS_F32(1, 4, FORMAT) ATTEND_HEADS_F32(2, 4, FORMAT) ATTEND_HEADS_F32(3, 4, FORMAT)             \
+    ATTEND_HEADS_F32(4, 4, FORMAT) ATTEND_HEADS_F32(1, 8, FORMAT) ATTEND_HEADS_F32(2, 8, FORMAT)             \
+    ATTEND_HEADS_F32(3, 8, FORMAT) ATTEND_HEADS_F32(4, 8, FORMAT)
 ATTEND_SHAPES(0)
 ATTEND_SHAPES(1)
+ATTEND_SHAPES(2)
 
 /* One (row, tile of heads) through the instance for its shape: 64- and 128-dim heads (4
  * and 8 vectors) in tiles of 1 to 4 heads; other shapes run the same code with runtime
- * counts. `half`: the caches hold fp16. */
+ * counts. `format`: the caches' elements (KV_F32, KV_F16, KV_BF16). */
 static inline __attribute__((always_inline)) void attend_tile(
     const void* query_, int64_t first_head, int64_t heads, int64_t group, const void* k, const void* v,
     const int32_t* table, int64_t first, int64_t len, int64_t block_size, int64_t kv_heads, int64_t dim, float scale,
-    float soft_cap, void* result_, int half) {
+    float soft_cap, void* result_, int format) {
     const float* q = query_;
     float* out = result_;
     const int64_t chunks = (dim + 15) / 16;
     switch (chunks == 4 || chunks == 8 ? heads * 100 + chunks : 0) {
 #define CASE(HEADS, CHUNKS)                                                                                      \
     case HEADS * 100 + CHUNKS:                                                                                   \
-        if (half)                                                                                                \
+        if (format == KV_F16)                                                                                    \
             attend_##HEADS##_##CHUNKS##_1(q, first_head, group, k, v, table, first, len, block_size, kv_heads,   \
+                                          dim, scale, soft_cap, out);                                            \
+        else if (format == KV_BF16)                                                                              \
+            attend_##HEADS##_##CHUNKS##_2(q, first_head, group, k, v, table, first, len, block_size, kv_heads,   \
                                           dim, scale, soft_cap, out);                                            \
         else                                                                                                     \
             attend_##HEADS##_##CHUNKS##_0(q, first_head, group, k, v, table, first, len, block_size, kv_heads,   \
@@ -191,7 +203,7 @@ static inline __attribute__((always_inline)) void attend_tile(
 #undef CASE
         default:
             attend_heads_f32(q, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, chunks,
-                             half, scale, soft_cap, out);
+                             format, scale, soft_cap, out);
     }
 }
 
@@ -199,7 +211,7 @@ static void attend_tile_f32(const void* query, int64_t first_head, int64_t heads
                             const void* v, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
                             int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result) {
     attend_tile(query, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, scale,
-                soft_cap, result, 0);
+                soft_cap, result, KV_F32);
 }
 
 static void attend_tile_f32_f16kv(const void* query, int64_t first_head, int64_t heads, int64_t group,
@@ -207,7 +219,27 @@ static void attend_tile_f32_f16kv(const void* query, int64_t first_head, int64_t
                                   int64_t block_size, int64_t kv_heads, int64_t dim, float scale, float soft_cap,
                                   void* result) {
     attend_tile(query, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, scale,
-                soft_cap, result, 1);
+                soft_cap, result, KV_F16);
+}
+
+/* A bf16 model's tile: its query widened to fp32 (exact), the fp32 tile over the bf16
+ * caches, the result rounded to bf16 once (round to nearest even). */
+void kvdeck_attend_tile_bf16(const void* query, int64_t first_head, int64_t heads, int64_t group, const void* k,
+                             const void* v, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                             int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result) {
+    float wide[HEAD_TILE * MAX_HEAD_DIM], out[HEAD_TILE * MAX_HEAD_DIM];
+    const uint16_t* q = query;
+    for (int64_t i = 0; i < heads * dim; i += 16) {
+        const __mmask16 m = lanes_from(heads * dim - i);
+        _mm512_mask_storeu_ps(wide + i, m, _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, q + i)), 16)));
+    }
+    attend_tile(wide, first_head, heads, group, k, v, table, first, len, block_size, kv_heads, dim, scale, soft_cap,
+                out, KV_BF16);
+    for (int64_t i = 0; i < heads * dim; i += 16) {
+        const __mmask16 m = lanes_from(heads * dim - i);
+        _mm256_mask_storeu_epi16((uint16_t*)result + i, m, (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, out + i)));
+    }
 }
 #define ATTEND_TILE_F32 attend_tile_f32
 #define ATTEND_TILE_F32_F16KV attend_tile_f32_f16kv

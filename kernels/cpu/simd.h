@@ -50,6 +50,13 @@ int kvdeck_attention_rows(kvdeck_attend_fn attend, int64_t tile, size_t element,
                           int64_t q_stride, int64_t heads, int64_t dim, const void* k_cache, const void* v_cache,
                           int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                           int64_t block_size, int64_t window, float scale, float soft_cap, void* out);
+#if KVDECK_NATIVE
+/* A bf16 model's (row, tile of at most HEAD_TILE heads) of decode attention, the fp32 tile
+ * kernel over bf16 caches (native_f32.c); a kvdeck_attend_fn. */
+void kvdeck_attend_tile_bf16(const void* query, int64_t first_head, int64_t heads, int64_t group, const void* k,
+                             const void* v, const int32_t* table, int64_t first, int64_t len, int64_t block_size,
+                             int64_t kv_heads, int64_t dim, float scale, float soft_cap, void* result);
+#endif
 
 #if KVDECK_NATIVE
 static inline __mmask16 lanes_from(int64_t left) {
