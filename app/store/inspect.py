@@ -94,6 +94,16 @@ def read_safetensors_header(path: Path) -> dict:
     return header
 
 
+def tensor_bytes(entry: dict) -> int:
+    """The bytes of one tensor of a (checked) safetensors header."""
+    return _DTYPE_BYTES[entry["dtype"]] * _numel(entry["shape"])
+
+
+def read_headers(model_dir: Path) -> list[dict]:
+    """Every weight file's safetensors header (InvalidModelError if one is missing or corrupt)."""
+    return [read_safetensors_header(path) for path in weight_files(model_dir)]
+
+
 def summarize_safetensors(files: list[Path]) -> SafetensorsSummary:
     num_params = 0
     dtype_bytes: Counter[str] = Counter()

@@ -57,6 +57,19 @@ class LocalModel:
     origin: str | None = None  # for a quantised model: the model it was made from
     origin_path: str | None = None  # ...and where that was, if it is not listed
     calibration_file: str | None = None  # ...and the text it was calibrated on (None: default)
+    gguf_quantization: str | None = None  # imported from a GGUF: that file's type (Q4_1, F16...)
+
+    @property
+    def quant_label(self) -> str:
+        """The Quant column: the checkpoint's quantisation, or for a model imported from a
+        quantised GGUF that file's type and what it became ("Q4_1 (imported as bf16)")."""
+        if self.quantization:
+            return self.quantization
+        gguf = self.gguf_quantization
+        if gguf and gguf.upper() not in ("F32", "F16", "BF16", "UNKNOWN"):
+            short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(self.dtype, self.dtype)
+            return f"{gguf} (imported as {short})"
+        return "-"
 
     @property
     def deletable(self) -> bool:
@@ -239,6 +252,7 @@ def _store_models(data: dict) -> list[LocalModel]:
         model.origin = record.get("origin") if record else None
         model.origin_path = record.get("origin_path") if record else None
         model.calibration_file = record.get("calibration_file") if record else None
+        model.gguf_quantization = record.get("gguf_quantization") if record else None
         models.append(model)
     return models
 

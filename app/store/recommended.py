@@ -1,7 +1,25 @@
 """Models that suit one workstation GPU, with parameter counts and memory needs computed
-from their architecture (the numbers in each model's config.json), not typed in."""
+from their architecture (the numbers in each model's config.json), not typed in.
+
+On the CPU the estimate is for what the engine will do there (kvdeck.app.store.cpu_plan):
+its dtype on this CPU, INT4 layers at 4 bits where the INT4 kernels run them (their output
+head int8), the copies the bf16 path keeps."""
 
 from dataclasses import dataclass
+from pathlib import Path
+
+from kvdeck.app.store.cpu_plan import (
+    DTYPE_BYTES,
+    CpuFeatures,
+    WeightInventory,
+    checkpoint_dtype,
+    cpu_features,
+    cpu_weight_bytes,
+    engine_cpu_dtype,
+    inventory_from_headers,
+    quant_method,
+)
+from kvdeck.app.store.inspect import InvalidModelError, read_headers
 
 GiB = 1024**3
 AWQ_GROUP_SIZE = 128
@@ -9,7 +27,7 @@ AWQ_GROUP_SIZE = 128
 RUNTIME_OVERHEAD_BYTES = int(1.0 * GiB)
 # On the CPU: torch and the engine process itself (no CUDA context).
 CPU_RUNTIME_OVERHEAD_BYTES = int(0.5 * GiB)
-DEVICES = ("cuda", "cpu")  # where the estimate is for: the CPU engine runs float32
+DEVICES = ("cuda", "cpu")  # where the estimate is for
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,12 +57,18 @@ class RecommendedModel:
     gated: bool = False  # needs a licence accepted on the hub and HF_TOKEN
     note: str = ""
 
+    @property
+    def checkpoint_dtype(self) -> str:
+        """What config.json says: AutoAWQ checkpoints are float16; the others here bfloat16."""
+        return "float16" if self.quantization == "awq" else "bfloat16"
+
 
 @dataclass(frozen=True, slots=True)
 class MemoryEstimate:
     weight_bytes: int
     kv_cache_bytes: int
     overhead_bytes: int
+    dtype: str | None = None  # the dtype the engine runs the model in (CPU estimates)
 
     @property
     def model_bytes(self) -> int:
@@ -101,21 +125,44 @@ def kv_cache_bytes_per_token(arch: Architecture, dtype_bytes: int = 2) -> int:
 
 
 def memory_estimate(model: RecommendedModel, context_tokens: int = 8192,
-                    device: str = "cuda") -> MemoryEstimate:
+                    device: str = "cuda", cpu: CpuFeatures | None = None) -> MemoryEstimate:
     """Memory to serve one sequence of `context_tokens` (more sequences share the pool):
-    on a GPU in 16 bits, on the CPU in float32 (what the engine runs there)."""
+    on a GPU in 16 bits, on the CPU as the engine runs it on `cpu` (default: this one)."""
     if context_tokens <= 0:
         raise ValueError(f"context_tokens must be positive, got {context_tokens}")
     _check_device(device)
-    weights = weight_bytes(model.arch, model.quantization)
-    if device == "cpu" and model.quantization is None:
-        weights *= 2  # float32
+    if device == "cuda":
+        return MemoryEstimate(
+            weight_bytes=weight_bytes(model.arch, model.quantization),
+            kv_cache_bytes=kv_cache_bytes_per_token(model.arch, 2) * context_tokens,
+            overhead_bytes=_overhead(device),
+        )
+    cpu = cpu or cpu_features()
+    quant = {"quant_method": model.quantization, "bits": 4} if model.quantization else None
+    dtype = engine_cpu_dtype({"torch_dtype": model.checkpoint_dtype, "quantization_config": quant}, cpu)
+    weights = cpu_weight_bytes(architecture_inventory(model.arch, model.quantization),
+                               model.quantization is not None, dtype, cpu)
     return MemoryEstimate(
         weight_bytes=weights,
-        kv_cache_bytes=kv_cache_bytes_per_token(model.arch, 2 if device == "cuda" else 4)
-        * context_tokens,
+        kv_cache_bytes=kv_cache_bytes_per_token(model.arch, DTYPE_BYTES[dtype]) * context_tokens,
         overhead_bytes=_overhead(device),
+        dtype=dtype,
     )
+
+
+def architecture_inventory(arch: Architecture, quantization: str | None) -> WeightInventory:
+    """The weights of `arch` as the CPU engine stores them (AWQ: all its linears in groups of
+    AWQ_GROUP_SIZE, taken together)."""
+    linear, other = parameter_counts(arch)
+    inventory = WeightInventory(int4_layers=[], other_elems=other, vocab=arch.vocab_size,
+                                hidden=arch.hidden_size, tied=arch.tie_word_embeddings)
+    if quantization == "awq":
+        groups = linear // AWQ_GROUP_SIZE
+        inventory.int4_layers.append((linear // arch.hidden_size, arch.hidden_size, AWQ_GROUP_SIZE,
+                                      linear // 2 + groups // 2, groups))
+    else:
+        inventory.dense_linear_elems = linear
+    return inventory
 
 
 def format_params(count: int) -> str:
@@ -167,10 +214,13 @@ RECOMMENDED: tuple[RecommendedModel, ...] = (
 
 
 def local_memory_estimate(config: dict, weight_bytes_on_disk: int, context_tokens: int = 8192,
-                          device: str = "cuda") -> MemoryEstimate:
-    """The same estimate for a model on disk: its weights as stored (twice that in float32 on
-    the CPU for a 16-bit checkpoint), KV from its config for one sequence of
-    `context_tokens`, or of the model's whole context if that is shorter."""
+                          device: str = "cuda", model_dir: Path | None = None,
+                          cpu: CpuFeatures | None = None) -> MemoryEstimate:
+    """The same estimate for a model on disk, KV from its config for one sequence of
+    `context_tokens` (or of the model's whole context if that is shorter). On a GPU: its
+    weights as stored, KV in 16 bits. On the CPU (`cpu`, default this one): as the engine runs
+    it there, from its safetensors headers in `model_dir` (kvdeck.app.store.cpu_plan), its KV
+    in the engine's dtype; without the folder, its weights as stored in that dtype."""
     if context_tokens <= 0:
         raise ValueError(f"context_tokens must be positive, got {context_tokens}")
     _check_device(device)
@@ -179,13 +229,20 @@ def local_memory_estimate(config: dict, weight_bytes_on_disk: int, context_token
     kv_heads = int(config.get("num_key_value_heads") or heads)
     layers = int(config.get("num_hidden_layers") or 0)
     context = min(context_tokens, int(config.get("max_position_embeddings") or context_tokens))
-    element = 2 if device == "cuda" else 4
-    weights = weight_bytes_on_disk
-    if device == "cpu" and not isinstance(config.get("quantization_config"), dict):
-        dtype = str(config.get("torch_dtype") or config.get("dtype") or "float16")
-        weights *= 2 if dtype in ("float16", "bfloat16") else 1
-    return MemoryEstimate(
-        weight_bytes=weights,
-        kv_cache_bytes=2 * layers * kv_heads * head_size * element * context,
-        overhead_bytes=_overhead(device),
-    )
+    kv_per_element = 2 * layers * kv_heads * head_size * context
+    if device == "cuda":
+        return MemoryEstimate(weight_bytes=weight_bytes_on_disk, kv_cache_bytes=kv_per_element * 2,
+                              overhead_bytes=_overhead(device))
+    cpu = cpu or cpu_features()
+    dtype = engine_cpu_dtype(config, cpu)
+    quantized = quant_method(config) is not None
+    try:
+        if model_dir is None:
+            raise InvalidModelError("no folder")
+        weights = cpu_weight_bytes(inventory_from_headers(read_headers(Path(model_dir)), config),
+                                   quantized, dtype, cpu)
+    except (InvalidModelError, KeyError, TypeError, ValueError):
+        stored = DTYPE_BYTES.get(checkpoint_dtype(config), 4)
+        weights = weight_bytes_on_disk * (1 if quantized else DTYPE_BYTES[dtype] // stored or 1)
+    return MemoryEstimate(weight_bytes=weights, kv_cache_bytes=kv_per_element * DTYPE_BYTES[dtype],
+                          overhead_bytes=_overhead(device), dtype=dtype)

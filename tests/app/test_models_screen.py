@@ -245,3 +245,43 @@ async def test_deleting_the_loaded_model_switches_the_engine_away_first(stored_t
         engine.mark_stopped(engine_client)  # the app has stopped that engine process
         await _wait_for(pilot, lambda: _rows(app) == [])
         assert not (paths.store_dir() / "tiny-llama").exists()
+
+
+async def test_on_the_cpu_the_note_names_the_dtype_the_engine_runs(stored_tiny):
+    from kvdeck.app.store.cpu_plan import CpuFeatures
+
+    for cpu, says in ((CpuFeatures(True, True, True), "in bfloat16 for bf16 and INT4 checkpoints"),
+                      (CpuFeatures(False, False, False), "kvdeck runs on the CPU, in float32)")):
+        app = ModelsApp(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 64 * GiB, cpu=cpu)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await pilot.pause()
+            note = str(app.screen.query_one("#fits-note").render())
+            assert says in note, note
+
+
+async def test_a_model_imported_from_a_quantised_gguf_says_so_in_quant(stored_tiny):
+    from kvdeck.app.store import registry
+
+    registry.mark_verified(registry.store_key("tiny-llama"), {
+        "path": str(paths.store_dir() / "tiny-llama"), "method": "gguf-import",
+        "gguf_file": "/nowhere/tiny.Q4_1.gguf", "gguf_quantization": "Q4_1"})
+    app = ModelsApp(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 64 * GiB)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(LocalModelsTable)
+        assert str(table.get_row("tiny-llama")[4]) == "Q4_1 (imported as fp16)"  # not "-"
+        assert str(table.get_row(BUNDLED_NAME)[4]) == "-"
+
+
+async def test_the_load_notice_says_the_tables_needs(stored_tiny):
+    app = ModelsApp(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 64 * GiB)
+    async with app.run_test(size=(160, 40)) as pilot:
+        await pilot.pause()
+        table = app.screen.query_one(LocalModelsTable)
+        needs = str(table.get_row("tiny-llama")[6])
+        table.focus()
+        table.select_key("tiny-llama")
+        await pilot.press("l")
+        await _wait_for(pilot, lambda: app.loaded == ["tiny-llama"])
+        notice = next(n.message for n in app._notifications if n.message.startswith("Loading"))
+        assert f"needs about {needs}, " in notice and "with the runtime" in notice

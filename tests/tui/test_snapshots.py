@@ -140,6 +140,7 @@ def test_models_screen_offline(snap_compare, tmp_path, size, monkeypatch):
     from textual.app import App
 
     from kvdeck.app.store import local_models
+    from kvdeck.app.store.cpu_plan import CpuFeatures
     from kvdeck.assets import demo_model_dir
     from kvdeck.tui.screens.models_screen import ModelsScreen
 
@@ -152,7 +153,8 @@ def test_models_screen_offline(snap_compare, tmp_path, size, monkeypatch):
 
     class ModelsApp(App):
         def on_mount(self) -> None:
-            self.push_screen(ModelsScreen(free_gpu_bytes=lambda: None,
-                                          free_ram_bytes=lambda: 16 * 10**9))
+            # A CPU with bf16 and the INT4 kernels, whatever this one has: the same text everywhere.
+            self.push_screen(ModelsScreen(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 16 * 10**9,
+                                          cpu=CpuFeatures(True, True, True, ram_bytes=64 * 10**9)))
 
     assert snap_compare(ModelsApp(), terminal_size=size)

@@ -22,10 +22,11 @@ from textual.widgets import Button, Footer, Input, Label, Static
 from kvdeck.app.jobs.compare import check_eval_text, heldout_text_for
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.store import local_models, paths
+from kvdeck.app.store.cpu_plan import CpuFeatures
 from kvdeck.app.store.download_progress import format_bytes
-from kvdeck.app.store.inspect import InvalidModelError, read_config
+from kvdeck.app.store.inspect import InvalidModelError
 from kvdeck.app.store.local_models import BUNDLED_NAME, LocalModel
-from kvdeck.app.store.recommended import RECOMMENDED, local_memory_estimate
+from kvdeck.app.store.recommended import RECOMMENDED
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.engine_session import EngineSession
 from kvdeck.tui.host_memory import available_ram_bytes, nvidia_smi_free_bytes
@@ -39,6 +40,7 @@ from kvdeck.tui.widgets.model_tables import (
     LocalModelsTable,
     MemoryBudget,
     RecommendedTable,
+    local_estimate,
 )
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
@@ -89,12 +91,14 @@ class ModelsScreen(Screen):
         context_tokens: int = 8192,
         compare_options: dict | None = None,
         free_ram_bytes: Callable[[], int | None] | None = available_ram_bytes,
+        cpu: CpuFeatures | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine or EngineSession()  # which model is loaded (None: not in an app)
         self.activity = activity or ActivityTracker()
         self.free_gpu_bytes = free_gpu_bytes
         self.free_ram_bytes = free_ram_bytes
+        self.cpu = cpu  # what the CPU engine can do (None: this machine's, from /proc/cpuinfo)
         self.quantize_options = quantize_options
         self.context_tokens = context_tokens
         self.compare_options = compare_options or {}  # start_compare's seq_len, max_windows...
@@ -169,7 +173,7 @@ class ModelsScreen(Screen):
         gpu = self.free_gpu_bytes() if self.free_gpu_bytes else None
         if gpu is not None:
             return MemoryBudget("cuda", gpu)
-        return MemoryBudget("cpu", self.free_ram_bytes() if self.free_ram_bytes else None)
+        return MemoryBudget("cpu", self.free_ram_bytes() if self.free_ram_bytes else None, self.cpu)
 
     def action_refresh(self) -> None:
         try:
@@ -334,14 +338,15 @@ class ModelsScreen(Screen):
         if not model.supported:
             self.notify(f"kvdeck cannot run {model.architecture}", severity="error")
             return
+        budget = self.memory_budget()
         try:
-            config = read_config(Path(model.path))
+            est = local_estimate(model, budget, self.context_tokens)
         except InvalidModelError as exc:
             self.notify(str(exc), severity="error")
             return
-        budget = self.memory_budget()
-        est = local_memory_estimate(config, model.size_bytes, self.context_tokens, budget.device)
-        needs = f"needs about {format_bytes(est.total_bytes)}"
+        # The table's Needs figure, then with the runtime (what Fits compares).
+        needs = (f"needs about {format_bytes(est.model_bytes)}, {format_bytes(est.total_bytes)} with the "
+                 "runtime")
         if budget.free_bytes is not None and est.total_bytes > budget.free_bytes:
             self.notify(f"{model.name} {needs}, only {format_bytes(budget.free_bytes)} free",
                         severity="warning", timeout=8)  # fmt: skip

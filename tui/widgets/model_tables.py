@@ -3,7 +3,8 @@
 Rows are keyed by the model's name / repo id, so the screen acts on `selected_key()`.
 "Needs" is what the model itself takes (weights and the KV cache of one full sequence);
 "Fits" compares that plus the runtime with the free memory where it would run: the GPU,
-or on a machine without one, the RAM the CPU engine uses (in float32).
+or on a machine without one, the RAM, counted as the CPU engine will hold the model on this
+CPU (its dtype there, INT4 layers at 4 bits, an INT4 model's head int8: app/store/cpu_plan.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
+from kvdeck.app.store.cpu_plan import CpuFeatures, cpu_features
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError, read_config
 from kvdeck.app.store.local_models import LocalModel, PendingDownload
@@ -36,6 +38,11 @@ PENDING_PREFIX = "pending:"
 class MemoryBudget:
     device: str  # "cuda": free GPU memory; "cpu": no GPU seen, free RAM
     free_bytes: int | None  # None: unknown
+    cpu: CpuFeatures | None = None  # what the CPU engine can do here (None: this machine's)
+
+    @property
+    def cpu_features(self) -> CpuFeatures:
+        return self.cpu or cpu_features()
 
     def fits(self, estimate: MemoryEstimate) -> Text:
         if self.free_bytes is None:
@@ -53,7 +60,7 @@ class MemoryBudget:
             where = f"free GPU memory, with {RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for CUDA"
         else:
             where = (f"free RAM, with {CPU_RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for torch (no GPU "
-                     "seen: kvdeck runs on the CPU, in float32)")
+                     f"seen: kvdeck runs on the CPU, {self.cpu_features.dtype_note()})")
         return (f"Needs: weights + KV of one {context_tokens}-token sequence (or the model's "
                 f"context). Fits: in {where}.")
 
@@ -104,7 +111,7 @@ class LocalModelsTable(_KeyedTable):
             if loaded and m.name in loaded:
                 source.append(" · loaded", style="bold")
             self.add_row(m.name, m.architecture, format_params(m.num_params), m.dtype,
-                         m.quantization or "-", format_bytes(m.size_bytes),
+                         m.quant_label, format_bytes(m.size_bytes),
                          _needs(m, budget, context_tokens), supported, source,
                          key=m.name)  # fmt: skip
         for p in pending:
@@ -114,14 +121,21 @@ class LocalModelsTable(_KeyedTable):
         self.select_key(keep)
 
 
+def local_estimate(model: LocalModel, budget: MemoryBudget, context_tokens: int) -> MemoryEstimate:
+    """What loading `model` takes where the budget is (the table's Needs, the load notice);
+    InvalidModelError if its config is unreadable."""
+    config = read_config(model.path)
+    device = "cuda" if budget.device == "cuda" else "cpu"
+    return local_memory_estimate(config, model.size_bytes, context_tokens, device,
+                                 model_dir=model.path, cpu=budget.cpu_features)
+
+
 def _needs(model: LocalModel, budget: MemoryBudget, context_tokens: int) -> Text:
     """Weights + KV of one sequence; red when it (with the runtime) will not fit."""
     try:
-        config = read_config(model.path)
+        estimate = local_estimate(model, budget, context_tokens)
     except InvalidModelError:
         return Text("?", style="dim")
-    device = "cuda" if budget.device == "cuda" else "cpu"
-    estimate = local_memory_estimate(config, model.size_bytes, context_tokens, device)
     too_big = budget.free_bytes is not None and estimate.total_bytes > budget.free_bytes
     return Text(format_bytes(estimate.model_bytes), style="red" if too_big else "")
 
@@ -142,7 +156,7 @@ class RecommendedTable(_KeyedTable):
         self.clear()
         device = "cuda" if budget.device == "cuda" else "cpu"
         for r in models:
-            est = memory_estimate(r, context_tokens, device)
+            est = memory_estimate(r, context_tokens, device, cpu=budget.cpu_features)
             self.add_row(r.repo_id, format_params(num_parameters(r.arch)), r.quantization or "-",
                          format_bytes(est.weight_bytes), format_bytes(est.model_bytes),
                          budget.fits(est), "gated" if r.gated else "", key=r.repo_id)  # fmt: skip
