@@ -27,6 +27,7 @@ from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_line
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.runner.step_state import KVCachePlan, StepInputs, StepResult
+from kvdeck.engine.runner.weight_bytes import weight_bytes_read_per_step
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import kv_cache_groups
@@ -127,19 +128,8 @@ class ModelRunner:
                            len(self.kv_pool.groups))
 
     def weight_bytes_per_token(self) -> int:
-        """Bytes of weights one decode step reads: every parameter and buffer once, except
-        the input embedding (one row per token) unless the output head shares it, and the
-        rotary table (one row)."""
-        total, seen = 0, set()
-        for name, tensor in [*self.model.named_parameters(), *self.model.named_buffers()]:
-            if id(tensor) in seen or name.endswith("cos_sin_cache"):
-                continue
-            seen.add(id(tensor))
-            total += tensor.numel() * tensor.element_size()
-        embedding = self.model.model.embed_tokens.weight
-        if getattr(self.model.lm_head, "weight", None) is not embedding:
-            total -= embedding.numel() * embedding.element_size()
-        return total
+        """Bytes of weights one decode step reads (engine/runner/weight_bytes.py)."""
+        return weight_bytes_read_per_step(self.model)
 
     def _profile_num_gpu_blocks(self) -> int:
         budget = self.token_budget
