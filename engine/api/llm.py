@@ -1,10 +1,12 @@
 """The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
 
+from dataclasses import replace
+
 from kvdeck.engine.api.llm_engine import LLMEngine
 from kvdeck.engine.frontend.parent_request import merge_choices
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.outputs import RequestOutput
-from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 from kvdeck.engine.types.stats import EngineStats
 
 
@@ -70,9 +72,11 @@ class LLM:
         """Queue each (prompt, messages) and run them to the end; one output per prompt, its
         choices merged."""
         request_ids: list[str] = []
+        # Only the final outputs are kept: the front-end builds no output before those.
+        final_only = {id(p): replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params}
         try:
             for (prompt, messages), prompt_params in zip(prompts, params):
-                request_ids.append(self.engine.add_request(None, prompt, prompt_params,
+                request_ids.append(self.engine.add_request(None, prompt, final_only[id(prompt_params)],
                                                            messages=messages))
             finals: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in request_ids}
             while self.engine.has_unfinished_requests():

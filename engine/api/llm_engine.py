@@ -7,6 +7,7 @@ which). The async `AsyncLLM` runs the same front-end over a core in its own proc
 
 import itertools
 import time
+from dataclasses import replace
 
 from kvdeck.engine.core_client.inproc import InprocCoreClient
 from kvdeck.engine.frontend.frontend import Frontend, Prompt
@@ -36,6 +37,7 @@ class LLMEngine:
         self.frontend = Frontend(self.tokenizer, self.core_client,
                                  RequestLimits(info.max_model_len, info.vocab_size))
         self._ids = itertools.count()
+        self._frontend_s = 0.0  # turning core outputs into callers' outputs (step_timings)
 
     @property
     def core(self):
@@ -72,7 +74,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         steps_before = self.core.num_steps
-        outputs = self.frontend.process_outputs(self.core_client.step())
+        core_outputs = self.core_client.step()
+        started = time.perf_counter()
+        outputs = self.frontend.process_outputs(core_outputs)
+        self._frontend_s += time.perf_counter() - started
         if not outputs and self.core.num_steps == steps_before:
             time.sleep(NOTHING_TO_RUN_WAIT_S)  # every waiting request is compiling its grammar
         return outputs
@@ -85,10 +90,11 @@ class LLMEngine:
         return self.core_client.occupancy()
 
     def step_timings(self) -> StepTimings:
-        return self.core_client.step_timings()
+        return replace(self.core_client.step_timings(), frontend_s=self._frontend_s)
 
     def reset_timings(self) -> None:
         self.core_client.reset_timings()
+        self._frontend_s = 0.0
 
     def reset_prefix_cache(self) -> None:
         self.core_client.reset_prefix_cache()

@@ -47,7 +47,8 @@ class Frontend:
         self.eos_token_ids = tokenizer_eos_ids(tokenizer)
         self.output_processor = OutputProcessor(tokenizer)
         self.requests: dict[str, ParentRequest] = {}  # by the caller's request id
-        self._choices: dict[str, tuple[ParentRequest, int]] = {}  # engine id -> (request, index)
+        # engine id -> (request, choice index, whether it is the request's only choice)
+        self._choices: dict[str, tuple[ParentRequest, int, bool]] = {}
         chars = max_chars_per_token(tokenizer)
         self.max_prompt_chars = limits.max_model_len * chars * CHAR_CHECK_MARGIN if chars else None
 
@@ -58,7 +59,7 @@ class Frontend:
     @property
     def num_waiting(self) -> int:
         """Engine requests (choices) sent that have no token yet."""
-        return sum(1 for state in self.output_processor.states.values() if not state.token_ids)
+        return sum(1 for state in self.output_processor.states.values() if not state.num_tokens)
 
     # ---- in ------------------------------------------------------------------------
     def encode(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
@@ -123,7 +124,7 @@ class Frontend:
                 child_params = request.child_params(index)
                 self.output_processor.add_request(child_id, prompt_text, prompt_ids, child_params,
                                                   arrival_time)
-                self._choices[child_id] = (request, index)
+                self._choices[child_id] = (request, index, len(request.child_ids) == 1)
                 registered.append(child_id)
                 self.core_client.add_request(EngineCoreRequest(child_id, prompt_ids, child_params,
                                                                arrival_time, list(self.eos_token_ids)))
@@ -178,14 +179,18 @@ class Frontend:
 
     def _to_callers(self, engine_outputs: list[RequestOutput]) -> list[RequestOutput]:
         outputs = []
+        observe, choices = self.observe, self._choices
         for out in engine_outputs:
-            if self.observe is not None:
-                self.observe(out)
-            request, index = self._choices[out.request_id]
+            if observe is not None:
+                observe(out)
+            request, index, only = choices[out.request_id]
+            if only and not out.finished:  # request.output's, inlined
+                outputs.append(out)
+                continue
             if out.finished:
-                del self._choices[out.request_id]
+                del choices[out.request_id]
             outputs.append(request.output(index, out))
-            if request.finished:
+            if out.finished and request.finished:
                 del self.requests[request.request_id]
         return outputs
 

@@ -1,11 +1,17 @@
-"""The front-end's bookkeeping per request: detokenise, apply stop strings, build outputs."""
+"""The front-end's bookkeeping per request: detokenise, apply stop strings, build outputs.
+
+What an output carries follows the request's `output_kind`: CUMULATIVE copies the whole
+completion into each output (a caller may keep it), DELTA hands over only the new tokens
+and FINAL_ONLY builds one output at the end, so those two cost the same per token however
+long the completion grows.
+"""
 
 import time
 from dataclasses import dataclass, field
 
 from kvdeck.engine.frontend.detokenizer import IncrementalDetokenizer
 from kvdeck.engine.types.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
-from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 from kvdeck.engine.types.wire import EngineCoreOutput
 
 
@@ -17,8 +23,12 @@ class RequestState:
     params: SamplingParams
     detokenizer: IncrementalDetokenizer
     metrics: RequestMetrics
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: list[int] = field(default_factory=list)  # the completion (not kept for DELTA)
     logprobs: list[dict[int, Logprob]] | None = None
+    num_tokens: int = 0  # of the completion
+    # DELTA outputs of token ids alone (no text, no logprobs): process() hands the core's ids
+    # on without looking further (set at add_request).
+    ids_only: bool = False
 
 
 class OutputProcessor:
@@ -48,6 +58,8 @@ class OutputProcessor:
             ),
             metrics=RequestMetrics(arrival_time=arrival_time),
             logprobs=[] if params.logprobs is not None else None,
+            ids_only=(params.output_kind is RequestOutputKind.DELTA and not params.detokenize
+                      and params.logprobs is None),
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -60,10 +72,14 @@ class OutputProcessor:
         outputs: list[RequestOutput] = []
         stopped_by_string: list[str] = []
         failed: list[str] = []
+        states = self.states
         for core_output in core_outputs:
-            state = self.states.get(core_output.request_id)
+            state = states.get(core_output.request_id)
             if state is None:
                 continue  # aborted on this side already
+            if state.ids_only and core_output.finish_reason is None:
+                outputs.append(self._ids_only(state, core_output))
+                continue
             try:
                 output = self._update(state, core_output)
             except Exception as exc:  # this request's text could not be made: end it alone
@@ -71,6 +87,8 @@ class OutputProcessor:
                                      error=f"{type(exc).__name__}: {exc}")
                 if not core_output.finished:
                     failed.append(state.request_id)
+            if output is None:  # FINAL_ONLY, not finished
+                continue
             if output.finished:
                 del self.states[state.request_id]
                 if state.detokenizer.stop_reason is not None and not core_output.finished:
@@ -86,21 +104,41 @@ class OutputProcessor:
             return None
         return self._build(state, "", [], "error" if error else "abort", None, 0, error)
 
-    def _update(self, state: RequestState, core_output: EngineCoreOutput) -> RequestOutput:
-        if core_output.metrics is not None:
-            m = core_output.metrics
-            state.metrics.first_scheduled_time = m.first_scheduled_time
-            state.metrics.first_token_time = m.first_token_time
-            state.metrics.last_token_time = m.last_token_time
-            state.metrics.finished_time = m.finished_time
-            state.metrics.grammar_compile_s = m.grammar_compile_s
+    @staticmethod
+    def _ids_only(state: RequestState, core_output: EngineCoreOutput) -> RequestOutput:
+        """An unfinished DELTA output of token ids alone: most outputs of a benchmark."""
+        m = core_output.metrics
+        if m is not None:
+            metrics = state.metrics
+            metrics.first_scheduled_time = m.first_scheduled_time
+            metrics.first_token_time = m.first_token_time
+            metrics.last_token_time = m.last_token_time
+            metrics.grammar_compile_s = m.grammar_compile_s
         new_ids = core_output.new_token_ids
+        state.num_tokens += len(new_ids)
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
+                             [CompletionOutput(0, "", new_ids, None, None, core_output.stop_reason)],
+                             False, state.metrics, "", new_ids, core_output.num_cached_tokens)
+
+    def _update(self, state: RequestState, core_output: EngineCoreOutput) -> RequestOutput | None:
+        m = core_output.metrics
+        if m is not None:
+            metrics = state.metrics
+            metrics.first_scheduled_time = m.first_scheduled_time
+            metrics.first_token_time = m.first_token_time
+            metrics.last_token_time = m.last_token_time
+            metrics.finished_time = m.finished_time
+            metrics.grammar_compile_s = m.grammar_compile_s
+        new_ids = core_output.new_token_ids
+        params = state.params
         detok = state.detokenizer
         delta = ""
-        if state.params.detokenize:
-            delta = detok.add_tokens(new_ids, core_output.finished)
+        if params.detokenize:
+            delta = detok.add_tokens(new_ids, core_output.finish_reason is not None)
             new_ids = new_ids[: detok.tokens_used]  # a stop string ends the output at its token
-        state.token_ids.extend(new_ids)
+        state.num_tokens += len(new_ids)
+        if params.output_kind is not RequestOutputKind.DELTA:
+            state.token_ids += new_ids
         if state.logprobs is not None and core_output.new_logprobs:
             new_logprobs = core_output.new_logprobs[: len(new_ids)]
             for entry in new_logprobs:
@@ -108,33 +146,27 @@ class OutputProcessor:
                     logprob.decoded = self.tokenizer.decode([logprob.token_id])
             state.logprobs.extend(new_logprobs)
         finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
-        if detok.stop_reason is not None:
+        if params.detokenize and detok.stop_reason is not None:
             finish_reason, stop_reason = "stop", detok.stop_reason
-        if finish_reason is not None and state.metrics.finished_time is None:
-            state.metrics.finished_time = time.time()
+        if finish_reason is not None:
+            if state.metrics.finished_time is None:
+                state.metrics.finished_time = time.time()
+        elif params.output_kind is RequestOutputKind.FINAL_ONLY:
+            return None
         return self._build(state, delta, new_ids, finish_reason, stop_reason,
                            core_output.num_cached_tokens, core_output.error)
 
     def _build(self, state: RequestState, delta: str, new_ids: list[int], finish_reason: str | None,
                stop_reason: int | str | None, num_cached: int,
                error: str | None = None) -> RequestOutput:
-        completion = CompletionOutput(
-            index=0,
-            text=state.detokenizer.text[: state.detokenizer.emitted],
-            token_ids=list(state.token_ids),
-            finish_reason=finish_reason,
-            logprobs=state.logprobs,
-            stop_reason=stop_reason,
-        )
-        return RequestOutput(
-            request_id=state.request_id,
-            prompt=state.prompt,
-            prompt_token_ids=state.prompt_token_ids,
-            outputs=[completion],
-            finished=finish_reason is not None,
-            metrics=state.metrics,
-            delta_text=delta,
-            delta_token_ids=list(new_ids),
-            num_cached_tokens=num_cached,
-            error=error,
-        )
+        if state.params.output_kind is RequestOutputKind.DELTA:
+            logprobs = state.logprobs
+            if logprobs is not None:
+                logprobs = logprobs[len(logprobs) - len(new_ids):]
+            completion = CompletionOutput(0, delta, new_ids, finish_reason, logprobs, stop_reason)
+        else:
+            completion = CompletionOutput(0, state.detokenizer.text[: state.detokenizer.emitted],
+                                          list(state.token_ids), finish_reason, state.logprobs, stop_reason)
+        # delta_token_ids: a list of this output's own (the core's, or a slice of it).
+        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion],
+                             finish_reason is not None, state.metrics, delta, new_ids, num_cached, error)

@@ -7,6 +7,7 @@ validation cannot fail inside the engine for its values. Non-finite numbers are 
 
 import math
 from dataclasses import dataclass, field
+from enum import IntEnum
 
 from kvdeck.engine.types.structured import StructuredOutputsParams
 
@@ -20,6 +21,14 @@ MAX_STOP_TOKEN_IDS = 1024
 # Temperatures below this sample greedily: dividing logits by them overflows float32 (vLLM's
 # _SAMPLING_EPS).
 GREEDY_BELOW_TEMPERATURE = 1e-5
+
+
+class RequestOutputKind(IntEnum):
+    """What a request's outputs carry (vLLM's names)."""
+
+    CUMULATIVE = 0  # each output: the whole completion so far (text, token ids, logprobs)
+    DELTA = 1  # each output: only what is new since the previous one
+    FINAL_ONLY = 2  # one output, when the request finishes, with the whole completion
 
 
 @dataclass(slots=True, frozen=True)
@@ -77,6 +86,8 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (benchmarks), no text, no stop strings
     structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must match
+    # DELTA and FINAL_ONLY spare the front-end a copy of the whole completion per token.
+    output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -116,6 +127,8 @@ class SamplingParams:
                              f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             _check("stop_token_ids[]", t, Bound(0, INT64_MAX), integer=True)
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if self.structured_outputs is not None:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise ValueError("structured_outputs must be a StructuredOutputsParams")

@@ -94,13 +94,15 @@ class KVOccupancy:
 
 @dataclass(slots=True)
 class StepTimings:
-    """Where step time goes: host work (schedule, prepare, update) vs the model + sampler."""
+    """Where step time goes: host work (schedule, prepare, update, and the front-end's turning
+    core outputs into callers' outputs) vs the model + sampler."""
 
     steps: int = 0
     schedule_s: float = 0.0
     prepare_s: float = 0.0
     model_s: float = 0.0
     update_s: float = 0.0
+    frontend_s: float = 0.0  # filled in by a front-end in the same process (LLMEngine)
 
     def add(self, schedule: float, prepare: float, model: float, update: float) -> None:
         self.steps += 1
@@ -110,10 +112,13 @@ class StepTimings:
         self.update_s += update
 
     @property
+    def host_s(self) -> float:
+        return self.schedule_s + self.prepare_s + self.update_s + self.frontend_s
+
+    @property
     def host_share(self) -> float:
-        host = self.schedule_s + self.prepare_s + self.update_s
-        total = host + self.model_s
-        return host / total if total else 0.0
+        total = self.host_s + self.model_s
+        return self.host_s / total if total else 0.0
 
 
 def stats_to_dict(stats: EngineStats) -> dict:
