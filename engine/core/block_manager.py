@@ -56,14 +56,17 @@ def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:
 
 class BlockManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool,
-                 windows: Sequence[int | None] = (None,)) -> None:
-        """`windows`: the keys each KV group's layers see (None: all of them)."""
+                 windows: Sequence[int | None] = (None,), track_changes: bool = False) -> None:
+        """`windows`: the keys each KV group's layers see (None: all of them). `track_changes`:
+        list in `changed` every request whose tables change (the scheduler hands the list to the
+        runner, whose persistent rows then look at those requests only)."""
         if num_blocks <= 0:
             raise ValueError(f"the KV cache needs at least one block, got {num_blocks}")
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.windows = list(windows)
+        self.windowed = any(window is not None for window in self.windows)
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_uncached: deque[int] = deque(range(num_blocks))
         self.evictable: OrderedDict[int, None] = OrderedDict()  # cached, ref 0, LRU first
@@ -71,6 +74,11 @@ class BlockManager:
         self.prefix_cache_queries = 0
         self.prefix_cache_hits = 0
         self.num_window_released = 0  # blocks released because they left a sliding window
+        # Block-table entries the requests hold (a shared block once per holder): the
+        # occupancy a benchmark reads every step, kept as it changes rather than counted.
+        self.num_held_entries = 0
+        self.track_changes = track_changes
+        self.changed: list[Request] = []
 
     # ---- queries ---------------------------------------------------------------
     @property
@@ -88,6 +96,11 @@ class BlockManager:
     @property
     def usage(self) -> float:
         return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def take_changed(self) -> list[Request]:
+        """The requests whose tables changed since the last call (repeats possible)."""
+        changed, self.changed = self.changed, []
+        return changed
 
     def blocks_needed(self, num_tokens: int) -> int:
         return cdiv(num_tokens, self.block_size)
@@ -146,6 +159,9 @@ class BlockManager:
         for block_id in hit_blocks:
             self._touch(block_id)
         request.block_tables = tables
+        self.num_held_entries += len(hit_blocks) + num_new_blocks
+        if self.track_changes and (hit_blocks or num_new_blocks):
+            self.changed.append(request)
         for table, hit in zip(tables, hit_tables):
             table.extend(hit)
             table.extend(self._pop_free_block() for _ in range(total - len(table)))
@@ -160,9 +176,7 @@ class BlockManager:
         num_full = request.num_computed_tokens // self.block_size
         parent = request.block_hashes[-1] if request.block_hashes else _root_hash(request)
         for i in range(len(request.block_hashes), num_full):
-            ids = tuple(
-                request.token_id_at(p) for p in range(i * self.block_size, (i + 1) * self.block_size)
-            )
+            ids = request.token_ids_between(i * self.block_size, (i + 1) * self.block_size)
             h = chain_hash(parent, ids)
             request.block_hashes.append(h)
             parent = h
@@ -182,10 +196,13 @@ class BlockManager:
             released = first_seen
             while released > 0 and table[released - 1] != NO_BLOCK:
                 released -= 1  # earlier entries were released by earlier steps
+            if released < first_seen:
+                self._rewritten(request)
             for i in range(released, first_seen):  # oldest first: evicted first
                 self._release(table[i])
                 table[i] = NO_BLOCK
                 self.num_window_released += 1
+                self.num_held_entries -= 1
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, tail first, so shared prefixes are evicted last."""
@@ -193,14 +210,18 @@ class BlockManager:
             for block_id in reversed(table):
                 if block_id != NO_BLOCK:
                     self._release(block_id)
+                    self.num_held_entries -= 1
         request.block_tables = []
         request.block_hashes = []
+        self._rewritten(request)
 
     def free_beyond(self, request: Request, num_tokens: int) -> list[int]:
         """Give back the tail blocks that hold none of the first `num_tokens` tokens (the
         slots of rejected draft tokens); returns their ids."""
         keep = self.blocks_needed(num_tokens)
         given_back = []
+        if any(len(table) > keep for table in request.block_tables):
+            self._rewritten(request)
         for table in request.block_tables:  # every KV group's table
             tail = table[keep:]
             del table[keep:]
@@ -208,6 +229,7 @@ class BlockManager:
                 if block_id != NO_BLOCK:
                     self._release(block_id)
                     given_back.append(block_id)
+        self.num_held_entries -= len(given_back)
         del request.block_hashes[keep:]
         return given_back
 
@@ -218,6 +240,12 @@ class BlockManager:
         self.evictable.clear()
 
     # ---- internals -----------------------------------------------------------------
+    def _rewritten(self, request: Request) -> None:
+        """A table changed other than by appending: the runner copies it again whole."""
+        request.table_epoch += 1
+        if self.track_changes:
+            self.changed.append(request)
+
     def _block_hashes(self, request: Request, num_blocks: int) -> Iterator[tuple[int, tuple[int, ...]]]:
         """(chained hash, token ids) of the request's first `num_blocks` blocks, lazily."""
         tokens = request.all_token_ids

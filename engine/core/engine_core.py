@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
-from kvdeck.engine.core.request import NO_BLOCK, Request, RequestStatus
+from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
-from kvdeck.engine.runner.step_state import KVCachePlan
+from kvdeck.engine.runner.step_state import KVCachePlan, StepResult
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import KVCacheGroup, peak_blocks
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
@@ -60,10 +60,11 @@ class EngineCore:
         self.kv_plan = plan
         self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
                                           self.config.enable_prefix_caching,
-                                          [group.window for group in self.kv_groups])
+                                          [group.window for group in self.kv_groups], track_changes=True)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
                                    self.runner.token_budget, self.max_model_len,
-                                   self.model_config.long_rope_from)
+                                   self.model_config.long_rope_from,
+                                   speculative=self.config.speculative_config is not None)
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
@@ -75,7 +76,6 @@ class EngineCore:
         self.generation_tokens_total = 0
         self.num_steps = 0
         self.last_step = StepSummary()
-        self.blocks_written_last_step: list[int] = []
         self.timings = StepTimings()
         logger.info("KV cache: %d blocks of %d tokens (%s)", plan.num_blocks, plan.block_size,
                     plan.sized_by)
@@ -158,6 +158,45 @@ class EngineCore:
         result = self.runner.execute(batch, self._token_masks(batch),
                                      self.spec.draft_probs() if self.spec is not None else None)
         executed = time.perf_counter()
+        if self.spec is None and not result.spec_samples:
+            outputs, finished = self._update_single(batch, result)
+        else:
+            outputs, finished = self._update_runs(batch, result)
+        self.num_steps += 1
+        self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
+                                     len(batch.requests), result.total_s)
+        outputs = failed_grammars + self._fail(batch, result.failures) + outputs
+        for request in finished:
+            self._forget(request)
+        self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
+                         model=executed - scheduled - result.prepare_s,
+                         update=time.perf_counter() - executed)
+        return outputs
+
+    def _update_single(self, batch: ScheduledBatch, result: StepResult,
+                       ) -> tuple[list[EngineCoreOutput], list[Request]]:
+        """The scheduler's update and the outputs, when each row emitted at most one token (no
+        speculation): the common step, kept free of per-row lists."""
+        samples = result.samples
+        sampled = [None if s is None else s.token_id for s in samples]
+        grammar_done = self._advance_grammars(batch, [None if t is None else [t] for t in sampled]) \
+            if self._grammars is not None else []
+        finished = self.scheduler.update_from_output(batch, sampled)
+        finished += self._finish_grammars(grammar_done)
+        outputs = []
+        for request, sample in zip(batch.requests, samples):
+            if sample is not None:
+                status = request.status
+                outputs.append(EngineCoreOutput(
+                    request.request_id, [sample.token_id], status.value if status.finished else None,
+                    request.stop_reason, None if sample.logprobs is None else [sample.logprobs],
+                    request.metrics, request.num_cached_tokens))
+        self.generation_tokens_total += len(outputs)
+        return outputs, finished
+
+    def _update_runs(self, batch: ScheduledBatch, result: StepResult,
+                     ) -> tuple[list[EngineCoreOutput], list[Request]]:
+        """The scheduler's update and the outputs when rows may emit runs (speculation)."""
         # Per request: what it emitted (a verified speculative run, or one sample), or None.
         emitted = [result.spec_samples.get(i, [s] if s is not None else None)
                    for i, s in enumerate(result.samples)]
@@ -165,19 +204,12 @@ class EngineCore:
             self.spec.account(batch.requests, emitted)
         sampled = [None if e is None else [s.token_id for s in e] for e in emitted]
         grammar_done = self._advance_grammars(batch, sampled)
-        self.blocks_written_last_step = _blocks_written(batch, self.kv_plan.block_size)
         outputs_before = [r.num_output_tokens for r in batch.requests]
         finished = self.scheduler.update_from_output(batch, sampled)
         if self.spec is not None:
             self.spec.after_update(self.scheduler.rolled_back_blocks)
-        for request in grammar_done:  # its grammar is complete: nothing else may follow
-            if not request.status.finished:
-                finished += self.scheduler.finish_requests({request.request_id},
-                                                           RequestStatus.FINISHED_STOPPED)
-        self.num_steps += 1
-        self.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,
-                                     len(batch.requests), result.total_s)
-        outputs = failed_grammars + self._fail(batch, result.failures)
+        finished += self._finish_grammars(grammar_done)
+        outputs = []
         for request, samples, before in zip(batch.requests, emitted, outputs_before):
             if samples is None:
                 continue
@@ -192,15 +224,21 @@ class EngineCore:
                 metrics=request.metrics,
                 num_cached_tokens=request.num_cached_tokens,
             ))
-        for request in finished:
-            self._forget(request)
-        self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
-                         model=executed - scheduled - result.prepare_s,
-                         update=time.perf_counter() - executed)
-        return outputs
+        return outputs, finished
+
+    def _finish_grammars(self, grammar_done: list[Request]) -> list[Request]:
+        """Requests whose grammar is complete stop: nothing else may follow."""
+        finished = []
+        for request in grammar_done:
+            if not request.status.finished:
+                finished += self.scheduler.finish_requests({request.request_id},
+                                                           RequestStatus.FINISHED_STOPPED)
+        return finished
 
     def _token_masks(self, batch: ScheduledBatch) -> TokenMasks | None:
         """Bitmask rows for the constrained requests that sample this step."""
+        if self._grammars is None:  # no request has asked for a grammar yet
+            return None
         rows = [i for i, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens))
                 if request.grammar is not None
                 and request.num_computed_tokens + num_new == request.num_tokens]
@@ -249,7 +287,7 @@ class EngineCore:
 
     def _forget(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
-        self.runner.sampler.forget(request.request_id)
+        self.runner.forget(request.request_id)
         if self.spec is not None:
             self.spec.forget(request.request_id)
         self.finish_counts[request.status.value] += 1
@@ -272,10 +310,17 @@ class EngineCore:
             self._grammars.shutdown()
 
     # ---- observability -----------------------------------------------------------
+    @property
+    def blocks_written_last_step(self) -> list[int]:
+        """Physical blocks that received the last step's new K/V (from its slot mapping,
+        worked out only when asked: the dashboard reads it at most ~15 times a second)."""
+        return self.runner.input_batch.blocks_written()
+
     def occupancy(self) -> KVOccupancy:
-        """The running batch's hold on the pool; cheap enough to read every step."""
+        """The running batch's hold on the pool; cheap enough to read every step (the block
+        manager counts held entries as they change; only running requests hold blocks)."""
         running = self.scheduler.running
-        held = sum(b != NO_BLOCK for r in running for table in r.block_tables for b in table)
+        held = self.block_manager.num_held_entries
         return KVOccupancy(
             usage=self.block_manager.usage,
             num_running=len(running),
@@ -310,7 +355,7 @@ class EngineCore:
             kv_cache_dtype=self.runner.kv_pool.format.name,
             kv_bytes_per_block=self.kv_plan.bytes_per_block,
             kv_cache_tokens=self.kv_plan.num_tokens,
-            blocks_written_last_step=list(self.blocks_written_last_step),
+            blocks_written_last_step=self.blocks_written_last_step,
             requests=requests,
             prefix_cache_queries=bm.prefix_cache_queries,
             prefix_cache_hits=bm.prefix_cache_hits,
@@ -378,17 +423,6 @@ def _request_stats(request: Request) -> RequestStats:
         constrained=request.grammar is not None,
         grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
     )
-
-
-def _blocks_written(batch: ScheduledBatch, block_size: int) -> list[int]:
-    """Physical blocks that receive this step's new K/V (read before counters advance)."""
-    written: set[int] = set()
-    for request, num_new in zip(batch.requests, batch.num_new_tokens):
-        first = request.num_computed_tokens // block_size
-        last = (request.num_computed_tokens + num_new - 1) // block_size
-        for table in request.block_tables:
-            written.update(b for b in table[first : last + 1] if b != NO_BLOCK)
-    return sorted(written)
 
 
 def _generation_eos(model_dir: Path) -> set[int]:

@@ -35,6 +35,9 @@ class Request:
     # One table per KV cache group (`engine/types/kv_groups.py`; most models have one):
     # logical block i -> physical block id, or NO_BLOCK. Empty while the request holds none.
     block_tables: list[list[int]] = field(default_factory=list)
+    # Bumped by the block manager whenever a table changes other than by appending (freed,
+    # shrunk, an entry released): the runner's persistent rows then copy it again whole.
+    table_epoch: int = 0
     # Hash of each full block (prefix caching), shared by the groups; len <= len of a table.
     block_hashes: list[int] = field(default_factory=list)
     num_preemptions: int = 0
@@ -46,6 +49,10 @@ class Request:
     long_rope: bool = False
     stop_reason: int | str | None = None
     grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
+    # A sampled token not in stop_ids, with the output shorter than length_limit, cannot stop
+    # it (Scheduler.add_request sets both; 0 means: always check).
+    stop_ids: frozenset[int] = frozenset()
+    length_limit: int = 0
     metrics: RequestMetrics = field(init=False)
 
     def __post_init__(self) -> None:
@@ -75,6 +82,16 @@ class Request:
     def token_id_at(self, position: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[position] if position < n else self.output_token_ids[position - n]
+
+    def token_ids_between(self, start: int, end: int) -> tuple[int, ...]:
+        """The token ids at positions start..end-1, without joining prompt and output."""
+        prompt = self.prompt_token_ids
+        n = len(prompt)
+        if end <= n:
+            return tuple(prompt[start:end])
+        if start >= n:
+            return tuple(self.output_token_ids[start - n : end - n])
+        return (*prompt[start:], *self.output_token_ids[: end - n])
 
     @property
     def waiting_for_grammar(self) -> bool:

@@ -22,6 +22,13 @@ class ScheduledBatch:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     preempted: list[Request] = field(default_factory=list)
+    # The first rows: decodes of one token into a slot their table already has (the runner
+    # packs them without looking at each); filled by `plain` while scheduling.
+    num_plain_decodes: int = 0
+    plain: list[Request] = field(default_factory=list)
+    # The requests whose block tables changed since the last batch (the block manager's
+    # list): the runner's persistent rows look at these only. None: look at every row.
+    changed_tables: list[Request] | None = None
 
     @property
     def empty(self) -> bool:
@@ -35,7 +42,13 @@ class ScheduledBatch:
         self.requests.append(request)
         self.num_new_tokens.append(num_tokens)
 
+    def holds(self, request: Request) -> bool:
+        return request in self.requests or request in self.plain
+
     def remove(self, request: Request) -> int:
+        if request in self.plain:  # counted in num_decode_tokens by put_plain_first
+            self.plain.remove(request)
+            return 1
         i = self.requests.index(request)
         n = self.num_new_tokens.pop(i)
         self.requests.pop(i)
@@ -44,6 +57,14 @@ class ScheduledBatch:
         else:
             self.num_decode_tokens -= n
         return n
+
+    def put_plain_first(self) -> None:
+        """The plain decodes become the first rows (scheduling decided in running order)."""
+        self.num_plain_decodes = len(self.plain)
+        self.num_decode_tokens += len(self.plain)
+        self.requests = self.plain + self.requests
+        self.num_new_tokens = [1] * len(self.plain) + self.num_new_tokens
+        self.plain = []
 
 
 class Scheduler:
@@ -54,8 +75,12 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_model_len: int,
         long_rope_from: int | None = None,
+        speculative: bool = True,
     ) -> None:
+        """`speculative`: requests may carry drafts (False: their spec_token_ids stay empty,
+        and the hot loop never looks)."""
         self.block_manager = block_manager
+        self.speculative = speculative
         self.long_rope_from = long_rope_from  # LongRoPE models: ModelConfig.long_rope_from
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -66,6 +91,11 @@ class Scheduler:
         self.rolled_back_blocks: list[int] = []  # blocks the last update gave back (rejected drafts)
 
     def add_request(self, request: Request) -> None:
+        params = request.params
+        request.stop_ids = frozenset(params.stop_token_ids) | (
+            frozenset() if params.ignore_eos else frozenset(request.eos_token_ids))
+        request.length_limit = min(self.max_model_len - request.num_prompt_tokens,
+                                   params.max_tokens if params.max_tokens is not None else self.max_model_len)
         self.waiting.append(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -75,35 +105,65 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        decodes = [r for r in self.running if not r.is_prefilling]
-        prefills = [r for r in self.running if r.is_prefilling]
-        for request in decodes + prefills:
+        decodes: list[Request] = []
+        prefills: list[Request] = []
+        for request in self.running:  # request.is_prefilling, inlined (every request, every step)
+            output = request.output_token_ids
+            if output and len(request.prompt_token_ids) + len(output) - request.num_computed_tokens <= 1:
+                decodes.append(request)
+            else:
+                prefills.append(request)
+        # A plain decode: one token into a slot its table already has (block_manager.has_slot,
+        # inlined for one KV group), nothing else to decide.
+        single = self.block_manager.num_groups == 1 and self.long_rope_from is None
+        block_size = self.block_manager.block_size
+        plain = batch.plain
+        running_status = RequestStatus.RUNNING
+        speculative = self.speculative
+        for request in decodes:
             if budget == 0:
                 break
-            if request.status is not RequestStatus.RUNNING:
+            if request.status is not running_status:
                 continue  # preempted earlier in this loop
-            self._switch_to_long_rope(request)
-            num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
-            # Speculative drafts ride on a decode as one chunk of 1 + k tokens, budget permitting.
-            drafts = request.spec_token_ids
-            request.spec_token_ids = [] if request.is_prefilling else drafts[: budget - num_tokens]
-            while not self.block_manager.allocate_slots(request, num_tokens + len(request.spec_token_ids)):
-                if request.spec_token_ids:  # give up the drafts before preempting anyone
-                    request.spec_token_ids = []
-                    continue
-                victim = self.running[-1]
-                if victim in batch.requests:
-                    budget += batch.remove(victim)
-                self._preempt(victim, batch)
-                if victim is request:
-                    break
+            if single and not (speculative and request.spec_token_ids) and request.block_tables \
+                    and len(request.block_tables[0]) * block_size > request.num_computed_tokens:
+                plain.append(request)
+                budget -= 1
             else:
-                num_tokens += len(request.spec_token_ids)
-                batch.add(request, num_tokens)
-                budget -= num_tokens
+                budget = self._schedule_running(request, batch, budget)
+        for request in prefills:
+            if budget == 0:
+                break
+            if request.status is RequestStatus.RUNNING:  # else preempted earlier in this step
+                budget = self._schedule_running(request, batch, budget)
         if not batch.preempted:
             self._admit_waiting(batch, budget)
+        batch.put_plain_first()
+        if batch.requests and self.block_manager.track_changes:  # else kept for a batch that runs
+            batch.changed_tables = self.block_manager.take_changed()
         return batch
+
+    def _schedule_running(self, request: Request, batch: ScheduledBatch, budget: int) -> int:
+        """Schedule a running request's next tokens, preempting the newest when blocks run
+        out; the budget left."""
+        self._switch_to_long_rope(request)
+        num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+        # Speculative drafts ride on a decode as one chunk of 1 + k tokens, budget permitting.
+        drafts = request.spec_token_ids
+        request.spec_token_ids = [] if request.is_prefilling else drafts[: budget - num_tokens]
+        while not self.block_manager.allocate_slots(request, num_tokens + len(request.spec_token_ids)):
+            if request.spec_token_ids:  # give up the drafts before preempting anyone
+                request.spec_token_ids = []
+                continue
+            victim = self.running[-1]
+            if batch.holds(victim):
+                budget += batch.remove(victim)
+            self._preempt(victim, batch)
+            if victim is request:
+                return budget
+        num_tokens += len(request.spec_token_ids)
+        batch.add(request, num_tokens)
+        return budget - num_tokens
 
     def _admit_waiting(self, batch: ScheduledBatch, budget: int) -> None:
         now = time.time()
@@ -165,17 +225,24 @@ class Scheduler:
         finished: list[Request] = []
         self.rolled_back_blocks = []
         now = time.time()
-        for request, num_tokens, sample in zip(batch.requests, batch.num_new_tokens, sampled):
+        plain = batch.num_plain_decodes
+        if plain:
+            self._advance_plain(batch.requests[:plain], sampled[:plain], now, finished)
+        manager = self.block_manager
+        caching, windowed = manager.enable_prefix_caching, manager.windowed
+        check_stop = self._check_stop
+        for request, num_tokens, sample in zip(batch.requests[plain:], batch.num_new_tokens[plain:],
+                                               sampled[plain:]):
             num_drafts = len(request.spec_token_ids)
             if sample is None:  # mid-prefill (or its sampling failed: drafts stay unverified)
                 request.num_computed_tokens += num_tokens - num_drafts
             else:
-                tokens = [sample] if isinstance(sample, int) else sample
+                tokens = [sample] if sample.__class__ is int else sample
                 kept = 0
                 for token_id in tokens:  # a stop inside an accepted run drops the tokens after it
                     request.output_token_ids.append(token_id)
                     kept += 1
-                    self._check_stop(request, token_id)
+                    check_stop(request, token_id)
                     if request.status.finished:
                         break
                 # Verified: the old newest token and each kept draft (not the newest token).
@@ -184,31 +251,60 @@ class Scheduler:
                     request.metrics.first_token_time = now
                 request.metrics.last_token_time = now
             if num_drafts:  # blocks holding only rejected drafts go back now
-                self.rolled_back_blocks += self.block_manager.free_beyond(request,
-                                                                          request.num_computed_tokens)
+                self.rolled_back_blocks += manager.free_beyond(request, request.num_computed_tokens)
                 request.spec_token_ids = []
-            self.block_manager.cache_full_blocks(request)
-            self.block_manager.release_out_of_window(request)
+            if caching:
+                manager.cache_full_blocks(request)
+            if windowed:
+                manager.release_out_of_window(request)
             if request.status.finished:
                 finished.append(request)
         for request in finished:
             self._finish(request, now)
         return finished
 
+    def _advance_plain(self, requests: list[Request], sampled: list[int | None], now: float,
+                       finished: list[Request]) -> None:
+        """update_from_output for plain decodes (one token each, no drafts), which are most rows
+        of most steps: only what such a row can change is looked at."""
+        manager = self.block_manager
+        caching, windowed, block_size = manager.enable_prefix_caching, manager.windowed, manager.block_size
+        check_stop = self._check_stop
+        for request, token in zip(requests, sampled):
+            if token is not None:  # None: its sampling failed (the core ends it)
+                if token.__class__ is not int:  # a run of one (a speculative step's row)
+                    token = token[0]
+                output = request.output_token_ids
+                output.append(token)
+                # Only a token in stop_ids or an output length_limit long may stop it.
+                if token in request.stop_ids or len(output) >= request.length_limit:
+                    check_stop(request, token)
+                metrics = request.metrics
+                if metrics.first_token_time is None:
+                    metrics.first_token_time = now
+                metrics.last_token_time = now
+            request.num_computed_tokens += 1
+            if caching and request.num_computed_tokens % block_size == 0:  # a block just filled
+                manager.cache_full_blocks(request)
+            if windowed:
+                manager.release_out_of_window(request)
+            if request.status.finished:
+                finished.append(request)
+
     def _check_stop(self, request: Request, token_id: int) -> None:
         params = request.params
-        num_output = request.num_output_tokens
+        num_output = len(request.output_token_ids)
         if num_output >= params.min_tokens:
             if not params.ignore_eos and token_id in request.eos_token_ids:
                 request.status = RequestStatus.FINISHED_STOPPED
                 return
-            if token_id in params.stop_token_ids:
+            if params.stop_token_ids and token_id in params.stop_token_ids:
                 request.status = RequestStatus.FINISHED_STOPPED
                 request.stop_reason = token_id
                 return
         if params.max_tokens is not None and num_output >= params.max_tokens:
             request.status = RequestStatus.FINISHED_LENGTH
-        elif request.num_tokens >= self.max_model_len:
+        elif len(request.prompt_token_ids) + num_output >= self.max_model_len:
             request.status = RequestStatus.FINISHED_LENGTH
 
     def finish_requests(self, request_ids: set[str], status: RequestStatus) -> list[Request]:

@@ -17,7 +17,9 @@ class ScheduledSequence(Protocol):
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     num_computed_tokens: int  # tokens whose K/V are already in the cache
-    block_table: list[int]  # logical block i -> physical block id
+    block_table: list[int]  # logical block i -> physical block id (the first KV group's)
+    block_tables: list[list[int]]  # every KV group's table
+    table_epoch: int  # bumped whenever a table changes other than by appending
     # Draft tokens verified after the newest token this step (speculative decoding; usually []).
     spec_token_ids: list[int]
     long_rope: bool  # LongRoPE: rotate with the long factors
@@ -35,7 +37,9 @@ class ScheduledSequence(Protocol):
 
 
 class BatchPlan(Protocol):
-    """One step: each sequence computes its next `num_new_tokens[i]` tokens."""
+    """One step: each sequence computes its next `num_new_tokens[i]` tokens. A plan may also
+    say `num_plain_decodes`: its first rows are decodes of their newest token alone (the
+    runner then reads only their computed length and that token)."""
 
     @property
     def requests(self) -> Sequence[ScheduledSequence]: ...

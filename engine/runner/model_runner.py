@@ -19,6 +19,7 @@ from kvdeck.engine.runner.cpu_threads import ThreadGovernor
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
 from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process
+from kvdeck.engine.runner.input_batch import InputBatch
 from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.models import model_class_for, native_decode
@@ -71,6 +72,10 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
+        # Per-request rows that persist across steps; they grow past these sizes if needed.
+        max_blocks = cdiv(config.max_model_len or 2048, self.block_size)
+        self.input_batch = InputBatch(self.device, self.block_size, len(self.kv_pool.groups),
+                                      config.max_num_seqs, max_blocks, model_config.long_rope_from)
 
     def _build_model(self, model_dir) -> torch.nn.Module:
         cls = model_class_for(self.model_config.architecture)
@@ -265,83 +270,13 @@ class ModelRunner:
 
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: BatchPlan) -> StepInputs:
-        """Pack the batch into flat tensors on the device (host lists, one copy each)."""
-        input_ids, positions = [], []
-        query_start_loc, seq_lens = [0], []
-        num_groups = len(self.kv_pool.groups)
-        slots: list[list[int]] = [[] for _ in range(num_groups)]  # per KV group
-        tables: list[list[list[int]]] = [[] for _ in range(num_groups)]
-        inputs = StepInputs()
-        bs = self.block_size
-        long_rope_from = self.model_config.long_rope_from
-        for index, (request, num_new) in enumerate(zip(batch.requests, batch.num_new_tokens)):
-            start = request.num_computed_tokens
-            end = start + num_new
-            # LongRoPE: a long request's rows follow the short table's (rotary.py).
-            shift = long_rope_from if request.long_rope else 0
-            if request.spec_token_ids:
-                # A verify chunk attends like k + 1 decode rows, one per token (its own context
-                # length each): the decode path, and decode graphs, serve it unchanged.
-                first = len(input_ids)
-                input_ids.append(request.token_id_at(start))
-                input_ids.extend(request.spec_token_ids)
-                positions.extend(range(start + shift, end + shift))
-                for group, table in enumerate(request.block_tables):
-                    slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
-                    tables[group].extend([table] * num_new)
-                query_start_loc.extend(range(query_start_loc[-1] + 1, query_start_loc[-1] + num_new + 1))
-                seq_lens.extend(range(start + 1, end + 1))
-                inputs.spec_rows.extend(range(first, first + num_new))
-                inputs.spec_requests.append(request)
-                inputs.spec_batch_index.append(index)
-                continue
-            if num_new == 1:
-                input_ids.append(request.token_id_at(start))
-                positions.append(start + shift)
-            else:
-                input_ids.extend(request.all_token_ids[start:end])
-                positions.extend(range(start + shift, end + shift))
-            for group, table in enumerate(request.block_tables):
-                if num_new == 1:
-                    slots[group].append(table[start // bs] * bs + start % bs)
-                else:
-                    slots[group].extend(table[p // bs] * bs + p % bs for p in range(start, end))
-                tables[group].append(table)
-            query_start_loc.append(query_start_loc[-1] + num_new)
-            seq_lens.append(end)
-            if end == request.num_tokens:
-                inputs.sample_rows.append(len(input_ids) - 1)
-                inputs.sample_requests.append(request)
-                inputs.sample_batch_index.append(index)
-        group_tensors = [(self._to_device(slots[g], torch.long), self._block_tables(tables[g]))
-                         for g in range(num_groups)]
-        inputs.input_ids = self._to_device(input_ids, torch.long)
-        inputs.positions = self._to_device(positions, torch.long)
-        inputs.meta = AttentionMetadata(
-            slot_mapping=group_tensors[0][0],
-            block_tables=group_tensors[0][1],
-            query_start_loc=self._to_device(query_start_loc, torch.int32),
-            seq_lens=self._to_device(seq_lens, torch.int32),
-            max_query_len=max(b - a for a, b in zip(query_start_loc, query_start_loc[1:])),
-            max_seq_len=max(seq_lens),
-            other_groups=tuple(group_tensors[1:]),
-        )
-        inputs.num_requests = len(batch.requests)
-        return inputs
+        """Pack the batch into flat tensors on the device (input_batch.py)."""
+        return self.input_batch.prepare(batch)
 
-    def _block_tables(self, tables: list[list[int]]) -> torch.Tensor:
-        """One group's tables as a padded int32 tensor. Released entries (NO_BLOCK, -1, out of
-        a sliding window) become block 0: a valid id the kernels never read there."""
-        width = max(len(t) for t in tables)
-        padded = self._to_device([t + [0] * (width - len(t)) for t in tables], torch.int32)
-        return padded.clamp_(min=0) if any(g.window is not None for g in self.kv_pool.groups) else padded
-
-    def _to_device(self, values: list, dtype: torch.dtype) -> torch.Tensor:
-        host = torch.tensor(values, dtype=dtype)
-        if self.device.type == "cuda":
-            # Pinned memory lets the copy run asynchronously with the host's next work.
-            return host.pin_memory().to(self.device, non_blocking=True)
-        return host
+    def forget(self, request_id: str) -> None:
+        """A request is done: its persistent rows and its sampling state go."""
+        self.input_batch.forget(request_id)
+        self.sampler.forget(request_id)
 
     def _apply_cpu_threads(self) -> None:
         """Set the thread count the governor chooses, in the thread that runs the steps (OpenMP's

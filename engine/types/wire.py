@@ -28,14 +28,9 @@ class RequestStatus(Enum):
     FINISHED_ABORTED = "abort"
     FINISHED_ERROR = "error"  # this request failed in the engine; the others went on
 
-    @property
-    def finished(self) -> bool:
-        return self in (
-            RequestStatus.FINISHED_STOPPED,
-            RequestStatus.FINISHED_LENGTH,
-            RequestStatus.FINISHED_ABORTED,
-            RequestStatus.FINISHED_ERROR,
-        )
+    def __init__(self, value: str) -> None:
+        # A plain attribute, not a property: the core reads it for every request every step.
+        self.finished = value in ("stop", "length", "abort", "error")
 
 
 @dataclass(slots=True)

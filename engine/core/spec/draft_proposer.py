@@ -31,6 +31,7 @@ class DraftSequence(ExtendedSequence):
     num_computed_tokens: int = 0
     block_tables: list[list[int]] = field(default_factory=list)  # one group: the draft's own
     block_hashes: list[int] = field(default_factory=list)  # always empty: no prefix caching
+    table_epoch: int = 0  # bumped by the block manager (the runner's persistent rows read it)
     long_rope: bool = False  # the draft's rotary is its own (no LongRoPE switch)
     pending: list[int] = field(default_factory=list)  # drafts proposed this step
     spec_token_ids: list[int] = field(default_factory=list)  # the draft verifies nothing
@@ -126,7 +127,7 @@ class DraftModelProposer:
             self.blocks.free(seq)
         self._probs.pop(request_id, None)
         self.sampler.forget(request_id)
-        self.runner.sampler.forget(request_id)
+        self.runner.forget(request_id)
 
     def pool_stats(self) -> tuple[int, list[int]]:
         return self.blocks.num_blocks, [b.ref_count for b in self.blocks.blocks]
