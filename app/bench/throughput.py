@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from kvdeck.engine.api.llm import LLM
-from kvdeck.engine.types.sampling_params import SamplingParams
+from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 
 
 @dataclass(slots=True)
@@ -69,11 +69,12 @@ def warm_up_kvdeck(llm: LLM, requests: list[BenchRequest]) -> None:
 
 
 def _add_requests(engine, requests: list[BenchRequest], prefix: str) -> None:
-    # Greedy, exactly output_len tokens, token ids only (no detokenising), like the baseline.
+    # Greedy, exactly output_len tokens, token ids only (no detokenising), like the baseline;
+    # each output brings its new ids (the loop counts them).
     for i, r in enumerate(requests):
         engine.add_request(f"{prefix}-{i}", r.prompt_token_ids,
                            SamplingParams(temperature=0.0, max_tokens=r.output_len, ignore_eos=True,
-                                          detokenize=False))
+                                          detokenize=False, output_kind=RequestOutputKind.DELTA))
 
 
 def median_run(runs: list[dict]) -> dict:
@@ -125,9 +126,21 @@ def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
         "step_time_breakdown_s": {
             "schedule": timings.schedule_s, "prepare_inputs": timings.prepare_s,
             "model_and_sampling": timings.model_s, "update_outputs": timings.update_s,
+            "frontend": timings.frontend_s,
         },
         "host_overhead_share": timings.host_share,
+        # Host work per step: each phase, and their sum (the front-end's included).
+        "host_work_per_step_s": _per_step(timings),
+        # The caller's loop around the steps (adding requests, reading occupancy).
+        "outside_steps_s": elapsed - timings.host_s - timings.model_s,
     }
+
+
+def _per_step(timings) -> dict:
+    steps = max(1, timings.steps)
+    return {"schedule": timings.schedule_s / steps, "prepare_inputs": timings.prepare_s / steps,
+            "update_outputs": timings.update_s / steps, "frontend": timings.frontend_s / steps,
+            "total": timings.host_s / steps}
 
 
 def run_hf_baseline(model_dir, requests: list[BenchRequest], batch_size: int, device: str,

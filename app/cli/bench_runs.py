@@ -277,5 +277,7 @@ def _print_line(name: str, figures: dict) -> None:
               f"{figures['kv_waste_at_peak']:.2%} (contiguous max-length allocation: "
               f"{figures['contiguous_kv_waste_at_peak']:.1%}), preemptions "
               f"{figures['preemptions']}, prefix-cache hit rate {figures['prefix_cache_hit_rate']:.1%}")
-        print(f"         host work (schedule, prepare inputs, update) {figures['host_overhead_share']:.1%} "
-              "of step time")
+        host = {name: seconds * 1e3 for name, seconds in figures["host_work_per_step_s"].items()}
+        print(f"         host work {host['total']:.3f} ms/step (schedule {host['schedule']:.3f}, prepare "
+              f"inputs {host['prepare_inputs']:.3f}, update {host['update_outputs']:.3f}, front-end "
+              f"{host['frontend']:.3f}), {figures['host_overhead_share']:.1%} of step time")

@@ -23,10 +23,16 @@ def test_throughput_with_hf_baseline(tiny_llama_dir, tmp_path, capsys):
     assert 0 < kv["peak_kv_usage"] <= 1
     assert 0 <= kv["kv_waste_at_peak"] < kv["contiguous_kv_waste_at_peak"] < 1
     assert 0 < kv["host_overhead_share"] < 1
+    host = kv["host_work_per_step_s"]  # each host phase per step, the front-end's included
+    assert host["frontend"] > 0 and host["total"] == pytest.approx(
+        host["schedule"] + host["prepare_inputs"] + host["update_outputs"] + host["frontend"])
+    assert host["total"] * kv["steps"] == pytest.approx(sum(kv["step_time_breakdown_s"].values())
+                                                        - kv["step_time_breakdown_s"]["model_and_sampling"])
     assert result["config"]["num_prompts"] == 6 and result["config"]["seed"] == 3
     assert result["environment"]["torch"] and result["command"].startswith("kvdeck")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "ratio (kvdeck / hf" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "ratio (kvdeck / hf" in printed and "front-end" in printed
 
 
 def test_prefix_cache_hits_on_repeated_prompts_file(tiny_llama_dir, tmp_path):
