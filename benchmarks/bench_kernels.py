@@ -7,7 +7,10 @@
   skips it), and optionally a sweep of attention tile configs (`--sweep`).
 
 Writes JSON (device, torch/triton versions, git commit, command, figures) to
-benchmarks/results/. Usage: `python benchmarks/bench_kernels.py [--quick] [--sweep]`.
+benchmarks/results/, rewritten after every row, so a run cut short keeps what it measured.
+Usage: `python benchmarks/bench_kernels.py [--quick] [--sweep]`. `TRITON_INTERPRET=1 ...
+--smoke`: the same script at tiny sizes on the CPU, every timing from a fake clock (the GPU
+battery's CPU test; its figures mean nothing).
 """
 
 import argparse
@@ -26,7 +29,7 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"
-DEVICE = "cuda"  # a CPU smoke run of the script logic sets "cpu" under TRITON_INTERPRET=1
+DEVICE = "cuda"  # --smoke on the CPU sets "cpu" (under TRITON_INTERPRET=1)
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # (num_heads, num_kv_heads, head_dim) of real models.
 MODELS = {"llama-3.2-1b": (32, 8, 64), "qwen3-0.6b": (16, 8, 128), "llama-3.1-8b": (32, 8, 128)}
@@ -34,6 +37,8 @@ DECODE_SHAPES = [(1, 32768), (1, 8192), (4, 8192), (16, 4096), (64, 2048), (256,
 PREFILL_SHAPES = [(1, 8192), (4, 2048), (16, 512)]
 ELEMENTWISE_SHAPE = (8192, 4096, 14336)  # tokens, hidden, intermediate (Llama-3.1-8B)
 QUICK_DECODE, QUICK_PREFILL = [(1, 8192), (64, 2048)], [(4, 2048)]
+SMOKE_DECODE, SMOKE_PREFILL, SMOKE_ELEMENTWISE = [(1, 40), (2, 24)], [(1, 24)], (8, 256, 512)
+FAKE_MS = 1.0  # --smoke: what every timing reads (the fake clock)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -46,13 +51,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-check", dest="check", action="store_false",
                         help="skip the correctness check against the torch references")
     parser.add_argument("--out", type=Path, help="JSON path (default: benchmarks/results/...)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny sizes on the CPU under TRITON_INTERPRET=1, timings from a fake clock")
     return parser.parse_args(argv)
+
+
+def interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
 
 
 def time_ms(fn: Callable[[], object], repeats: int = 7) -> float:
     """Median per-call GPU time of `fn` replayed from a CUDA graph, so that Python and launch
-    overhead do not hide microsecond kernels; each repeat covers ~20 ms of replays."""
+    overhead do not hide microsecond kernels; each repeat covers ~20 ms of replays. Off the
+    GPU (--smoke): `fn` runs once and the fake clock says FAKE_MS."""
     fn()  # compiles Triton kernels outside the capture
+    if DEVICE != "cuda":
+        return FAKE_MS
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -79,7 +97,9 @@ def time_ms(fn: Callable[[], object], repeats: int = 7) -> float:
 
 
 def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    if DEVICE != "cuda":
+        nbytes = 1 << 20
+    src = torch.empty(nbytes, dtype=torch.uint8, device=DEVICE).random_()
     dst = torch.empty_like(src)
     return 2 * nbytes / time_ms(lambda: dst.copy_(src)) / 1e6
 
@@ -100,12 +120,12 @@ def paged_inputs(batch: int, query_len: int, context: int, model: str, dtype, bl
     return (q, k_cache, v_cache, tables, starts, seq_lens, head_dim**-0.5, query_len, context)
 
 
-def bench_decode(args, copy_gbps: float, configs) -> list[dict]:
+def bench_decode(args, copy_gbps: float, configs, rows: list[dict], save: Callable[[], None]) -> None:
     from kvdeck.kernels.triton.attention import paged_attention_triton_impl
 
-    rows = []
+    shapes = SMOKE_DECODE if args.smoke else QUICK_DECODE if args.quick else DECODE_SHAPES
     for model in args.models:
-        for batch, context in QUICK_DECODE if args.quick else DECODE_SHAPES:
+        for batch, context in shapes:
             inputs = paged_inputs(batch, 1, context, model, DTYPES[args.dtype], args.block_size)
             q, k_cache = inputs[0], inputs[1]
             kv_bytes = 2 * batch * context * k_cache[0, 0].numel() * k_cache.element_size()
@@ -116,10 +136,10 @@ def bench_decode(args, copy_gbps: float, configs) -> list[dict]:
                 rows.append({"model": model, "batch": batch, "context": context, "config": name,
                              "ms": round(ms, 4), "gbps": round(gbps, 1),
                              "fraction_of_copy": round(gbps / copy_gbps, 3)})
+                save()
                 print(f"decode  {model:14s} b={batch:<4d} ctx={context:<6d} {name:8s} "
-                      f"{ms:8.4f} ms {gbps:7.1f} GB/s {gbps / copy_gbps:6.1%} of copy")
+                      f"{ms:8.4f} ms {gbps:7.1f} GB/s {gbps / copy_gbps:6.1%} of copy", flush=True)
             del inputs, q, k_cache
-    return rows
 
 
 def sdpa_flash(q, k, v) -> Callable[[], torch.Tensor]:
@@ -136,13 +156,13 @@ def sdpa_flash(q, k, v) -> Callable[[], torch.Tensor]:
     return run
 
 
-def bench_prefill(args, configs) -> list[dict]:
+def bench_prefill(args, configs, rows: list[dict], save: Callable[[], None]) -> None:
     from kvdeck.kernels.triton.attention import paged_attention_triton_impl
 
-    rows = []
+    shapes = SMOKE_PREFILL if args.smoke else QUICK_PREFILL if args.quick else PREFILL_SHAPES
     for model in args.models:
         num_heads, num_kv_heads, head_dim = MODELS[model]
-        for batch, length in QUICK_PREFILL if args.quick else PREFILL_SHAPES:
+        for batch, length in shapes:
             inputs = paged_inputs(batch, length, length, model, DTYPES[args.dtype],
                                   args.block_size)
             q = inputs[0]
@@ -152,6 +172,8 @@ def bench_prefill(args, configs) -> list[dict]:
             kv_dense = torch.randn(2, batch, num_kv_heads, length, head_dim, dtype=q.dtype,
                                    device=DEVICE)
             try:
+                if DEVICE != "cuda":
+                    raise RuntimeError("no flash attention off the GPU")
                 sdpa_ms = time_ms(sdpa_flash(q_dense, kv_dense[0], kv_dense[1]))
             except (RuntimeError, TypeError) as exc:  # no flash for this shape/build
                 sdpa_ms, sdpa_error = None, str(exc).splitlines()[0]
@@ -166,14 +188,14 @@ def bench_prefill(args, configs) -> list[dict]:
                 if sdpa_error:
                     row["sdpa_error"] = sdpa_error
                 rows.append(row)
+                save()
                 ratio = "n/a" if sdpa_ms is None else f"{sdpa_ms / ms:6.1%}"
                 print(f"prefill {model:14s} b={batch:<4d} len={length:<6d} {name:8s} "
-                      f"{ms:8.4f} ms {flops / ms / 1e9:6.1f} TFLOP/s  {ratio} of SDPA flash")
+                      f"{ms:8.4f} ms {flops / ms / 1e9:6.1f} TFLOP/s  {ratio} of SDPA flash", flush=True)
             del inputs, q, q_dense, kv_dense
-    return rows
 
 
-def bench_elementwise(args, copy_gbps: float) -> list[dict]:
+def bench_elementwise(args, copy_gbps: float, rows: list[dict], save: Callable[[], None]) -> None:
     from kvdeck.kernels.dispatch import TORCH_OPS
     from kvdeck.kernels.reference.rope import build_cos_sin_cache
     from kvdeck.kernels.triton import ops as triton_ops
@@ -181,7 +203,7 @@ def bench_elementwise(args, copy_gbps: float) -> list[dict]:
     ops = triton_ops.TRITON_OPS
     dtype = DTYPES[args.dtype]
     elem = torch.finfo(dtype).bits // 8
-    tokens, hidden, inter = ELEMENTWISE_SHAPE
+    tokens, hidden, inter = SMOKE_ELEMENTWISE if args.smoke else ELEMENTWISE_SHAPE
     x = torch.randn(tokens, hidden, dtype=dtype, device=DEVICE)
     residual = torch.randn_like(x)
     weight = torch.rand(hidden, dtype=dtype, device=DEVICE)
@@ -197,7 +219,6 @@ def bench_elementwise(args, copy_gbps: float) -> list[dict]:
          2 * qk.numel() * elem + tokens * cos_sin.shape[1] * 4),
         ("silu_and_mul", lambda o: o.silu_and_mul(gate_up), 3 * tokens * inter * elem),
     ]
-    rows = []
     for name, call, nbytes in cases:
         triton_ms = time_ms(lambda c=call: c(ops))
         torch_ms = time_ms(lambda c=call: c(TORCH_OPS))
@@ -205,9 +226,9 @@ def bench_elementwise(args, copy_gbps: float) -> list[dict]:
         rows.append({"op": name, "tokens": tokens, "ms": round(triton_ms, 4),
                      "gbps": round(gbps, 1), "fraction_of_copy": round(gbps / copy_gbps, 3),
                      "torch_eager_ms": round(torch_ms, 4)})
+        save()
         print(f"{name:18s} {triton_ms:8.4f} ms {gbps:7.1f} GB/s {gbps / copy_gbps:6.1%} of "
-              f"copy (torch eager {torch_ms:.4f} ms)")
-    return rows
+              f"copy (torch eager {torch_ms:.4f} ms)", flush=True)
 
 
 def git_commit() -> str:
@@ -229,12 +250,19 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global DEVICE
     args = parse_args(argv)
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if args.smoke:
+        if not torch.cuda.is_available() and not interpreted():
+            print("bench_kernels: --smoke on the CPU needs TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+        DEVICE = "cuda" if torch.cuda.is_available() and not interpreted() else "cpu"
+        args.models = args.models[:1]
+    elif interpreted():
         print("bench_kernels: unset TRITON_INTERPRET; interpreter timings mean nothing",
               file=sys.stderr)
         return 2
-    if not torch.cuda.is_available():
+    elif not torch.cuda.is_available():
         print("bench_kernels: needs a CUDA GPU (torch.cuda.is_available() is False)",
               file=sys.stderr)
         return 2
@@ -246,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    device = torch.cuda.get_device_name()
+    device = device_name()
     print(f"{device}  torch {torch.__version__}  triton {triton.__version__}")
     copy_gbps = copy_bandwidth_gbps()
     print(f"device-to-device copy: {copy_gbps:.1f} GB/s")
@@ -262,7 +290,7 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "benchmark": "kernels",
         "device": device,
-        "capability": ".".join(map(str, torch.cuda.get_device_capability())),
+        "capability": ".".join(map(str, torch.cuda.get_device_capability())) if DEVICE == "cuda" else None,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "cuda": torch.version.cuda,
@@ -272,18 +300,26 @@ def main(argv: list[str] | None = None) -> int:
         "timestamp_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "dtype": args.dtype,
         "block_size": args.block_size,
-        "timing": "median of CUDA-graph replays (7 repeats of ~20 ms)",
+        "timing": ("median of CUDA-graph replays (7 repeats of ~20 ms)" if DEVICE == "cuda"
+                   else f"fake clock (--smoke: every timing {FAKE_MS} ms)"),
         "copy_bandwidth_gbps": round(copy_gbps, 1),
+        "decode_attention": [], "prefill_attention": [], "elementwise": [],
     }
-    if args.check:
-        payload["correctness"] = check_kernels_gpu.check_all()
-    payload["decode_attention"] = bench_decode(args, copy_gbps, decode_configs)
-    payload["prefill_attention"] = bench_prefill(args, prefill_configs)
-    payload["elementwise"] = bench_elementwise(args, copy_gbps)
     stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%dT%H%M%SZ")
     slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
     out = args.out or RESULTS_DIR / f"kernels-{slug}-{args.dtype}-{stamp}.json"
-    write_json_atomic(out, payload)
+
+    def save() -> None:
+        write_json_atomic(out, payload)
+
+    save()
+    if args.check:
+        payload["correctness"] = check_kernels_gpu.check_all(args.smoke, lambda rows: save())
+    bench_decode(args, copy_gbps, decode_configs, payload["decode_attention"], save)
+    bench_prefill(args, prefill_configs, payload["prefill_attention"], save)
+    bench_elementwise(args, copy_gbps, payload["elementwise"], save)
+    payload["complete"] = True
+    save()
     print(f"wrote {out}")
     failed = [row for row in payload.get("correctness", []) if not row["ok"]]
     return 1 if failed else 0

@@ -178,21 +178,27 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
     return row
 
 
-def check_graphs() -> None:
+def check_graphs(smoke: bool = False) -> None:
     """Capture w4a16_gemm (what AWQ layers run) in a CUDA graph at every batch size the
-    engine captures for decode, replay it on new inputs and compare with eager calls."""
+    engine captures for decode, replay it on new inputs and compare with eager calls. --smoke
+    (the CPU): a few sizes, tiny shapes, the "replay" an eager call on the same buffers."""
     from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH, decode_bucket_sizes
 
-    k, n = SHAPES[0]
-    qweight, qzeros, scales = random_awq(k, n, "cuda", torch.float16)
-    for m in decode_bucket_sizes(MAX_CAPTURED_BATCH):
-        x = torch.randn(m, k, device="cuda", dtype=torch.float16)
+    k, n = (256, 128) if smoke else SHAPES[0]
+    device, dtype = ("cpu", torch.float32) if smoke else ("cuda", torch.float16)
+    qweight, qzeros, scales = random_awq(k, n, device, dtype)
+    for m in decode_bucket_sizes(4 if smoke else MAX_CAPTURED_BATCH):
+        x = torch.randn(m, k, device=device, dtype=dtype)
         w4a16_gemm(x, qweight, qzeros, scales, GROUP)  # compiles outside the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        if smoke:
+            x.normal_()
             captured = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
-        x.normal_()
-        graph.replay()
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+            x.normal_()
+            graph.replay()
         eager = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
         diff = float((captured.float() - eager.float()).abs().max())
         print(f"graph M={m:4d}: max |replay - eager| {diff:.3g}", flush=True)
@@ -216,9 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print("E2E_RESULT " + json.dumps(e2e_decode(args.e2e_one, args.smoke)))
         return 0
     if args.check_graphs:
-        if not torch.cuda.is_available():
-            parser.error("--check-graphs needs a CUDA GPU")
-        check_graphs()
+        if not torch.cuda.is_available() and not (args.smoke and os.environ.get("TRITON_INTERPRET") == "1"):
+            parser.error("--check-graphs needs a CUDA GPU (or --smoke under TRITON_INTERPRET=1)")
+        check_graphs(smoke=not torch.cuda.is_available())
         return 0
     if args.smoke:
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
@@ -232,11 +238,15 @@ def main(argv: list[str] | None = None) -> int:
         device, dtype = "cuda", torch.float16
         shapes, tokens, timing = SHAPES, TOKENS, True
     torch.manual_seed(0)
-    rows = []
+    rows: list[dict] = []
+    e2e: list[dict] = []
+    save = (_writer(args, device, dtype, rows, e2e) if timing or args.out is not None
+            else lambda complete=False: None)
     for k, n in shapes:
         for m in tokens:
             row = bench_shape(m, k, n, device, dtype, timing, args.cuda_graph)
             rows.append(row)
+            save()
             if timing:
                 print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
                       f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_fp16']:.2f}x)"
@@ -245,7 +255,6 @@ def main(argv: list[str] | None = None) -> int:
                       f"limit {row['memory_bound_speedup_limit']:.2f}x", flush=True)
             else:
                 print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e}")
-    e2e = []
     if args.e2e:
         for variant in ("awq", "bf16"):
             command = [sys.executable, __file__, "--e2e-one", variant]
@@ -255,12 +264,18 @@ def main(argv: list[str] | None = None) -> int:
             if done.returncode != 0 or not lines:
                 raise RuntimeError(f"e2e {variant} failed:\n{done.stderr[-3000:]}")
             e2e.append(json.loads(lines[-1][len("E2E_RESULT "):]))
+            save()
             for run in e2e[-1]["runs"]:
                 print(f"e2e {variant:4s} batch {run['batch']:3d}: "
                       f"{run['output_tokens_per_s']:9.1f} tok/s  "
                       f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
-    if not timing and args.out is None:
-        return 0
+    save(complete=True)
+    return 0
+
+
+def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: list[dict],
+            e2e: list[dict]):
+    """What writes the result JSON, called after every row (a run cut short keeps its rows)."""
     import triton
 
     from kvdeck.kernels.triton.w4a16_gemm import FUSED_MAX_TOKENS
@@ -274,23 +289,30 @@ def main(argv: list[str] | None = None) -> int:
         "cuda": torch.version.cuda,
         "commit": git_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "timing": ("cuda_graph" if args.cuda_graph else "eager (triton.testing.do_bench)"),
+        "timing": ("none (--smoke)" if args.smoke else "cuda_graph" if args.cuda_graph
+                   else "eager (triton.testing.do_bench)"),
         "dtype": str(dtype).replace("torch.", ""),
         "fused_max_tokens": FUSED_MAX_TOKENS,
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "results": rows,
         "e2e_decode": e2e,
+        "complete": False,
     }
     out = Path(args.out) if args.out else (
         REPO / "benchmarks" / "results"
         / f"w4a16_{result['device'].replace(' ', '_')}_{result['date_utc'][:10]}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
-    tmp.replace(out)
-    print(f"wrote {out}")
-    return 0
+
+    def save(complete: bool = False) -> None:
+        result["complete"] = complete
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(result, indent=2) + "\n")
+        tmp.replace(out)
+        if complete:
+            print(f"wrote {out}")
+
+    return save
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
    64 requests (16-token prompts, 256 new tokens), output tokens/s with graphs and eager
    in the same run, and their ratio.
 
-Exit status 1 when graphs were not captured or tokens differ, 2 without CUDA.
+Exit status 1 when graphs were not captured or tokens differ, 2 without CUDA. The JSON is
+rewritten after each part. `--smoke --model DIR`: the same on the CPU with a tiny model, the
+graphs' static buffers replayed eagerly (the GPU battery's CPU test; no figure).
 """
 
 import argparse
@@ -28,69 +30,107 @@ QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 GPU_MEMORY_UTILIZATION = 0.4  # two engines are built one after the other
 
 
-def greedy_tokens(enforce_eager: bool, prompts: list[list[int]]) -> tuple[list[list[int]], bool]:
+def _engine(model: str | None, enforce_eager: bool, smoke: bool, **kwargs) -> LLM:
+    """An engine; on the CPU (--smoke) its decode graphs are the static-buffer path replayed
+    eagerly, since CUDA graphs need CUDA."""
+    if smoke:
+        llm = LLM(model, enforce_eager=enforce_eager, device="cpu", kv_cache_memory_gib=0.01,
+                  seed=0, **{k: v for k, v in kwargs.items() if k != "gpu_memory_utilization"})
+        if not enforce_eager:
+            llm.engine.core.runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
+        return llm
+    return LLM(model, enforce_eager=enforce_eager, seed=0, **kwargs)
+
+
+def greedy_tokens(enforce_eager: bool, prompts: list[list[int]], model: str | None = None,
+                  smoke: bool = False) -> tuple[list[list[int]], bool]:
     # `with`: the engine's memory is freed on leaving, so the next engine profiles a free card.
-    with LLM(enforce_eager=enforce_eager, gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0) as llm:
-        captured = llm.engine.info.cuda_graphs
+    with _engine(model, enforce_eager, smoke, gpu_memory_utilization=GPU_MEMORY_UTILIZATION) as llm:
+        captured = llm.engine.core.runner.decode_graphs is not None if smoke else llm.engine.info.cuda_graphs
         params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, detokenize=False)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     return tokens, captured
 
 
-def decode_throughput(enforce_eager: bool, batch_sizes: list[int]) -> dict[int, float]:
-    with LLM(str(QWEN3_CONFIG), load_format="dummy", dtype="bfloat16", enforce_eager=enforce_eager,
-             gpu_memory_utilization=GPU_MEMORY_UTILIZATION, seed=0) as llm:
-        return _decode_throughput(llm, "eager" if enforce_eager else "graphs", batch_sizes)
+def decode_throughput(enforce_eager: bool, batch_sizes: list[int], model: str | None = None,
+                      smoke: bool = False, on_batch=None) -> dict[int, float]:
+    model = model or str(QWEN3_CONFIG)
+    dtype = "float32" if smoke else "bfloat16"
+    with _engine(model, enforce_eager, smoke, load_format="dummy", dtype=dtype,
+                 gpu_memory_utilization=GPU_MEMORY_UTILIZATION) as llm:
+        return _decode_throughput(llm, "eager" if enforce_eager else "graphs", batch_sizes,
+                                  8 if smoke else 256, on_batch)
 
 
-def _decode_throughput(llm: LLM, label: str, batch_sizes: list[int]) -> dict[int, float]:
+def _decode_throughput(llm: LLM, label: str, batch_sizes: list[int], max_tokens: int,
+                       on_batch=None) -> dict[int, float]:
     rng = random.Random(0)
     vocab = llm.engine.info.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=256, ignore_eos=True, detokenize=False)
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
     figures = {}
     for batch in batch_sizes:
         prompts = [[rng.randrange(vocab) for _ in range(16)] for _ in range(batch)]
         llm.generate(prompts[:1], SamplingParams(max_tokens=4, detokenize=False))  # warm-up
-        torch.cuda.synchronize()
+        _synchronize()
         started = time.perf_counter()
         outputs = llm.generate(prompts, params)
-        torch.cuda.synchronize()
+        _synchronize()
         elapsed = time.perf_counter() - started
         figures[batch] = sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
-        print(f"  {label} batch {batch:3d}: {figures[batch]:9.1f} tok/s")
+        print(f"  {label} batch {batch:3d}: {figures[batch]:9.1f} tok/s", flush=True)
+        if on_batch is not None:
+            on_batch(label, batch, figures[batch])
     return figures
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=None, help="write the JSON result here")
+    parser.add_argument("--out", default=None, help="write the JSON result here (after each part)")
     parser.add_argument("--batch-sizes", default="1,8,64")
+    parser.add_argument("--smoke", action="store_true", help="the CPU form: tiny model, no figure")
+    parser.add_argument("--model", default=None, help="--smoke: the tiny model (both parts)")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
+    if args.smoke and args.model is None:
+        parser.error("--smoke needs --model")
+    if not args.smoke and not torch.cuda.is_available():
         print("CUDA graphs need a CUDA GPU", file=sys.stderr)
         return 2
+    batch_sizes = [int(b) for b in ("1,2" if args.smoke else args.batch_sizes).split(",")]
+    config = {"correctness_model": args.model or "demo",
+              "speed_model": args.model or str(QWEN3_CONFIG.relative_to(REPO)),
+              "speed_dtype": "float32" if args.smoke else "bfloat16", "prompt_tokens": 16,
+              "output_tokens": 8 if args.smoke else 256, "smoke": args.smoke}
+    figures: dict = {"decode_tokens_per_s": {}}
+
+    def save() -> None:
+        if args.out:
+            write_json_atomic(Path(args.out), build_result("cuda_graphs", config, figures))
+
+    def on_batch(label: str, batch: int, tokens_per_s: float) -> None:
+        row = figures["decode_tokens_per_s"].setdefault(str(batch), {})
+        row[label] = tokens_per_s
+        if "graphs" in row and "eager" in row:
+            row["ratio"] = row["graphs"] / row["eager"]
+        save()
+
     rng = random.Random(1)
-    prompts = [[rng.randrange(4096) for _ in range(rng.randint(8, 200))] for _ in range(8)]
-    with_graphs, captured = greedy_tokens(False, prompts)
-    eager, _ = greedy_tokens(True, prompts)
+    prompts = [[rng.randrange(4096 if not args.smoke else 200) for _ in range(rng.randint(8, 200))]
+               for _ in range(8 if not args.smoke else 3)]
+    with_graphs, captured = greedy_tokens(False, prompts, args.model, args.smoke)
+    eager, _ = greedy_tokens(True, prompts, args.model, args.smoke)
     matching = sum(a == b for a, b in zip(with_graphs, eager))
-    print(f"graphs captured: {captured}; greedy sequences equal to eager: {matching}/{len(prompts)}")
-    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    graph_speed = decode_throughput(False, batch_sizes)
-    eager_speed = decode_throughput(True, batch_sizes)
-    figures = {
-        "graphs_captured": captured,
-        "greedy_sequences_equal": matching,
-        "greedy_sequences": len(prompts),
-        "decode_tokens_per_s": {
-            str(b): {"graphs": graph_speed[b], "eager": eager_speed[b],
-                     "ratio": graph_speed[b] / eager_speed[b]} for b in batch_sizes
-        },
-    }
-    config = {"correctness_model": "demo", "speed_model": str(QWEN3_CONFIG.relative_to(REPO)),
-              "speed_dtype": "bfloat16", "prompt_tokens": 16, "output_tokens": 256}
+    print(f"graphs captured: {captured}; greedy sequences equal to eager: {matching}/{len(prompts)}",
+          flush=True)
+    figures.update(graphs_captured=captured, greedy_sequences_equal=matching, greedy_sequences=len(prompts))
+    save()
+    decode_throughput(False, batch_sizes, args.model, args.smoke, on_batch)
+    decode_throughput(True, batch_sizes, args.model, args.smoke, on_batch)
     if args.out:
-        write_json_atomic(Path(args.out), build_result("cuda_graphs", config, figures))
         print(f"wrote {args.out}")
     return 0 if captured and matching == len(prompts) else 1
 

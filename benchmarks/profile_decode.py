@@ -63,6 +63,16 @@ def _torch_operators(profiler: torch.profiler.profile, steps: int, top: int) -> 
     return {"by_host": rows(lambda e: e.self_cpu_time_total), "by_device": rows(device_us)}
 
 
+def _step_phases(timings, elapsed: float, steps: int) -> dict[str, float]:
+    """Where a step's time goes, in ms a step: the engine's own timers (the host's phases and
+    the model with the sampler), and what is left outside them (LLM.generate's loop)."""
+    phases = {"schedule": timings.schedule_s, "prepare_inputs": timings.prepare_s,
+              "model_and_sampling": timings.model_s, "update_outputs": timings.update_s,
+              "frontend": timings.frontend_s}
+    phases["outside_steps"] = elapsed - sum(phases.values())
+    return {name: 1e3 * seconds / steps for name, seconds in phases.items()}
+
+
 def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: int) -> dict:
     rng = random.Random(batch)
     vocab = llm.engine.info.vocab_size
@@ -70,7 +80,9 @@ def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: in
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
     llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
     steps = output_len  # one prefill step (the prompts fit one) and output_len - 1 decode steps
+    llm.engine.reset_timings()
     elapsed = _generate(llm, prompts, params)
+    phases = _step_phases(llm.engine.step_timings(), elapsed, steps)
     python_profile = cProfile.Profile()
     python_profile.enable()
     _generate(llm, prompts, params)
@@ -81,10 +93,12 @@ def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: in
     with torch.profiler.profile(activities=activities) as torch_profile:
         _generate(llm, prompts, params)
     figures = {"ms_per_step": 1e3 * elapsed / steps, "output_tokens_per_s": batch * output_len / elapsed,
+               "step_phases_ms": phases,
                "torch_operators": _torch_operators(torch_profile, steps, top),
                "python_functions": _python_functions(python_profile, steps, top)}
     print(f"batch {batch:3d}: {figures['ms_per_step']:.3f} ms a step, "
           f"{figures['output_tokens_per_s']:.1f} output tok/s")
+    print("  a step's time (ms): " + ", ".join(f"{name} {ms:.3f}" for name, ms in phases.items()))
     tables = [("host", "self_host_ms_per_step", figures["torch_operators"]["by_host"]),
               ("device", "self_device_ms_per_step", figures["torch_operators"]["by_device"]),
               ("python", "self_ms_per_step", figures["python_functions"])]
@@ -118,17 +132,19 @@ def main() -> int:
     for name in ("max_model_len", "kv_cache_memory_gib"):
         if getattr(args, name) is not None:
             engine[name] = getattr(args, name)
+    config = {"model": args.model, "input_len": args.input_len, "output_len": args.output_len,
+              "engine": engine}
     with LLM(args.model, **engine) as llm:
         graphs = llm.engine.info.cuda_graphs
         print(f"{Path(llm.engine.info.model_dir).name} on {llm.engine.info.device} "
-              f"({llm.engine.info.dtype}), CUDA graphs: {graphs}")
-        figures = {"cuda_graphs": graphs,
-                   "batches": {str(b): profile_batch(llm, b, args.input_len, args.output_len, args.top)
-                               for b in batch_sizes}}
+              f"({llm.engine.info.dtype}), CUDA graphs: {graphs}", flush=True)
+        figures = {"cuda_graphs": graphs, "batches": {}}
+        for batch in batch_sizes:  # the JSON after each batch size: a run cut short keeps them
+            figures["batches"][str(batch)] = profile_batch(llm, batch, args.input_len, args.output_len,
+                                                           args.top)
+            if args.out:
+                write_json_atomic(Path(args.out), build_result("profile_decode", config, figures))
     if args.out:
-        config = {"model": args.model, "input_len": args.input_len, "output_len": args.output_len,
-                  "engine": engine}
-        write_json_atomic(Path(args.out), build_result("profile_decode", config, figures))
         print(f"wrote {args.out}")
     return 0
 

@@ -1,27 +1,32 @@
 #!/usr/bin/env bash
-# The GPU figures of the benchmark issue, in stages that each fit one 10-minute command of
-# a lent H100/H200 (the device image has torch, triton and transformers; kvdeck's UI and
-# server packages are not needed here). Run from anywhere:
+# The GPU figures, in stages that each fit one 10-minute command of a lent H100/H200 (the
+# device image has torch, triton and transformers; kvdeck's UI and server packages are not
+# needed here). Run from anywhere:
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
 #                                      # (engine decode, and W4A16 at every decode batch size)
 #   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16, graphs and eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
-#   benchmarks/run_gpu.sh kernels      # attention tile sweep and the W4A16 GEMM (AWQ e2e)
-#   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
+#   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
+#   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMM timed inside CUDA graphs, and AWQ e2e decode
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
-#   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, kernels in one 10-minute
-#                                      # command, each under a time cap, one timed run each: a
-#                                      # 15-minute lease (logs in OUT_DIR; baseline needs its own)
+#   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
+#   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, w4a16, kernels in one
+#                                      # command, each under a time cap, the caps adding up to 480 s
+#                                      # (benchmarks/gpu_battery.py; baseline needs its own command)
 #
-# REPEATS=1 asks for one timed run per throughput figure (a short lease).
-# JSON goes to $2 (default benchmarks/results), named after the GPU (h100, h200, ...).
+# JSON goes to $2, else $OUT_DIR, else benchmarks/results, named after the GPU (h100, h200,
+# ...); every stage writes its JSON as it goes, and `all` adds OUT_DIR/battery.json and a log
+# per stage. REPEATS=1 asks for one timed run per throughput figure; PYTHON=... names the
+# interpreter. KVDECK_BATTERY_SMOKE=DIR is the CPU test of this script (tests/bench/
+# test_gpu_battery.py): every stage's commands on the tiny model in DIR, the kernels under the
+# Triton interpreter, timings that need a GPU from a fake clock.
 set -euo pipefail
-stage=${1:?usage: benchmarks/run_gpu.sh check|throughput|baseline|decode|kernels|profile|imports|all [OUT_DIR]}
+stage=${1:?usage: benchmarks/run_gpu.sh check|throughput|baseline|decode|kernels|w4a16|profile|imports|all [OUT_DIR]}
 cd "$(dirname "$0")/.."
 repo=$(pwd)
-out=${2:-benchmarks/results}
+out=${2:-${OUT_DIR:-benchmarks/results}}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 python=${PYTHON:-python3}
@@ -43,65 +48,75 @@ export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 # Triton 3.9 warns when this is unset and 3.10 changes its default to off; 1 keeps the fused
 # multiply-adds every figure so far was measured with (triton 3.6's default).
 export TRITON_DEFAULT_FP_FUSION=${TRITON_DEFAULT_FP_FUSION:-1}
-if [ "$stage" != imports ] && [ "$stage" != all ]; then
-    gpu=$($python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', '').split()[0])")
-fi
 kvdeck() { $python -m kvdeck "$@"; }
 qwen=benchmarks/configs/qwen3-0.6b/config.json
 llama1b=benchmarks/configs/llama-3.2-1b/config.json
 # The standard workload (benchmarks/README.md, as nano-vllm's bench): 256 requests, input and output lengths in [100, 1024].
 standard=(--num-prompts 256 --input-len 100:1024 --output-len 100:1024 --seed 0)
+decode_len=(--input-len 128 --output-len 256)
 repeats=${REPEATS:-3}
 dummy=(--load-format dummy --dtype bfloat16)
+profile=(--model "$qwen")
+smoke=()  # what each GPU script takes to run its CPU smoke form
+if [ -n "${KVDECK_BATTERY_SMOKE:-}" ]; then
+    qwen=$KVDECK_BATTERY_SMOKE
+    llama1b=$KVDECK_BATTERY_SMOKE
+    standard=(--num-prompts 4 --input-len 8:16 --output-len 4:8 --seed 0)
+    decode_len=(--input-len 8 --output-len 6)
+    dummy=(--load-format dummy --dtype float32 --device cpu --kv-cache-memory-gib 0.01)
+    profile=(--model "$qwen" --load-format dummy --dtype float32 --kv-cache-memory-gib 0.01
+             --input-len 4 --output-len 4)
+    smoke=(--smoke --model "$KVDECK_BATTERY_SMOKE")
+    export TRITON_INTERPRET=1
+fi
+if [ "$stage" != imports ] && [ "$stage" != all ]; then
+    gpu=$($python -c "import torch; print(torch.cuda.get_device_name(0).lower().replace('nvidia ', '').split()[0] if torch.cuda.is_available() else 'cpu')")
+fi
 
 case $stage in
   check)
-    $python benchmarks/check_kernels_gpu.py
-    $python benchmarks/check_cuda_graphs.py --out "$out/cuda_graphs_$gpu.json"
-    $python benchmarks/bench_w4a16.py --check-graphs
+    $python benchmarks/check_kernels_gpu.py "${smoke[@]:0:1}" --out "$out/check_kernels_$gpu.json"
+    $python benchmarks/check_cuda_graphs.py "${smoke[@]}" --out "$out/cuda_graphs_$gpu.json"
+    $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
     ;;
   throughput)
-    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --repeats "$repeats" \
-        --out "$out/throughput_qwen3-0.6b_$gpu.json" --plot "$out/throughput_qwen3-0.6b_$gpu.png"
-    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --repeats "$repeats" \
+    kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
+        --out "$out/throughput_qwen3-0.6b_$gpu.json"
+    kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --enforce-eager --out "$out/throughput_qwen3-0.6b_eager_$gpu.json"
     ;;
   baseline)
-    kvdeck bench throughput "${dummy[@]}" --model $qwen "${standard[@]}" --baseline hf \
+    kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --baseline hf \
         --out "$out/throughput_qwen3-0.6b_vs_hf_$gpu.json"
     ;;
   decode)
-    kvdeck bench decode "${dummy[@]}" --model $llama1b --input-len 128 --output-len 256 \
+    kvdeck bench decode "${dummy[@]}" --model "$llama1b" "${decode_len[@]}" \
         --out "$out/decode_llama-3.2-1b_$gpu.json"
-    kvdeck bench decode "${dummy[@]}" --model $llama1b --input-len 128 --output-len 256 \
+    kvdeck bench decode "${dummy[@]}" --model "$llama1b" "${decode_len[@]}" \
         --enforce-eager --out "$out/decode_llama-3.2-1b_eager_$gpu.json"
     ;;
   kernels)
-    $python benchmarks/bench_kernels.py --sweep --out "$out/kernels_$gpu.json"
-    $python benchmarks/bench_w4a16.py --e2e --out "$out/w4a16_$gpu.json"
+    $python benchmarks/bench_kernels.py "${smoke[@]:0:1}" --no-check --sweep --out "$out/kernels_$gpu.json"
     ;;
-  all)
-    # Caps in seconds (the first H100 lease: check took 140+, throughput 88, decode 80); the
-    # order puts first what that lease left open.
-    for entry in profile:110 decode:100 check:150 throughput:110 kernels:100; do
-        name=${entry%%:*}
-        started=$SECONDS
-        status=0
-        REPEATS=1 timeout -k 5 "${entry#*:}" bash "$repo/benchmarks/run_gpu.sh" "$name" "$out" \
-            >"$out/$name.log" 2>&1 || status=$?
-        echo "stage $name: exit $status after $((SECONDS - started)) s (124: cut off at its cap)"
-    done
+  w4a16)
+    $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --e2e --out "$out/w4a16_$gpu.json"
     ;;
   profile)
-    $python benchmarks/profile_decode.py --out "$out/profile_decode_qwen3-0.6b_$gpu.json"
-    $python benchmarks/profile_decode.py --enforce-eager --batch-sizes 1,8 \
+    $python benchmarks/profile_decode.py "${profile[@]}" --out "$out/profile_decode_qwen3-0.6b_$gpu.json"
+    $python benchmarks/profile_decode.py "${profile[@]}" --enforce-eager --batch-sizes 1,8 \
         --out "$out/profile_decode_qwen3-0.6b_eager_$gpu.json"
+    ;;
+  all)
+    fake=()
+    [ -n "${KVDECK_BATTERY_SMOKE:-}" ] && fake=(--fake-clock)
+    $python benchmarks/gpu_battery.py --script "$repo/benchmarks/run_gpu.sh" --out-dir "$out" "${fake[@]}"
     ;;
   imports)
     kvdeck --help >/dev/null
     $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
-    $python benchmarks/bench_w4a16.py --help >/dev/null
-    $python benchmarks/profile_decode.py --help >/dev/null
+    for script in bench_w4a16 profile_decode check_cuda_graphs gpu_battery; do
+        $python benchmarks/$script.py --help >/dev/null
+    done
     echo "imports: the staged package runs"
     ;;
   *)

@@ -1,0 +1,100 @@
+"""`benchmarks/run_gpu.sh all` on the CPU: every stage's commands run for real, on a tiny
+model, with only what the GPU image has, the kernels under the Triton interpreter and a fake
+clock (each stage billed its whole cap), so that a GPU lease cannot die on a typo. And the
+driver's caps: a stage past its cap is killed with its children, the budget is never
+overrun, the summary is written as it goes."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_battery  # noqa: E402
+
+# What each stage leaves in OUT_DIR (named after the device: "cpu" here).
+STAGE_JSON = {
+    "profile": ["profile_decode_qwen3-0.6b_cpu.json", "profile_decode_qwen3-0.6b_eager_cpu.json"],
+    "decode": ["decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"],
+    "check": ["check_kernels_cpu.json", "cuda_graphs_cpu.json"],
+    "throughput": ["throughput_qwen3-0.6b_cpu.json", "throughput_qwen3-0.6b_eager_cpu.json"],
+    "w4a16": ["w4a16_cpu.json"],
+    "kernels": ["kernels_cpu.json"],
+}
+
+
+def test_the_caps_fit_the_lease():
+    assert sum(cap for _, cap in gpu_battery.STAGES) <= gpu_battery.BUDGET_S <= 480
+    assert [stage for stage, _ in gpu_battery.STAGES] == list(STAGE_JSON)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    python = f"{sys.executable} {REPO / 'tests' / 'bench' / 'python_on_gpu_image.py'}"
+    env = {**os.environ, "PYTHON": python, "OUT_DIR": str(out), "KVDECK_BATTERY_SMOKE": str(tiny_llama_dir),
+           "KVDECK_BATTERY_CAP_SCALE": "4"}
+    env.pop("TRITON_INTERPRET", None)  # the script sets it for the smoke run itself
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "run_gpu.sh"), "all"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=560)
+    logs = {p.name: p.read_text()[-1500:] for p in out.glob("*.log")} if out.exists() else {}
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], logs)
+    summary = json.loads((out / "battery.json").read_text())
+    assert [entry["stage"] for entry in summary["stages"]] == list(STAGE_JSON)
+    assert all(entry["status"] == "ok" for entry in summary["stages"]), summary
+    assert summary["elapsed_s"] <= summary["budget_s"] <= 480  # billed the caps: the worst case
+    for entry in summary["stages"]:
+        assert entry["json"] == sorted(STAGE_JSON[entry["stage"]])
+        for name in entry["json"]:
+            assert json.loads((out / name).read_text())  # each parses
+        assert (out / f"{entry['stage']}.log").exists()
+    kernels = json.loads((out / "kernels_cpu.json").read_text())
+    assert kernels["complete"] and kernels["timing"].startswith("fake clock")
+    assert kernels["decode_attention"] and kernels["prefill_attention"] and kernels["elementwise"]
+    w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
+    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["awq", "bf16"]
+    profile = json.loads((out / "profile_decode_qwen3-0.6b_cpu.json").read_text())
+    phases = profile["batches"]["1"]["step_phases_ms"]
+    assert {"schedule", "prepare_inputs", "model_and_sampling", "update_outputs", "frontend"} <= set(phases)
+    graphs = json.loads((out / "cuda_graphs_cpu.json").read_text())
+    assert graphs["greedy_sequences_equal"] == graphs["greedy_sequences"]
+    assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
+
+
+def test_a_stage_past_its_cap_is_killed_with_its_children(tmp_path):
+    script = tmp_path / "stages.sh"
+    # A stage that starts a child and outlives its cap; the child would write a file later.
+    script.write_text('sleep 30 && touch "$2/late" &\nsleep 30\n')
+    started = time.monotonic()
+    assert gpu_battery.run_stage(script, "slow", tmp_path, cap_s=1) == gpu_battery.TIMED_OUT
+    assert time.monotonic() - started < 10
+    assert (tmp_path / "slow.log").exists()
+    script.write_text('echo "stage $1" > "$2/$1.json"\n')
+    assert gpu_battery.run_stage(script, "quick", tmp_path, cap_s=10) == 0
+    assert (tmp_path / "quick.json").read_text() == "stage quick\n"
+
+
+def test_the_budget_is_never_overrun(tmp_path):
+    stages = [("a", 200), ("b", 200), ("c", 200), ("d", 15)]
+    clock = gpu_battery.FakeClock(stages)
+    ran = []
+
+    def run(stage: str, cap: float) -> int:
+        ran.append((stage, cap))
+        (tmp_path / f"{stage}.json").write_text("{}")
+        return gpu_battery.TIMED_OUT if stage == "b" else 0
+
+    summary = gpu_battery.run_battery(tmp_path, stages, clock.bill(run), clock, budget_s=480)
+    # c gets what is left (80 s), d is skipped (nothing left), b's cut-off does not stop c.
+    assert ran == [("a", 200), ("b", 200), ("c", 80)]
+    assert [e["status"] for e in summary["stages"]] == ["ok", "cut off", "ok", "skipped"]
+    assert summary["elapsed_s"] == 480
+    assert [e.get("json") for e in summary["stages"]] == [["a.json"], ["b.json"], ["c.json"], None]
+    assert json.loads((tmp_path / "battery.json").read_text()) == summary
