@@ -71,7 +71,7 @@ class Variant:
 
 
 def gpu_rows(row_elements: int) -> int:
-    return rows_per_program(1 << 20, row_elements, torch.device("cuda"))
+    return rows_per_program(row_elements, torch.device("cuda"))
 
 
 # KV cache storage per kv_cache_dtype: (pointer type, FP8_MANT, per-(token, head) scales).

@@ -10,6 +10,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.launch import jit, launch
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
 SILU, GELU_TANH = 0, 1  # the ACT argument
@@ -18,7 +19,7 @@ _SILU = tl.constexpr(SILU)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 
 
-@triton.jit
+@jit(do_not_specialize=('num_rows',))  # batch-dependent: one variant for every value
 def _act_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_out, num_rows, d, ACT: tl.constexpr, ROWS: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -62,8 +63,8 @@ def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:
     num_rows = x_rows.shape[0]
     if num_rows > 0 and d > 0:
         block = min(MAX_BLOCK, triton.next_power_of_2(d))
-        rows = rows_per_program(num_rows, block, x.device)
-        _act_and_mul_kernel[(triton.cdiv(num_rows, rows), triton.cdiv(d, block))](
+        rows = rows_per_program(block, x.device)
+        launch(_act_and_mul_kernel, (triton.cdiv(num_rows, rows), triton.cdiv(d, block)),
             x_rows, out_rows, x_rows.stride(0), out_rows.stride(0), num_rows, d, ACT=act,
             ROWS=rows, BLOCK=block, num_warps=num_warps_for(rows * block),
         )

@@ -39,6 +39,7 @@ from kvdeck.kernels.triton.attention_tuning import (
     streaming_multiprocessors,
 )
 from kvdeck.kernels.triton.kv_quant import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
+from kvdeck.kernels.triton.launch import jit, launch
 
 LOG2_E = 1.4426950408889634
 
@@ -130,7 +131,7 @@ def _attend_tiles(
     return acc, l_i, m_i
 
 
-@triton.jit
+@jit(do_not_specialize=('num_seqs', 'stride_bt_seq'))  # batch-dependent: one variant for every value
 def _paged_attention_kernel(
     out_ptr, q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, query_start_loc_ptr,
     seq_lens_ptr, part_out_ptr, part_max_ptr, part_sum_ptr, k_scales_ptr, v_scales_ptr,
@@ -377,7 +378,7 @@ def paged_attention_triton_impl(
         chunk_config = config or default_config(max_query_len, head_dim, q.device, element_size)
         _launch(tensors, options, chunk_config, num_segments, decode_rows=False)
     if num_segments > 1:
-        _merge_segments_kernel[(num_tokens, num_heads)](
+        launch(_merge_segments_kernel, (num_tokens, num_heads),
             out, part_out, part_max, part_sum, out.stride(0), out.stride(1), num_heads,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, NUM_SEGMENTS=num_segments,
         )
@@ -415,7 +416,7 @@ def _launch(tensors: tuple[torch.Tensor, ...], options: _LayerOptions, config: A
     # Decode: one program per sequence. Chunks: sequence s owns q blocks from
     # query_start_loc[s] // block_q + s on (see _find_seq).
     programs = num_seqs if decode_rows else num_tokens // block_q + num_seqs
-    _paged_attention_kernel[(programs, num_kv_heads, num_segments)](
+    launch(_paged_attention_kernel, (programs, num_kv_heads, num_segments),
         *tensors,
         options.qk_scale, reading.v_factor, options.sliding_window, options.soft_cap, num_seqs,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),

@@ -11,9 +11,10 @@ import triton.language as tl
 from kvdeck.kernels.reference.kv_quant import FP8_DTYPES
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.kv_quant import write_kv_cache_8bit
+from kvdeck.kernels.triton.launch import jit, launch
 
 
-@triton.jit
+@jit(do_not_specialize=('num_tokens',))  # batch-dependent: one variant for every value
 def _write_kv_cache_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, slot_mapping_ptr,
     stride_key_tok, stride_key_head, stride_value_tok, stride_value_head,
@@ -78,8 +79,8 @@ def write_kv_cache_triton(
         write_kv_cache_8bit(key, value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
         return
     heads_pad, head_dim_pad = triton.next_power_of_2(num_kv_heads), triton.next_power_of_2(head_dim)
-    rows = rows_per_program(num_tokens, heads_pad * head_dim_pad, key.device)
-    _write_kv_cache_kernel[(triton.cdiv(num_tokens, rows),)](
+    rows = rows_per_program(heads_pad * head_dim_pad, key.device)
+    launch(_write_kv_cache_kernel, (triton.cdiv(num_tokens, rows),),
         key, value, k_cache, v_cache, slot_mapping.contiguous(),
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),

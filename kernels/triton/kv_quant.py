@@ -16,6 +16,7 @@ import triton.language as tl
 
 from kvdeck.kernels.reference.kv_quant import FP8_MAX, INT8_MAX
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.launch import jit, launch
 
 # Mantissa bits of each fp8 format (the kernels' FP8_MANT; 0 means int8).
 FP8_MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
@@ -83,7 +84,7 @@ def _quantize_rows(x, scale, FP8_MANT: tl.constexpr, FP8_LIMIT: tl.constexpr):
     return codes, row_scale
 
 
-@triton.jit
+@jit(do_not_specialize=('num_tokens',))  # batch-dependent: one variant for every value
 def _write_kv_8bit_kernel(
     key_ptr, value_ptr, k_cache_ptr, v_cache_ptr, k_scales_ptr, v_scales_ptr, slot_mapping_ptr,
     k_scale, v_scale,
@@ -142,8 +143,8 @@ def write_kv_cache_8bit(
         caches = (k_cache.view(torch.uint8), v_cache.view(torch.uint8))
         mantissa, limit = FP8_MANTISSA[k_cache.dtype], FP8_MAX[k_cache.dtype]
     head_dim_pad = triton.next_power_of_2(head_dim)
-    rows = rows_per_program(num_tokens, head_dim_pad, key.device)
-    _write_kv_8bit_kernel[(triton.cdiv(num_tokens, rows), num_kv_heads)](
+    rows = rows_per_program(head_dim_pad, key.device)
+    launch(_write_kv_8bit_kernel, (triton.cdiv(num_tokens, rows), num_kv_heads),
         key, value, *caches, *scales, slot_mapping.contiguous(), *tensor_scales,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), num_tokens, num_kv_heads,

@@ -11,9 +11,10 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.launch import jit, launch
 
 
-@triton.jit
+@jit(do_not_specialize=('num_rows',))  # batch-dependent: one variant for every value
 def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_residual, stride_out, stride_residual_out,
@@ -70,8 +71,8 @@ def rms_norm_triton(
     num_rows = x_rows.shape[0]
     if num_rows > 0 and hidden > 0:
         block = triton.next_power_of_2(hidden)
-        rows = rows_per_program(num_rows, block, x.device)
-        _rms_norm_kernel[(triton.cdiv(num_rows, rows),)](
+        rows = rows_per_program(block, x.device)
+        launch(_rms_norm_kernel, (triton.cdiv(num_rows, rows),),
             x_rows, residual_rows, weight, out_rows, residual_out_rows,
             x_rows.stride(0), residual_rows.stride(0), out_rows.stride(0),
             residual_out_rows.stride(0), num_rows, hidden, eps,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
+from kvdeck.kernels.triton.launch import jit, launch
 
 
 @triton.jit
@@ -44,7 +45,7 @@ def _rotate_rows(
     tl.store(base + second[None, :], (x2f * cos + x1f * sin).to(x1.dtype), mask=mask)
 
 
-@triton.jit
+@jit(do_not_specialize=('num_tokens',))  # batch-dependent: one variant for every value
 def _rope_kernel(
     positions_ptr, q_ptr, k_ptr, cos_sin_ptr,
     stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cache_pos,
@@ -91,8 +92,8 @@ def apply_rope_triton(
     half = rotary_dim // 2
     half_pad = triton.next_power_of_2(half)
     max_rows = num_tokens * max(num_q_heads, num_k_heads)
-    rows = rows_per_program(max_rows, half_pad, q.device)
-    _rope_kernel[(triton.cdiv(max_rows, rows), 2)](
+    rows = rows_per_program(half_pad, q.device)
+    launch(_rope_kernel, (triton.cdiv(max_rows, rows), 2),
         positions.contiguous(), q, k, cos_sin_cache,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
         num_tokens, num_q_heads, num_k_heads,

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.ops import PACK_FACTOR
+from kvdeck.kernels.triton.launch import jit, launch
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +81,7 @@ def _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
-@triton.jit
+@jit(do_not_specialize=('M', 'split_k'))  # batch-dependent: one variant for every value
 def _w4a16_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
     M, N, K, k_per_split, split_k,
@@ -262,7 +263,7 @@ def w4a16_matmul_triton(
         counters = _split_counters.get(x.device, grid[0] * grid[1])
     else:
         partial = counters = out  # unused placeholders
-    _w4a16_gemm_kernel[grid](
+    launch(_w4a16_gemm_kernel, grid,
         x, qweight, qzeros, scales, out if bias is None else bias, out, partial, counters,
         m, n, k, k_per_split, split_k,
         x.stride(0), x.stride(1), qweight.stride(0), qzeros.stride(0), scales.stride(0),
@@ -282,7 +283,7 @@ def awq_dequantize_triton(
     k, n = qweight.shape[0], scales.shape[1]
     out = torch.empty((k, n), dtype=dtype or scales.dtype, device=qweight.device)
     grid = (triton.cdiv(k, DEQUANT_BLOCK_K), triton.cdiv(n, DEQUANT_BLOCK_N))
-    _awq_dequantize_kernel[grid](
+    launch(_awq_dequantize_kernel, grid,
         qweight, qzeros, scales, out, k, n,
         qweight.stride(0), qzeros.stride(0), scales.stride(0), out.stride(0),
         GROUP_SIZE=group_size, BLOCK_K=DEQUANT_BLOCK_K, BLOCK_N=DEQUANT_BLOCK_N,

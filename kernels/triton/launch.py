@@ -1,0 +1,90 @@
+"""Kernels that do not recompile as batches change, and the count of those that compile.
+
+`jit(do_not_specialize=...)` is `triton.jit` with the batch-dependent ints (token and
+sequence counts, a block table's row stride) named: Triton then compiles one variant for
+every value instead of one each for 1, multiples of 16 and the rest. `launch(kernel, grid,
+...)` launches; under the interpreter it also works out the launch's specialisation key as
+Triton's launcher would and counts a new one as a compile (kernels/compile_counter.py). On
+a GPU Triton's own post-compile hook counts (installed on import, chained to any other).
+"""
+
+import os
+
+import torch
+import triton
+
+from kvdeck.kernels.compile_counter import COMPILES
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit decided at import
+# Kernel (function name) -> its ints that are never specialised.
+NOT_SPECIALISED: dict[str, frozenset[str]] = {}
+
+
+def jit(*, do_not_specialize: tuple[str, ...] = ()):
+    """triton.jit, remembering which ints the kernel leaves unspecialised."""
+    def decorate(fn):
+        NOT_SPECIALISED[fn.__name__] = frozenset(do_not_specialize)
+        return triton.jit(do_not_specialize=list(do_not_specialize))(fn)
+    return decorate
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """kernel[grid](*args, **kwargs): positional args are the kernel's runtime arguments,
+    keywords its constexprs and launch options."""
+    if INTERPRETING:
+        COMPILES.launched(kernel.fn.__name__, specialisation(kernel, args, kwargs))
+    kernel[grid](*args, **kwargs)
+
+
+def specialisation(kernel, args: tuple, kwargs: dict) -> tuple:
+    """The key Triton compiles a variant for (its launcher's rules, written out)."""
+    free = NOT_SPECIALISED.get(kernel.fn.__name__, frozenset())
+    key = [kernel.fn.__name__]
+    for name, value in zip(kernel.arg_names, args):
+        key.append(_argument(value, name not in free))
+    key.append(tuple(sorted((name, _constant(value)) for name, value in kwargs.items())))
+    return tuple(key)
+
+
+def _argument(value, specialise: bool) -> tuple:
+    if isinstance(value, torch.Tensor):
+        return ("*" + str(value.dtype), value.data_ptr() % 16 == 0)
+    if isinstance(value, bool):
+        return ("u1",)
+    if isinstance(value, int):
+        if specialise and value == 1:
+            return ("constexpr", 1)
+        width = "i32" if -2**31 <= value < 2**31 else "u64" if value >= 2**63 else "i64"
+        return (width, specialise and value % 16 == 0)
+    if isinstance(value, float):
+        return ("fp32",)
+    if value is None:
+        return ("constexpr", None)
+    return (type(value).__name__,)
+
+
+def _constant(value):
+    return str(value) if isinstance(value, torch.dtype) else value
+
+
+def _install_compile_hook() -> None:
+    """Count Triton's compiles on a GPU: its post-compile hook (triton >= 3.4's knobs, else
+    the JITFunction class attribute older versions call)."""
+    def counted(previous):
+        def hook(*args, **kwargs):
+            fn = kwargs.get("fn")  # triton's JitFunctionInfo (name: the kernel's qualname)
+            COMPILES.compiled(str(getattr(fn, "name", None) or "kernel"))
+            return previous(*args, **kwargs) if previous is not None else None
+        return hook
+
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs.runtime, "jit_post_compile_hook"):
+        knobs.runtime.jit_post_compile_hook = counted(knobs.runtime.jit_post_compile_hook)
+    else:  # pragma: no cover - triton < 3.4
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.compiled_hook = counted(getattr(JITFunction, "compiled_hook", None))
+
+
+if not INTERPRETING:
+    _install_compile_hook()
