@@ -57,6 +57,9 @@ class EngineCore:
                                               max_rows=speculation.max_decode_rows(self.config.max_num_seqs))
         elif self.config.compile_decode and not self.config.enforce_eager:
             self.runner.compile_decode(self.max_model_len)
+        if self.runner.device.type == "cuda":  # no Triton compile may wait until serving
+            progress("capturing", "warming up: compiling every kernel variant serving can launch")
+            self.runner.warm_up(self.max_model_len)
         self.kv_plan = plan
         self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
                                           self.config.enable_prefix_caching,
@@ -370,6 +373,7 @@ class EngineCore:
             last_step_duration_s=last.duration_s,
             finished_reasons=dict(self.finish_counts),
             spec=self.spec.stats() if self.spec is not None else None,
+            kernel_compiles_total=self.runner.kernel_compiles(),
         )
 
 

@@ -28,11 +28,13 @@ from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_line
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.runner.step_state import KVCachePlan, StepInputs, StepResult
+from kvdeck.engine.runner.warmup import run_step, warm_up, warm_up_steps
 from kvdeck.engine.runner.weight_bytes import weight_bytes_read_per_step
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import kv_cache_groups
 from kvdeck.engine.types.model_config import ModelConfig
+from kvdeck.kernels.compile_counter import kernel_compiles
 from kvdeck.kernels.cpu import native as cpu_native
 from kvdeck.kernels.dispatch import select_ops
 
@@ -247,6 +249,19 @@ class ModelRunner:
             return
         self.decode_graphs = graphs
         logger.info("decode graphs ready for batch sizes %s", graphs.sizes)
+
+    def warm_up(self, max_model_len: int) -> int:
+        """Launch every kernel variant serving will need (warmup.py); how many compiled."""
+        steps = warm_up_steps(max_model_len, self.token_budget, self.num_blocks, self.block_size,
+                              eager_decode_splits=self.decode_graphs is None)
+        groups = len(self.kv_pool.groups)
+        return warm_up(lambda query_lens, seq_lens: run_step(
+            self.model, query_lens, seq_lens, self.block_size, self.num_blocks, groups, self.device), steps)
+
+    @staticmethod
+    def kernel_compiles() -> int:
+        """Kernel variants compiled in this process (kernels/compile_counter.py)."""
+        return kernel_compiles()
 
     def compile_decode(self, max_model_len: int) -> None:
         """Decode steps through torch.compile graphs, compiled per bucket on first use (CPU;

@@ -70,6 +70,9 @@ class EngineStats:
     num_window_released_blocks: int = 0
     # Hybrid models: the KV group of each physical block's cached prefix; empty for one group.
     block_group: list[int] = field(default_factory=list)
+    # Kernel variants the engine's process compiled (since start): the start-up warm-up's,
+    # then any a batch needed later, each a stall of about a second on a GPU.
+    kernel_compiles_total: int = 0
 
 
 @dataclass(slots=True)
