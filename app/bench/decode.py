@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvdeck.app.bench.compiles import timed_without_compiles
 from kvdeck.app.bench.pairs import alternate, common_prefix, ratio_summary
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -79,10 +80,14 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
     time_per_output_token(llm, prompt, min(output_len, 8))  # warm-up: lazy kernels, allocator
     pairs = None
     if baseline is None:
-        runs = [time_per_output_token(llm, prompt, output_len) for _ in range(repeats)]
+        runs, discarded = timed_without_compiles(
+            llm, lambda: [time_per_output_token(llm, prompt, output_len) for _ in range(repeats)],
+            "bench decode")
     else:
         baseline()  # its warm-up
-        pairs = alternate(lambda: timed_decode(llm, prompt, output_len), baseline, repeats)
+        pairs, discarded = timed_without_compiles(
+            llm, lambda: alternate(lambda: timed_decode(llm, prompt, output_len), baseline, repeats),
+            "bench decode")
         runs = [kvdeck[0] for kvdeck, _ in pairs]
     tpot = statistics.median(runs)
     info = llm.engine.info
@@ -108,6 +113,8 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
         "roofline_memory": "DRAM: bandwidth of a copy larger than the last-level cache",
         "last_level_cache_bytes": cache,
         "weights_fit_in_last_level_cache": cache is not None and weights <= cache,
+        "kernel_compiles": 0,  # in the timed runs (app/bench/compiles.py)
+        "runs_discarded_for_compiles": discarded,
     }
     if pairs is not None:
         base_runs = [base[0] for _, base in pairs]

@@ -6,6 +6,7 @@ import random
 import time
 from dataclasses import dataclass
 
+from kvdeck.app.bench.compiles import timed_without_compiles
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 
@@ -90,8 +91,15 @@ def median_run(runs: list[dict]) -> dict:
 def run_kvdeck(llm: LLM, requests: list[BenchRequest]) -> dict:
     """Run all requests through the engine's step loop, sampling KV figures every step.
 
-    Like nano-vllm's bench and the baseline, token ids only: no detokenising.
+    Like nano-vllm's bench and the baseline, token ids only: no detokenising. A run with a
+    kernel compile in it is run again (app/bench/compiles.py); a second one is refused.
     """
+    figures, discarded = timed_without_compiles(llm, lambda: _run_kvdeck_once(llm, requests),
+                                                "bench throughput")
+    return {**figures, "kernel_compiles": 0, "runs_discarded_for_compiles": discarded}
+
+
+def _run_kvdeck_once(llm: LLM, requests: list[BenchRequest]) -> dict:
     engine = llm.engine
     # Nothing from a warm-up or an earlier repeat may be served from the prefix cache.
     engine.reset_prefix_cache()

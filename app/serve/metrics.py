@@ -241,6 +241,9 @@ class _EngineStatsCollector(Collector):
         yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
                       stats.num_preemptions)
         yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)
+        yield counter("kvdeck:kernel_compiles", "Kernel variants the engine compiled: the start-up "
+                      "warm-up's, then any a batch needed while serving (each a stall of about a "
+                      "second on a GPU).", stats.kernel_compiles_total)
         yield counter("kvdeck:kv_window_released_blocks",
                       "KV blocks released because they slid out of a sliding window.",
                       stats.num_window_released_blocks)

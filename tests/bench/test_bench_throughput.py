@@ -23,6 +23,7 @@ def test_throughput_with_hf_baseline(tiny_llama_dir, tmp_path, capsys):
     assert 0 < kv["peak_kv_usage"] <= 1
     assert 0 <= kv["kv_waste_at_peak"] < kv["contiguous_kv_waste_at_peak"] < 1
     assert 0 < kv["host_overhead_share"] < 1
+    assert kv["kernel_compiles"] == 0 and kv["runs_discarded_for_compiles"] == 0
     host = kv["host_work_per_step_s"]  # each host phase per step, the front-end's included
     assert host["frontend"] > 0 and host["total"] == pytest.approx(
         host["schedule"] + host["prepare_inputs"] + host["update_outputs"] + host["frontend"])

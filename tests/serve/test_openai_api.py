@@ -245,6 +245,7 @@ def test_metrics_move_and_settle(server, api, model_name):
     assert delta["vllm:inter_token_latency_seconds_count{}"] == 6
     assert after["vllm:e2e_request_latency_seconds_sum{}"] > 0
     assert after["kvdeck:num_kv_blocks{}"] > 0
+    assert delta["kvdeck:kernel_compiles_total{}"] == 0  # the CPU engine compiles no kernel
     assert not any("spec_decode" in name for name in after)  # only with --speculative-config
 
 

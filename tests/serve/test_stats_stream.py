@@ -63,6 +63,8 @@ def test_snapshots_show_a_request_and_its_latencies(server):
     snapshots = [stats_from_dict(d["stats"]) for k, d in events if k == "stats"]
     busy = next(s for s in snapshots if s.num_running)
     assert len(busy.block_ref_counts) == busy.num_blocks
+    assert "kernel_compiles_total" in next(d for k, d in events if k == "stats")["stats"]
+    assert busy.kernel_compiles_total == 0  # the CPU engine compiles no kernel
     (request,) = busy.requests
     assert request.block_table and all(busy.block_ref_counts[b] >= 1 for b in request.block_table)
     assert seen(events)
