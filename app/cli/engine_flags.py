@@ -23,9 +23,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             continue
         flag = "--" + f.name.replace("_", "-")
         default = None if f.default is MISSING else f.default
-        if isinstance(default, bool):
+        if isinstance(default, bool) or "bool" in str(f.type):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
-                               help=f"(default: {default})")
+                               help=_FLAG_HELP.get(f.name, "") + f"(default: {default})")
             continue
         kind = _flag_type(f.type)
         group.add_argument(flag, type=kind, default=None,
@@ -38,6 +38,8 @@ _FLAG_HELP = {  # the flags whose value a name alone does not explain
                           "\"num_speculative_tokens\": 3}' ",
     "cpu_threads": "threads of the CPU kernels; unset: adaptive, up to torch's count (OMP_NUM_THREADS), "
                    "fewer while other processes keep cores busy ",
+    "async_scheduling": "schedule and prepare the next step while the device runs this one; unset: "
+                        "on with CUDA, off on the CPU ",
 }
 
 

@@ -78,7 +78,7 @@ class LLMEngine:
         started = time.perf_counter()
         outputs = self.frontend.process_outputs(core_outputs)
         self._frontend_s += time.perf_counter() - started
-        if not outputs and self.core.num_steps == steps_before:
+        if not outputs and self.core.num_steps == steps_before and not self.core.step_in_flight:
             time.sleep(NOTHING_TO_RUN_WAIT_S)  # every waiting request is compiling its grammar
         return outputs
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
+from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
@@ -74,6 +75,11 @@ class EngineCore:
         self.spec = speculation.build_decoder(plan, self.max_model_len)
         self._grammars: GrammarManager | None = None  # built with the first structured request
         self.requests: dict[str, Request] = {}
+        self._needs_host_tokens: set[str] = set()  # grammars, penalties: no async step with them
+        async_scheduling = self.config.async_scheduling
+        if async_scheduling is None:
+            async_scheduling = self.runner.device.type == "cuda"
+        self.pipeline = StepPipeline(self) if async_scheduling else None
         self.finish_counts: Counter[str] = Counter()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
@@ -126,6 +132,10 @@ class EngineCore:
         )
         if request.params.structured_outputs is not None:
             core_request.grammar = self._grammar_manager().start(request.params.structured_outputs)
+        params = request.params
+        if (params.structured_outputs is not None or params.repetition_penalty != 1.0
+                or params.presence_penalty or params.frequency_penalty):
+            self._needs_host_tokens.add(request.request_id)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)
 
@@ -145,9 +155,24 @@ class EngineCore:
             self._forget(request)
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        return self.scheduler.has_unfinished_requests() or self.step_in_flight
 
     def step(self) -> list[EngineCoreOutput]:
+        """One step's outputs; with async scheduling, the previous step's (pipeline.py)."""
+        if self.pipeline is not None:
+            return self.pipeline.step()
+        return self.step_sync()
+
+    @property
+    def step_in_flight(self) -> bool:
+        return self.pipeline is not None and self.pipeline.busy
+
+    def pipelinable(self) -> bool:
+        """Whether the next step may be scheduled before this one's samples are on the host:
+        not with drafts, grammars or penalties about (they need the tokens there)."""
+        return self.spec is None and not self._needs_host_tokens
+
+    def step_sync(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
         failed_grammars = self._fail_uncompiled_grammars()
         if self.spec is not None:
@@ -290,6 +315,7 @@ class EngineCore:
 
     def _forget(self, request: Request) -> None:
         self.requests.pop(request.request_id, None)
+        self._needs_host_tokens.discard(request.request_id)
         self.runner.forget(request.request_id)
         if self.spec is not None:
             self.spec.forget(request.request_id)

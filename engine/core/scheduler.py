@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.runner.batch import PLACEHOLDER
 
 
 @dataclass(slots=True)
@@ -102,12 +103,18 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step ------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
+    def schedule(self, pipelined: bool = False) -> ScheduledBatch:
+        """The next batch. `pipelined` (async scheduling): the step in flight was taken as done
+        (`advance_inflight`); a request whose output already reaches its length limit there
+        finishes when its samples arrive, and is not scheduled again."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
         decodes: list[Request] = []
         prefills: list[Request] = []
-        for request in self.running:  # request.is_prefilling, inlined (every request, every step)
+        running = self.running
+        if pipelined:
+            running = [r for r in running if len(r.output_token_ids) < r.length_limit]
+        for request in running:  # request.is_prefilling, inlined (every request, every step)
             output = request.output_token_ids
             if output and len(request.prompt_token_ids) + len(output) - request.num_computed_tokens <= 1:
                 decodes.append(request)
@@ -290,6 +297,51 @@ class Scheduler:
                 manager.release_out_of_window(request)
             if request.status.finished:
                 finished.append(request)
+
+    # ---- async scheduling: one step in flight (engine/core/pipeline.py) -------------------
+    def advance_inflight(self, batch: ScheduledBatch) -> None:
+        """Before the next schedule, take the step in flight as done: each row's tokens count as
+        computed, and each row that samples holds a PLACEHOLDER for its token."""
+        running = RequestStatus.RUNNING
+        for request, num_tokens in zip(batch.requests, batch.num_new_tokens):
+            if request.status is not running:
+                continue  # finished or aborted since it was scheduled
+            request.num_computed_tokens += num_tokens
+            if request.num_computed_tokens == request.num_tokens:
+                request.output_token_ids.append(PLACEHOLDER)
+
+    def resolve_inflight(self, batch: ScheduledBatch, sampled: list[int | None],
+                         ) -> tuple[list[Request], list[bool]]:
+        """The step in flight's samples arrived: each placeholder becomes its token (a request
+        that finished or was aborted meanwhile takes none), stops are checked, full blocks
+        cached. The requests that finished, and which rows took their token."""
+        finished: list[Request] = []
+        taken: list[bool] = []
+        now = time.time()
+        manager = self.block_manager
+        running = RequestStatus.RUNNING
+        for request, sample in zip(batch.requests, sampled):
+            output = request.output_token_ids
+            took = (sample is not None and not request.status.finished and bool(output)
+                    and output[-1] == PLACEHOLDER)
+            taken.append(took)
+            if took:
+                output[-1] = sample
+                if sample in request.stop_ids or len(output) >= request.length_limit:
+                    self._check_stop(request, sample)
+                if request.metrics.first_token_time is None:
+                    request.metrics.first_token_time = now
+                request.metrics.last_token_time = now
+            if request.status is running:  # not preempted by the schedule after it
+                if manager.enable_prefix_caching:
+                    manager.cache_full_blocks(request)
+                if manager.windowed:
+                    manager.release_out_of_window(request)
+            if took and request.status.finished:
+                finished.append(request)
+        for request in finished:
+            self._finish(request, now)
+        return finished, taken
 
     def _check_stop(self, request: Request, token_id: int) -> None:
         params = request.params

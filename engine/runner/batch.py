@@ -9,6 +9,11 @@ import numpy as np
 
 from kvdeck.engine.types.sampling_params import SamplingParams
 
+# Async scheduling: an output token sampled by the step in flight, not yet on the host. It
+# stands at the end of a request's output until that step's samples arrive; the runner takes
+# such a token from the previous step's samples on the device.
+PLACEHOLDER = -1
+
 
 class ScheduledSequence(Protocol):
     request_id: str

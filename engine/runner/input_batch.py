@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence
+from kvdeck.engine.runner.batch import PLACEHOLDER, BatchPlan, ScheduledSequence
 from kvdeck.engine.runner.block_table_rows import BlockTableRows
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.runner.step_state import StepInputs
@@ -39,7 +39,10 @@ class InputBatch:
     def forget(self, request_id: str) -> None:
         self.rows.forget(request_id)
 
-    def prepare(self, batch: BatchPlan) -> StepInputs:
+    def prepare(self, batch: BatchPlan, previous: dict[str, int] | None = None) -> StepInputs:
+        """The step's inputs. `previous` (async scheduling): the sample row of each request the
+        step in flight samples; a decode row whose input is that step's placeholder takes its
+        token from there, on the device (`placeholder_dst` <- `placeholder_src`)."""
         requests, num_new = batch.requests, batch.num_new_tokens
         rows = self.rows.rows_for(requests, getattr(batch, "changed_tables", None))
         inputs = StepInputs(num_requests=len(requests))
@@ -73,7 +76,15 @@ class InputBatch:
                 inputs.sample_requests.append(request)
                 inputs.sample_batch_index.append(index)
         arrays, longest = self._layout(requests, rows, starts, num_new, spec_index)
-        arrays["input_ids"] = np.asarray(ids, dtype=np.int64)
+        arrays["input_ids"] = input_ids = np.asarray(ids, dtype=np.int64)
+        if previous is not None:
+            waiting = np.flatnonzero(input_ids == PLACEHOLDER)
+            if waiting.size:
+                owner = waiting if len(ids) == len(requests) else \
+                    np.repeat(np.arange(len(requests)), np.asarray(num_new))[waiting]
+                arrays["placeholder_dst"] = waiting.astype(np.int64)
+                arrays["placeholder_src"] = np.asarray(
+                    [previous[requests[i].request_id] for i in owner.tolist()], dtype=np.int64)
         self._to_tensors(inputs, arrays, longest)
         return inputs
 
@@ -139,6 +150,8 @@ class InputBatch:
             tensors = {name: torch.from_numpy(np.ascontiguousarray(a)) for name, a in arrays.items()}
         groups = [(tensors[f"slots{g}"], tensors[f"tables{g}"]) for g in range(self.num_groups)]
         inputs.input_ids = tensors["input_ids"]
+        inputs.placeholder_dst = tensors.get("placeholder_dst")
+        inputs.placeholder_src = tensors.get("placeholder_src")
         inputs.positions = tensors["positions"]
         inputs.meta = AttentionMetadata(
             slot_mapping=groups[0][0],

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from kvdeck.engine.runner.async_step import CudaStream, DeviceOutcome, LaunchedStep, SimulatedDevice
 from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence, TokenMasks
 from kvdeck.engine.runner.cpu_threads import ThreadGovernor
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
@@ -74,6 +75,7 @@ class ModelRunner:
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
+        self.device_queue: CudaStream | SimulatedDevice | None = None  # async scheduling's (launch)
         # Per-request rows that persist across steps; they grow past these sizes if needed.
         max_blocks = cdiv(config.max_model_len or 2048, self.block_size)
         self.input_batch = InputBatch(self.device, self.block_size, len(self.kv_pool.groups),
@@ -204,6 +206,8 @@ class ModelRunner:
         """Free the graphs, the KV pool and the model now, not whenever a reference cycle
         is collected: the next engine in this process profiles the memory left free."""
         self.decode_graphs = None
+        if isinstance(self.device_queue, SimulatedDevice):
+            self.device_queue.shutdown()
         self.release_kv_cache()
         self.attention_layers = []
         self.model = None
@@ -284,9 +288,39 @@ class ModelRunner:
                                             self.device)
 
     # ---- one step ------------------------------------------------------------------
-    def prepare_inputs(self, batch: BatchPlan) -> StepInputs:
+    def prepare_inputs(self, batch: BatchPlan, previous: dict[str, int] | None = None) -> StepInputs:
         """Pack the batch into flat tensors on the device (input_batch.py)."""
-        return self.input_batch.prepare(batch)
+        return self.input_batch.prepare(batch, previous)
+
+    def launch(self, batch: BatchPlan, previous: LaunchedStep | None = None) -> LaunchedStep:
+        """Async scheduling: pack the batch and hand its forward and sampling to the device
+        queue; the samples come later (async_step.py). Its decode rows may take their input
+        from `previous`'s samples. No grammar masks, no drafts: such steps run `execute`."""
+        started = time.perf_counter()
+        inputs = self.prepare_inputs(batch, previous.index_of if previous is not None else None)
+        step = LaunchedStep(inputs.num_requests, list(inputs.sample_batch_index),
+                            {r.request_id: i for i, r in enumerate(inputs.sample_requests)},
+                            time.perf_counter() - started, started)
+        if self.device_queue is None:
+            self.device_queue = CudaStream(self.config.max_num_seqs) if self.device.type == "cuda" \
+                else SimulatedDevice()
+        return self.device_queue.launch(lambda: self._device_work(inputs, previous), step)
+
+    def _device_work(self, inputs: StepInputs, previous: LaunchedStep | None) -> DeviceOutcome:
+        with torch.inference_mode():
+            self._apply_cpu_threads()
+            if inputs.placeholder_dst is not None:
+                inputs.input_ids.index_copy_(0, inputs.placeholder_dst,
+                                             previous.tokens().index_select(0, inputs.placeholder_src))
+            hidden = self._forward(inputs)
+            if not inputs.sample_rows:
+                return DeviceOutcome()
+            logits = self.model.compute_logits(_rows_of(hidden, inputs.sample_rows))
+            try:
+                return DeviceOutcome(self.sampler.sample_on_device(logits, inputs.sample_requests))
+            except Exception:  # row by row on the host, as `execute` does
+                results, failed = self._sample(logits, inputs.sample_requests)
+                return DeviceOutcome(host_results=results, failures=failed)
 
     def forget(self, request_id: str) -> None:
         """A request is done: its persistent rows and its sampling state go."""

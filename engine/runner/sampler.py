@@ -6,7 +6,7 @@ its own generator, so its tokens do not depend on what else is in the batch.
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,6 +19,16 @@ from kvdeck.kernels.reference.token_bitmask import apply_token_bitmask_
 class SampleResult:
     token_id: int
     logprobs: dict[int, Logprob] | None = None
+
+
+@dataclass(slots=True)
+class DeviceSamples:
+    """A batch's samples still on the device: token ids by row, and what logprobs need."""
+
+    tokens: torch.Tensor
+    raw_logprobs: torch.Tensor | None = None
+    want_logprobs: list[int] = field(default_factory=list)  # rows that asked for logprobs
+    tops: list[int] = field(default_factory=list)  # their top-n
 
 
 class Sampler:
@@ -41,6 +51,13 @@ class Sampler:
                masks: tuple[list[int], torch.Tensor] | None = None) -> list[SampleResult]:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains; a constrained
         row samples only what its grammar allows (logprobs stay the model's own)."""
+        samples = self.sample_on_device(logits, requests, masks)
+        return self.to_results(samples, samples.tokens.tolist())  # the step's one device-to-host wait
+
+    def sample_on_device(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
+                         masks: tuple[list[int], torch.Tensor] | None = None) -> "DeviceSamples":
+        """`sample` without waiting for the device: the token ids stay where they were drawn
+        (async scheduling feeds them to the next step there)."""
         # A copy where this method changes logits in place (masks, penalties), so the
         # caller's tensor stays as it was (the runner may sample rows again, one by one).
         logits = logits.to(torch.float32, copy=masks is not None or _changes_logits(requests))
@@ -63,12 +80,17 @@ class Sampler:
             tokens = logits.argmax(dim=-1)
         else:
             tokens = self._sample_random(logits, requests, greedy)
-        token_list = tokens.tolist()  # the step's one device-to-host wait
+        tops = [requests[i].params.logprobs or 0 for i in want_logprobs]
+        return DeviceSamples(tokens, raw_logprobs, want_logprobs, tops)
+
+    @staticmethod
+    def to_results(samples: "DeviceSamples", token_list: list[int]) -> list[SampleResult]:
+        """The samples on the host, given their token ids there (logprobs are copied now)."""
         results = [SampleResult(t) for t in token_list]
-        if raw_logprobs is not None:
-            top = [requests[i].params.logprobs or 0 for i in want_logprobs]
-            for i, entry in zip(want_logprobs, _top_logprobs(raw_logprobs, want_logprobs,
-                                                              [token_list[i] for i in want_logprobs], top)):
+        if samples.raw_logprobs is not None:
+            rows = samples.want_logprobs
+            for i, entry in zip(rows, _top_logprobs(samples.raw_logprobs, rows, [token_list[i] for i in rows],
+                                                    samples.tops)):
                 results[i].logprobs = entry
         return results
 

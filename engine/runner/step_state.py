@@ -23,6 +23,9 @@ class StepInputs:
     spec_rows: list[int] = field(default_factory=list)
     spec_requests: list[ScheduledSequence] = field(default_factory=list)
     spec_batch_index: list[int] = field(default_factory=list)
+    # Async scheduling: input_ids[placeholder_dst] <- the step in flight's samples[placeholder_src].
+    placeholder_dst: torch.Tensor | None = None
+    placeholder_src: torch.Tensor | None = None
 
 
 @dataclass(slots=True, frozen=True)

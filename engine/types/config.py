@@ -57,6 +57,9 @@ class EngineConfig:
     # CPU threads of the kernels. None: adaptive, up to torch's thread count (OMP_NUM_THREADS pins
     # it), fewer while other processes keep cores busy (engine/runner/cpu_threads.py); N: N always.
     cpu_threads: int | None = None
+    # The host schedules and prepares step N+1 while the device runs step N (engine/core/
+    # pipeline.py). None: on with CUDA, off on the CPU (one device does both).
+    async_scheduling: bool | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,6 +92,8 @@ class EngineConfig:
         methods = linear_method_names()
         if self.quantization is not None and self.quantization not in methods:
             raise ValueError(f"quantization must be one of {methods} or None, got {self.quantization!r}")
+        if self.async_scheduling is not None and not isinstance(self.async_scheduling, bool):
+            raise ValueError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.attention_backend not in KERNEL_BACKENDS:
