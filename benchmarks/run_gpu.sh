@@ -5,7 +5,8 @@
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
 #                                      # (engine decode, and W4A16 at every decode batch size)
-#   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16, graphs and eager
+#   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16: graphs with and
+#                                      # without async scheduling, and eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
 #   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
@@ -80,8 +81,11 @@ case $stage in
     $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
     ;;
   throughput)
+    # CUDA graphs with async scheduling (the default), then without it, then eager.
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --out "$out/throughput_qwen3-0.6b_$gpu.json"
+    kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
+        --no-async-scheduling --out "$out/throughput_qwen3-0.6b_sync_$gpu.json"
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --enforce-eager --out "$out/throughput_qwen3-0.6b_eager_$gpu.json"
     ;;
