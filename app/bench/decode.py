@@ -16,12 +16,15 @@ output head reads it; not the rotary table), plus the tiles the CPU's INT4 layer
 their parameters, instead of the dense head weight such a head no longer reads.
 
 With a baseline (llama.cpp's server or llama-bench), both sides decode the same prompt in
-turns and each pair's ratio is kept.
+turns and each pair's ratio is kept. With `contention` (`--contention N`), every repeat runs
+quiet and with N CPUs kept busy by other processes (kvdeck.app.bench.contention); the figures
+above come from the quiet runs, and `contention` holds each side's busy/quiet speed.
 """
 
 import statistics
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +33,9 @@ from kvdeck.app.bench.pairs import alternate, common_prefix, ratio_summary
 from kvdeck.engine.api.llm import LLM
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.kernels.cpu.native import last_level_cache_bytes
+
+if TYPE_CHECKING:
+    from kvdeck.app.bench.contention import Contention
 
 # A baseline's decode of the prompt: (seconds per output token, its greedy token ids, or None
 # where the baseline gives none: llama-bench).
@@ -71,15 +77,29 @@ def time_per_output_token(llm: LLM, prompt: list[int], output_len: int) -> float
 
 
 def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: int,
-                         baseline: Callable[[], DecodeRun] | None = None) -> dict:
-    """kvdeck's decode speed against the roofline; with `baseline`, also against it, in turns."""
+                         baseline: Callable[[], DecodeRun] | None = None,
+                         contention: "Contention | None" = None) -> dict:
+    """kvdeck's decode speed against the roofline; with `baseline`, also against it, in turns;
+    with `contention`, also with CPUs kept busy by other processes (quiet and busy in turns)."""
     if output_len < 2:
         raise ValueError(f"--output-len must be at least 2 (a decode interval), got {output_len}")
     if repeats < 1:
         raise ValueError(f"--repeats must be >= 1, got {repeats}")
     time_per_output_token(llm, prompt, min(output_len, 8))  # warm-up: lazy kernels, allocator
-    pairs = None
-    if baseline is None:
+    pairs = busy = None
+    if contention is not None:
+        sides: dict[str, Callable[[], DecodeRun]] = {"kvdeck": lambda: timed_decode(llm, prompt, output_len)}
+        if baseline is not None:
+            baseline()  # its warm-up
+            sides["baseline"] = baseline
+        turns, discarded = timed_without_compiles(llm, lambda: contention.turns(sides, repeats),
+                                                  "bench decode")
+        runs = [run[0] for run in turns["kvdeck"]["quiet"]]
+        if baseline is not None:
+            pairs = list(zip(turns["kvdeck"]["quiet"], turns["baseline"]["quiet"], strict=True))
+        busy = contention.figures({side: {name: [run[0] for run in side_runs[name]] for name in side_runs}
+                                   for side, side_runs in turns.items()})
+    elif baseline is None:
         runs, discarded = timed_without_compiles(
             llm, lambda: [time_per_output_token(llm, prompt, output_len) for _ in range(repeats)],
             "bench decode")
@@ -126,6 +146,8 @@ def run_decode_benchmark(llm: LLM, prompt: list[int], output_len: int, repeats: 
         kvdeck_tokens, base_tokens = pairs[-1][0][1], pairs[-1][1][1]
         if base_tokens is not None:
             figures["greedy_tokens_in_common"] = common_prefix(kvdeck_tokens, base_tokens)
+    if busy is not None:
+        figures["contention"] = busy
     return figures
 
 

@@ -77,6 +77,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
     dc.add_argument("--workload", choices=WORKLOADS, default="random", help=WORKLOAD_HELP)
     dc.add_argument("--out", default=None, help="write the JSON result here")
+    dc.add_argument("--contention", type=int, default=0, metavar="N",
+                    help="also decode with N other processes each keeping one CPU busy (pinned to the "
+                         "last N CPUs, started for those runs and stopped after), quiet and busy in "
+                         "turns; reports each side's busy/quiet speed (with --baseline, llama.cpp's too)")
     dc.add_argument("--baseline", choices=["llama.cpp", "llama-bench", "none"], default="none",
                     help="also decode the same prompt with llama.cpp, in turns with kvdeck: llama.cpp "
                          "runs llama-server; llama-bench runs llama.cpp's llama-bench (-p 0 -n "

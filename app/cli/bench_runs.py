@@ -129,6 +129,14 @@ def run_decode(args: argparse.Namespace) -> int:
     if engine_kwargs.get("speculative_config") is not None and args.baseline != "none":
         raise ValueError("--speculative-config compares with the same engine without speculation; "
                          f"leave out --baseline {args.baseline}")
+    contention = None
+    if args.contention:
+        from kvdeck.app.bench.contention import Contention, busy_cpus
+
+        if engine_kwargs.get("speculative_config") is not None:
+            raise ValueError("--contention measures one engine quiet and busy; leave out "
+                             "--speculative-config")
+        contention = Contention(busy_cpus(args.contention))
     if args.baseline != "none":
         _choose_gguf(args)
     llm = LLM(args.model, **engine_kwargs)
@@ -162,7 +170,7 @@ def run_decode(args: argparse.Namespace) -> int:
             bench, baseline = llama_bench.decode_baseline(args, len(prompt), args.output_len,
                                                           torch.get_num_threads(), info.kv_cache_dtype)
             command = bench.command
-        figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats, baseline)
+        figures = run_decode_benchmark(llm, prompt, args.output_len, args.repeats, baseline, contention)
     finally:
         if server is not None:
             server.stop()
@@ -185,16 +193,33 @@ def run_decode(args: argparse.Namespace) -> int:
         print(f"{name}: {figures['baseline']['time_per_output_token_s'] * 1e3:.3f} ms/token; kvdeck / "
               f"{name} tokens/s: median {ratio['median']:.3f}x over {len(ratio['pairs'])} pairs "
               f"({ratio['min']:.3f}-{ratio['max']:.3f}){greedy}")
+    if "contention" in figures:
+        name = "llama-bench" if args.baseline == "llama-bench" else "llama.cpp"
+        _print_contention(figures["contention"], name)
     config = {"model": args.model or "demo", "input_len": args.input_len,
               "output_len": args.output_len, "repeats": args.repeats, "engine": engine_kwargs,
               "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
               "baseline": _llama_cpp_config(args, command) if command is not None else "none",
-              "workload": args.workload}
+              "workload": args.workload, "contention": args.contention}
     result = build_result("decode", config, {"decode": figures})
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
+
+
+def _print_contention(contention: dict, baseline_name: str) -> None:
+    cpus = ", ".join(str(cpu) for cpu in contention["busy_cpus"])
+    print(f"with {contention['busy_processes']} other busy process(es) (CPU {cpus}), "
+          "busy / quiet tokens/s:")
+    for side, name in (("kvdeck", "kvdeck"), ("baseline", baseline_name)):
+        if side not in contention:
+            continue
+        figures = contention[side]
+        ratio = figures["busy_over_quiet"]
+        print(f"  {name}: {figures['quiet_output_tokens_per_s']:.1f} -> "
+              f"{figures['busy_output_tokens_per_s']:.1f} tok/s, median {ratio['median']:.1%} of quiet "
+              f"over {len(ratio['pairs'])} repeats ({ratio['min']:.1%}-{ratio['max']:.1%})")
 
 
 def _run_decode_comparison(args: argparse.Namespace, spec, prompts: list[list[int]], config: dict) -> int:
