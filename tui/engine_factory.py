@@ -11,8 +11,12 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvdeck.tui.engine_protocol import ClientFactory, EngineClientProtocol
+
+if TYPE_CHECKING:
+    from kvdeck.app.store.cpu_plan import CpuFeatures
 
 POOL_FULL_REQUESTS = 4  # full-length requests the TUI's default CPU pool holds
 ENGINE_DEFAULT_POOL_GIB = 1.0  # never ask for more than the engine would take anyway
@@ -33,10 +37,13 @@ def engine_log_path() -> str:
     return str(logs / "engine.log")
 
 
-def tui_pool_gib(model_dir: Path, engine_kwargs: dict) -> float:
+def tui_pool_gib(model_dir: Path, engine_kwargs: dict, cpu: CpuFeatures | None = None) -> float:
     """A CPU KV pool of POOL_FULL_REQUESTS full contexts of the model (at most 1 GiB): as
     many blocks as one full-length request holds at once (a windowed layer group holds
-    only its window), at the KV dtype's bytes per block."""
+    only its window), at the KV dtype's bytes per block. `cpu`: what this CPU does (default:
+    read from /proc/cpuinfo), which decides the engine's dtype for dtype "auto"."""
+    from kvdeck.app.store.cpu_plan import cpu_features, engine_cpu_dtype
+    from kvdeck.app.store.inspect import read_config
     from kvdeck.engine.types.config import DTYPE_ALIASES
     from kvdeck.engine.types.kv_groups import kv_cache_groups, peak_blocks, slots_per_block
     from kvdeck.engine.types.model_config import read_model_config
@@ -44,10 +51,11 @@ def tui_pool_gib(model_dir: Path, engine_kwargs: dict) -> float:
     config = read_model_config(model_dir)
     context = int(engine_kwargs.get("max_model_len") or config.max_position_embeddings)
     dtype = str(engine_kwargs.get("dtype") or "auto")
-    # auto on CPU: bf16 for a bf16 checkpoint (where the CPU has native bf16, which is not
-    # asked here: that needs torch; elsewhere the pool holds half the requests), else fp32.
-    auto_bytes = 2 if config.checkpoint_dtype == "bfloat16" else 4
-    element = _DTYPE_BYTES[DTYPE_ALIASES[dtype]] if dtype != "auto" else auto_bytes
+    if dtype == "auto":  # the engine's rule on this CPU (app/store/cpu_plan.py, without torch):
+        # bf16 for a bf16 checkpoint, and for an INT4 one where the INT4 kernels run, on a CPU
+        # with native bf16; else fp32
+        dtype = engine_cpu_dtype(read_config(Path(model_dir)), cpu or cpu_features())
+    element = _DTYPE_BYTES[DTYPE_ALIASES[dtype]]
     kv_dtype = str(engine_kwargs.get("kv_cache_dtype") or "auto")
     element = _KV_DTYPE_BYTES.get(kv_dtype, element)
     scale_bytes = 2 if kv_dtype == "int8" else 0  # int8's fp16 scale per (token, head)

@@ -242,3 +242,32 @@ def test_block_map_marks_draft_blocks_and_flashes_rolled_back_ones():
     assert cells.kinds[17] == WRITING and cells.kinds[300] == FREE  # the rest as before
     assert "rolled back" in legend_text(16, speculative=True).plain
     assert "rolled back" not in legend_text(16).plain
+
+
+def test_tui_pool_is_sized_at_the_dtype_the_cpu_engine_runs(tmp_path):
+    """dtype auto: an INT4 (AWQ, float16) checkpoint runs bf16 KV on a CPU with bf16 and the INT4
+    kernels (app/store/cpu_plan.py), fp32 on one without; a bf16 checkpoint likewise."""
+    from kvdeck.app.store.cpu_plan import CpuFeatures
+    from kvdeck.tui.engine_factory import tui_pool_gib
+
+    everything = CpuFeatures(bf16=True, bf16_kernels=True, int4_kernels=True)
+    no_int4 = CpuFeatures(bf16=True, bf16_kernels=True, int4_kernels=False)
+    nothing = CpuFeatures(bf16=False, bf16_kernels=False, int4_kernels=False)
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
+              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "vocab_size": 100, "max_position_embeddings": 256}
+    pools = {}
+    for name, extra in (("awq", {"torch_dtype": "float16", "quantization_config": {
+            "quant_method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "version": "gemm"}}),
+                        ("bf16", {"torch_dtype": "bfloat16"})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**config, **extra}))
+        pools[name] = {cpu: tui_pool_gib(folder, {"max_model_len": 256}, cpu=cpu)
+                       for cpu in (everything, no_int4, nothing)}
+    awq, bf16 = pools["awq"], pools["bf16"]
+    assert awq[everything] == pytest.approx(awq[nothing] / 2, rel=0.01)  # bf16 KV, not fp32
+    assert awq[no_int4] == awq[nothing]  # no INT4 kernels: fp32
+    assert bf16[everything] == bf16[no_int4] == pytest.approx(bf16[nothing] / 2, rel=0.01)
+    assert tui_pool_gib(tmp_path / "awq", {"max_model_len": 256, "dtype": "float32"}, cpu=everything) \
+        == awq[nothing]
