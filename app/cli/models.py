@@ -136,7 +136,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     rows = [("NAME", "ARCH", "PARAMS", "DTYPE", "QUANT", "SIZE", "OK", "SOURCE")]
     for m in models:
         rows.append((m.name, m.architecture, format_params(m.num_params), m.dtype,
-                     m.quantization or "-", format_bytes(m.size_bytes),
+                     m.quant_label, format_bytes(m.size_bytes),
                      "yes" if m.supported else "no", m.source))  # fmt: skip
     if models:
         _print_table(rows, out)
@@ -215,7 +215,7 @@ def _model_json(m: local_models.LocalModel) -> dict:
             "architecture": m.architecture, "num_params": m.num_params, "dtype": m.dtype,
             "quantization": m.quantization, "size_bytes": m.size_bytes,
             "supported": m.supported, "verified": m.verified, "commit": m.commit,
-            "origin": m.origin}  # fmt: skip
+            "origin": m.origin, "gguf_quantization": m.gguf_quantization}  # fmt: skip
 
 
 def _recommended_json(r, context: int) -> dict:

@@ -157,3 +157,22 @@ def test_models_add_lists_a_folder_and_rm_only_unlists_it(kvdeck_env, hub_model_
     assert main(["rm", "mine"]) == 0  # nothing is deleted, so nothing to confirm
     assert "left as it was" in capsys.readouterr().out
     assert local_models.list_models() == [] and (hub_model_dir / "config.json").is_file()
+
+
+def test_models_shows_the_type_of_the_gguf_a_model_was_imported_from(kvdeck_env, hub_model_dir, capsys):
+    """As the Models screen's Quant column: a model imported from a Q4_1 GGUF says so, not "-"."""
+    import shutil
+
+    from kvdeck.app.store import paths, registry
+
+    shutil.copytree(hub_model_dir, paths.store_dir() / "tiny-llama")
+    registry.mark_verified(registry.store_key("tiny-llama"), {
+        "path": str(paths.store_dir() / "tiny-llama"), "method": "gguf-import",
+        "gguf_file": "/nowhere/tiny.Q4_1.gguf", "gguf_quantization": "Q4_1"})
+    assert main(["models"]) == 0
+    header, row = capsys.readouterr().out.splitlines()[:2]
+    quant = header.index("QUANT")
+    assert row[quant:].startswith("Q4_1 (imported as fp16) ")
+    assert main(["models", "--json"]) == 0
+    [model] = json.loads(capsys.readouterr().out)["models"]
+    assert model["gguf_quantization"] == "Q4_1" and model["quantization"] is None
