@@ -285,3 +285,42 @@ async def test_the_load_notice_says_the_tables_needs(stored_tiny):
         await _wait_for(pilot, lambda: app.loaded == ["tiny-llama"])
         notice = next(n.message for n in app._notifications if n.message.startswith("Loading"))
         assert f"needs about {needs}, " in notice and "with the runtime" in notice
+
+
+async def test_dtype_is_what_the_engine_runs_with_the_checkpoints_in_brackets(stored_tiny):
+    import json
+
+    from kvdeck.app.store.cpu_plan import CpuFeatures
+
+    config_path = paths.store_dir() / "tiny-llama" / "config.json"
+    bf16_copy = paths.store_dir() / "tiny-bf16"
+    shutil.copytree(paths.store_dir() / "tiny-llama", bf16_copy)
+    config = json.loads(config_path.read_text())
+    config.pop("torch_dtype", None)
+    (bf16_copy / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    everything = CpuFeatures(True, True, True, ram_bytes=64 * GiB)
+    nothing = CpuFeatures(False, False, False, ram_bytes=64 * GiB)
+    cases = [(None, everything, {"tiny-llama": "fp32 (fp16)", "tiny-bf16": "bf16"}),
+             (None, nothing, {"tiny-llama": "fp32 (fp16)", "tiny-bf16": "fp32 (bf16)"}),
+             (8 * GiB, None, {"tiny-llama": "fp16", "tiny-bf16": "bf16"})]  # on a GPU: as stored
+    for gpu, cpu, expected in cases:
+        app = ModelsApp(free_gpu_bytes=lambda gpu=gpu: gpu, free_ram_bytes=lambda: 64 * GiB, cpu=cpu)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await pilot.pause()
+            table = app.screen.query_one(LocalModelsTable)
+            assert {name: str(table.get_row(name)[3]) for name in expected} == expected
+            assert str(table.get_row(BUNDLED_NAME)[3]) == ("fp32 (fp16)" if gpu is None else "fp16")
+
+
+def test_an_int4_checkpoint_runs_bf16_where_the_int4_kernels_do():
+    from pathlib import Path
+
+    from kvdeck.app.store.recommended import MemoryEstimate
+    from kvdeck.tui.widgets.model_tables import MemoryBudget, engine_dtype_label
+
+    awq = local_models.LocalModel("m-awq", Path("/nowhere"), "store", "LlamaForCausalLM", 1, "float16",
+                                  "awq-int4", 1, True)
+    cpu = MemoryBudget("cpu", None)
+    assert engine_dtype_label(awq, cpu, MemoryEstimate(1, 1, 1, dtype="bfloat16")) == "bf16 (fp16)"
+    assert engine_dtype_label(awq, cpu, None) == "fp16"  # unreadable: as stored
+    assert engine_dtype_label(awq, MemoryBudget("cuda", None), None) == "fp16"

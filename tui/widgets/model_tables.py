@@ -15,7 +15,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
-from kvdeck.app.store.cpu_plan import CpuFeatures, cpu_features
+from kvdeck.app.store.cpu_plan import SHORT_DTYPES, CpuFeatures, cpu_features
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError, read_config
 from kvdeck.app.store.local_models import LocalModel, PendingDownload
@@ -30,6 +30,7 @@ from kvdeck.app.store.recommended import (
     memory_estimate,
     num_parameters,
 )
+from kvdeck.engine.types.config import DTYPE_ALIASES
 
 PENDING_PREFIX = "pending:"
 
@@ -62,7 +63,8 @@ class MemoryBudget:
             where = (f"free RAM, with {CPU_RUNTIME_OVERHEAD_BYTES / GiB:g} GiB for torch (no GPU "
                      f"seen: kvdeck runs on the CPU, {self.cpu_features.dtype_note()})")
         return (f"Needs: weights + KV of one {context_tokens}-token sequence (or the model's "
-                f"context). Fits: in {where}.")
+                f"context). Fits: in {where}. Dtype: what the engine computes in, the "
+                "checkpoint's in brackets where it differs.")
 
 
 class _KeyedTable(DataTable):
@@ -110,9 +112,13 @@ class LocalModelsTable(_KeyedTable):
             source = Text(m.source + ("" if checked else " (unverified)"))
             if loaded and m.name in loaded:
                 source.append(" · loaded", style="bold")
-            self.add_row(m.name, m.architecture, format_params(m.num_params), m.dtype,
-                         m.quant_label, format_bytes(m.size_bytes),
-                         _needs(m, budget, context_tokens), supported, source,
+            try:
+                estimate = local_estimate(m, budget, context_tokens)
+            except InvalidModelError:
+                estimate = None
+            self.add_row(m.name, m.architecture, format_params(m.num_params),
+                         engine_dtype_label(m, budget, estimate), m.quant_label,
+                         format_bytes(m.size_bytes), _needs(estimate, budget), supported, source,
                          key=m.name)  # fmt: skip
         for p in pending:
             self.add_row(Text(p.repo_id, style="dim"), "", "", "", "", format_bytes(p.bytes_on_disk),
@@ -130,11 +136,23 @@ def local_estimate(model: LocalModel, budget: MemoryBudget, context_tokens: int)
                                  model_dir=model.path, cpu=budget.cpu_features)
 
 
-def _needs(model: LocalModel, budget: MemoryBudget, context_tokens: int) -> Text:
+def engine_dtype_label(model: LocalModel, budget: MemoryBudget, estimate: MemoryEstimate | None) -> str:
+    """The Dtype column: the dtype the engine computes in where the budget is, the checkpoint's
+    in brackets when it differs ("bf16 (fp16)": an AutoAWQ checkpoint on a CPU with bf16 and the
+    INT4 kernels). On the CPU cpu_plan's rule (the estimate's dtype); on a GPU the checkpoint's,
+    bf16 for a float32 one (engine/runner/device.py, on a GPU with bf16)."""
+    stored = DTYPE_ALIASES.get(model.dtype.replace("torch.", ""), model.dtype)
+    if budget.device == "cuda":
+        runs = "bfloat16" if stored == "float32" else stored
+    else:
+        runs = estimate.dtype if estimate is not None and estimate.dtype else stored
+    label = SHORT_DTYPES.get(runs, runs)
+    return label if runs == stored else f"{label} ({SHORT_DTYPES.get(stored, stored)})"
+
+
+def _needs(estimate: MemoryEstimate | None, budget: MemoryBudget) -> Text:
     """Weights + KV of one sequence; red when it (with the runtime) will not fit."""
-    try:
-        estimate = local_estimate(model, budget, context_tokens)
-    except InvalidModelError:
+    if estimate is None:
         return Text("?", style="dim")
     too_big = budget.free_bytes is not None and estimate.total_bytes > budget.free_bytes
     return Text(format_bytes(estimate.model_bytes), style="red" if too_big else "")
