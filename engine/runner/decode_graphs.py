@@ -8,6 +8,13 @@ KV write skips them) and a one-token context, and their outputs are dropped.
 
 Only decode-only batches (every row one new token) take this path; prefill and mixed
 steps, and batches above the largest bucket, run eagerly.
+
+The attention kernel splits a small batch's rows across segments (flash-decoding) by the
+longest context it was launched for, and a graph fixes that count: captured for
+max_model_len alone, a batch-1 step of a few hundred tokens would launch 32 mostly empty
+segments and merge them, every layer. So a small bucket also has graphs captured for
+shorter lengths, one for each split count below max_model_len's (`split_tiers`), and a step
+replays the shortest that covers its longest row: no more segments than its context fills.
 """
 
 import bisect
@@ -19,10 +26,23 @@ import torch
 
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.types.arith import cdiv
+from kvdeck.kernels.triton.attention_tuning import MIN_TOKENS_PER_SEGMENT, choose_num_segments
 
 logger = logging.getLogger(__name__)
 
 MAX_CAPTURED_BATCH = 512
+
+
+def split_tiers(batch_size: int, max_model_len: int, num_kv_heads: int, num_sms: int) -> list[int]:
+    """Context lengths below max_model_len at which the attention splits a `batch_size` decode
+    into fewer segments than at max_model_len: the longest length of each such split count."""
+    full = choose_num_segments(batch_size, num_kv_heads, 1, max_model_len, num_sms)
+    longest_of: dict[int, int] = {}
+    length = MIN_TOKENS_PER_SEGMENT
+    while length < max_model_len:
+        longest_of[choose_num_segments(batch_size, num_kv_heads, 1, length, num_sms)] = length
+        length *= 2
+    return sorted(length for count, length in longest_of.items() if count != full)
 
 
 def decode_bucket_sizes(max_num_seqs: int) -> list[int]:
@@ -85,9 +105,18 @@ class DecodeGraphs:
     """Captured decode forwards keyed by padded batch size."""
 
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int, block_size: int,
-                 hidden_size: int, dtype: torch.dtype, device: torch.device,
-                 num_kv_groups: int = 1) -> None:
+                 hidden_size: int, dtype: torch.dtype, device: torch.device, num_kv_groups: int = 1,
+                 num_kv_heads: int | None = None, num_sms: int | None = None,
+                 with_logits: bool = False) -> None:
+        """`num_kv_heads`, `num_sms`: the attention's split policy (split_tiers); without
+        them each bucket has its max_model_len graph alone. `with_logits`: the graphs also run
+        the output head and the greedy argmax (`logits`, `greedy_tokens` after a run), so a
+        greedy step samples without another launch."""
         self.model = model
+        self.with_logits = with_logits
+        self.logits: torch.Tensor | None = None  # [max_batch, vocab], allocated by the first forward
+        self.greedy: torch.Tensor | None = None  # [max_batch]
+        self.last_rows = 0  # rows of the last run
         self.max_model_len = max_model_len
         self.block_size = block_size
         self.dtype = dtype
@@ -95,36 +124,53 @@ class DecodeGraphs:
         max_blocks_per_seq = cdiv(max_model_len, block_size)
         self.buffers = DecodeBuffers.allocate(self.sizes[-1], max_blocks_per_seq, hidden_size, dtype,
                                               device, num_kv_groups)
-        self.replays: dict[int, Callable[[], None]] = {}
+        self.replays: dict[int, Callable[[], None]] = {}  # per bucket, captured for max_model_len
+        self.tiers: dict[int, list[int]] = {
+            size: split_tiers(size, max_model_len, num_kv_heads, num_sms) if num_kv_heads and num_sms else []
+            for size in self.sizes}
+        self.tier_replays: dict[tuple[int, int], Callable[[], None]] = {}  # (bucket, length)
 
     @property
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def _forward(self, batch_size: int) -> None:
+    def _forward(self, batch_size: int, max_seq_len: int | None = None) -> None:
         buffers = self.buffers
-        meta = buffers.metadata(batch_size, self.max_model_len)
+        meta = buffers.metadata(batch_size, max_seq_len or self.max_model_len)
         buffers.hidden[:batch_size] = self.model(buffers.input_ids[:batch_size],
                                                  buffers.positions[:batch_size], meta)
+        if self.with_logits:
+            logits = self.model.compute_logits(buffers.hidden[:batch_size])
+            if self.logits is None:  # the first (eager) forward, never inside a capture
+                self.logits = logits.new_empty(self.max_batch_size, logits.shape[1])
+                self.greedy = torch.empty(self.max_batch_size, dtype=torch.long, device=logits.device)
+            self.logits[:batch_size] = logits
+            self.greedy[:batch_size] = logits.argmax(dim=-1)
 
     @torch.inference_mode()
     def capture(self) -> None:
         """Record one graph per bucket, largest first so the smaller ones reuse its memory pool."""
         pool = None
         for size in reversed(self.sizes):
-            self._forward(size)  # compiles and autotunes outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._forward(size)
-            pool = graph.pool()
-            self.replays[size] = graph.replay
+            for length in [None, *self.tiers[size]]:
+                self._forward(size, length)  # compiles and autotunes outside the capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    self._forward(size, length)
+                pool = graph.pool()
+                if length is None:
+                    self.replays[size] = graph.replay
+                else:
+                    self.tier_replays[size, length] = graph.replay
         torch.cuda.synchronize()
 
     def use_eager_replays(self) -> None:
         """Run the same static-buffer path without capturing: how the padding and buffer
         handling is tested on machines without CUDA."""
         self.replays = {size: (lambda size=size: self._forward(size)) for size in self.sizes}
+        self.tier_replays = {(size, length): (lambda size=size, length=length: self._forward(size, length))
+                             for size, lengths in self.tiers.items() for length in lengths}
 
     def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
         return (bool(self.replays) and meta.max_query_len == 1 and num_seqs <= self.max_batch_size
@@ -147,8 +193,16 @@ class DecodeGraphs:
             # is left over (always valid block ids), outputs ignored.
             slot_buffer[num_seqs:size].fill_(-1)
         buffers.seq_lens[num_seqs:size].fill_(1)
-        self.replays[size]()
+        tier = next((length for length in self.tiers[size] if length >= meta.max_seq_len), None)
+        (self.replays[size] if tier is None else self.tier_replays[size, tier])()
+        self.last_rows = num_seqs
         return buffers.hidden[:num_seqs]
+
+    def last_logits(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The last run's logits and greedy tokens, one row per step row (with_logits)."""
+        if self.logits is None:
+            return None
+        return self.logits[: self.last_rows], self.greedy[: self.last_rows]
 
     @torch.inference_mode()
     def compare_with_eager(self, num_blocks: int) -> float | None:

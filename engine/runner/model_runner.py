@@ -38,6 +38,7 @@ from kvdeck.engine.types.model_config import ModelConfig
 from kvdeck.kernels.compile_counter import kernel_compiles
 from kvdeck.kernels.cpu import native as cpu_native
 from kvdeck.kernels.dispatch import select_ops
+from kvdeck.kernels.triton.attention_tuning import streaming_multiprocessors
 
 logger = logging.getLogger(__name__)
 ProgressCallback = Callable[[str, str], None]
@@ -234,7 +235,9 @@ class ModelRunner:
         """
         graphs = DecodeGraphs(self.model, max_rows or self.config.max_num_seqs, max_model_len,
                               self.block_size, self.model_config.hidden_size, self.dtype, self.device,
-                              num_kv_groups=len(self.kv_pool.groups))
+                              num_kv_groups=len(self.kv_pool.groups),
+                              num_kv_heads=self.model_config.num_key_value_heads,
+                              num_sms=streaming_multiprocessors(self.device), with_logits=True)
         if progress:
             progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
                                   f"{graphs.max_batch_size}")
@@ -315,12 +318,21 @@ class ModelRunner:
             hidden = self._forward(inputs)
             if not inputs.sample_rows:
                 return DeviceOutcome()
-            logits = self.model.compute_logits(_rows_of(hidden, inputs.sample_rows))
+            logits, greedy = self._logits(inputs, hidden, inputs.sample_rows)
             try:
-                return DeviceOutcome(self.sampler.sample_on_device(logits, inputs.sample_requests))
+                samples = self.sampler.sample_on_device(logits, inputs.sample_requests, None, greedy)
+                return DeviceOutcome(samples)
             except Exception:  # row by row on the host, as `execute` does
                 results, failed = self._sample(logits, inputs.sample_requests)
                 return DeviceOutcome(host_results=results, failures=failed)
+
+    def _logits(self, inputs: StepInputs, hidden: torch.Tensor,
+                rows: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The logits at `rows`, and their greedy tokens where a decode graph made both."""
+        if inputs.graph_logits is not None:
+            logits, greedy = inputs.graph_logits
+            return _rows_of(logits, rows), _rows_of(greedy, rows)
+        return self.model.compute_logits(_rows_of(hidden, rows)), None
 
     def forget(self, request_id: str) -> None:
         """A request is done: its persistent rows and its sampling state go."""
@@ -339,7 +351,9 @@ class ModelRunner:
         graphs = self.decode_graphs
         if (graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0])
                 and not native_decode.decoder_stack_takes(self.model, inputs.input_ids)):
-            return graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+            hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+            inputs.graph_logits = graphs.last_logits() if graphs.with_logits else None
+            return hidden
         return self.model(inputs.input_ids, inputs.positions, inputs.meta)
 
     @torch.inference_mode()
@@ -360,10 +374,11 @@ class ModelRunner:
         spec_samples: dict[int, list[SampleResult]] = {}
         num_plain = len(inputs.sample_rows)
         if num_plain or inputs.spec_rows:
-            logits = self.model.compute_logits(_rows_of(hidden, inputs.sample_rows + inputs.spec_rows))
+            logits, greedy = self._logits(inputs, hidden, inputs.sample_rows + inputs.spec_rows)
             if num_plain:
                 masks = self._mask_rows(token_masks, inputs.sample_batch_index)
-                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks)
+                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks,
+                                               greedy[:num_plain] if greedy is not None else None)
                 for i, result in zip(inputs.sample_batch_index, sampled):
                     results[i] = result
                 failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
@@ -419,12 +434,14 @@ class ModelRunner:
         return rows, torch.from_numpy(token_masks.bitmask).to(self.device, non_blocking=True)
 
     def _sample(self, logits: torch.Tensor, requests: list[ScheduledSequence],
-                masks: tuple[list[int], torch.Tensor] | None = None,
+                masks: tuple[list[int], torch.Tensor] | None = None, greedy: torch.Tensor | None = None,
                 ) -> tuple[list[SampleResult | None], dict[int, str]]:
         """Sample the batch; if that fails, sample each row alone, so that a request the
         sampler cannot serve fails by itself and the others still get their tokens. A failure
         no single row explains (every row fails) is the engine's, and is raised."""
         try:
+            if greedy is not None:
+                return list(self.sampler.sample(logits, requests, masks, greedy)), {}
             return list(self.sampler.sample(logits, requests, masks)), {}
         except Exception as batch_error:
             samples: list[SampleResult | None] = []

@@ -48,16 +48,22 @@ class Sampler:
         return gen
 
     def sample(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
-               masks: tuple[list[int], torch.Tensor] | None = None) -> list[SampleResult]:
+               masks: tuple[list[int], torch.Tensor] | None = None,
+               greedy: torch.Tensor | None = None) -> list[SampleResult]:
         """`masks`: (rows, int32 bitmask) of the rows a grammar constrains; a constrained
-        row samples only what its grammar allows (logprobs stay the model's own)."""
-        samples = self.sample_on_device(logits, requests, masks)
+        row samples only what its grammar allows (logprobs stay the model's own). `greedy`:
+        the logits' argmax made already (by a decode graph), taken when every row is greedy."""
+        samples = self.sample_on_device(logits, requests, masks, greedy)
         return self.to_results(samples, samples.tokens.tolist())  # the step's one device-to-host wait
 
     def sample_on_device(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence],
-                         masks: tuple[list[int], torch.Tensor] | None = None) -> "DeviceSamples":
+                         masks: tuple[list[int], torch.Tensor] | None = None,
+                         greedy: torch.Tensor | None = None) -> "DeviceSamples":
         """`sample` without waiting for the device: the token ids stay where they were drawn
         (async scheduling feeds them to the next step there)."""
+        if (greedy is not None and masks is None and not _changes_logits(requests)
+                and all(r.params.greedy and r.params.logprobs is None for r in requests)):
+            return DeviceSamples(greedy)  # the argmax of these logits, made in the graph
         # A copy where this method changes logits in place (masks, penalties), so the
         # caller's tensor stays as it was (the runner may sample rows again, one by one).
         logits = logits.to(torch.float32, copy=masks is not None or _changes_logits(requests))

@@ -23,6 +23,8 @@ class StepInputs:
     spec_rows: list[int] = field(default_factory=list)
     spec_requests: list[ScheduledSequence] = field(default_factory=list)
     spec_batch_index: list[int] = field(default_factory=list)
+    # A decode graph's output head: (logits, greedy tokens) of every row, when it made them.
+    graph_logits: tuple[torch.Tensor, torch.Tensor] | None = None
     # Async scheduling: input_ids[placeholder_dst] <- the step in flight's samples[placeholder_src].
     placeholder_dst: torch.Tensor | None = None
     placeholder_src: torch.Tensor | None = None

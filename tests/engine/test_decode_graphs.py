@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kvdeck import LLM, SamplingParams
-from kvdeck.engine.runner.decode_graphs import decode_bucket_sizes
+from kvdeck.engine.runner.decode_graphs import DecodeGraphs, decode_bucket_sizes, split_tiers
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from tests.model_factory import hf_greedy
 
@@ -27,6 +27,42 @@ def test_bucket_sizes():
     assert decode_bucket_sizes(40) == [1, 2, 4, 8, 16, 32, 40]
     assert decode_bucket_sizes(256)[-3:] == [224, 240, 256]
     assert decode_bucket_sizes(4096)[-1] == 512
+
+
+def test_split_tiers_leave_no_empty_segments():
+    # Qwen3-0.6B on an H100 (8 KV heads, 132 SMs), max_model_len 40960: batch 1 splits 32 ways
+    # at full length, so shorter graphs serve 1, 2, 4, 8 and 16 segments.
+    assert split_tiers(1, 40960, 8, 132) == [256, 512, 1024, 2048, 4096]
+    assert split_tiers(8, 40960, 8, 132) == [256, 512]  # at most 4 segments at batch 8
+    assert split_tiers(64, 40960, 8, 132) == []  # fills the GPU unsplit
+    assert split_tiers(1, 1024, 8, 132) == [256, 512]
+
+
+def test_a_short_step_replays_its_tier(tiny_model_dirs):
+    """With an H100's split policy on the static-buffer path (eager replays), a step replays
+    the shortest graph covering its longest row, and the tokens stay the model's."""
+    path = tiny_model_dirs["llama"]
+    llm = LLM(str(path), kv_cache_memory_gib=0.01, max_num_seqs=4, max_model_len=512)
+    runner = llm.engine.core.runner
+    graphs = DecodeGraphs(runner.model, 4, 512, runner.block_size, runner.model_config.hidden_size,
+                          runner.dtype, runner.device, num_kv_heads=runner.model_config.num_key_value_heads,
+                          num_sms=132)
+    graphs.use_eager_replays()
+    assert graphs.tiers[1] == [256] and graphs.tiers[4] == [256]
+    replayed = []
+    for key, replay in list(graphs.tier_replays.items()):
+        graphs.tier_replays[key] = (lambda k=key, r=replay: (replayed.append(k), r())[1])
+    for size, replay in list(graphs.replays.items()):
+        graphs.replays[size] = (lambda s=size, r=replay: (replayed.append((s, 512)), r())[1])
+    runner.decode_graphs = graphs
+    tok = llm.get_tokenizer()
+    prompts = [tok.encode("Hello there"), tok.encode("The quick brown fox " * 15)]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == hf_greedy(path, prompts, 5)
+    assert (2, 256) in replayed  # contexts under 256 tokens: the short graph
+    long = llm.generate([tok.encode("Paged attention " * 80)], params)[0].outputs[0].token_ids
+    assert (1, 512) in replayed and long == hf_greedy(path, [tok.encode("Paged attention " * 80)], 5)[0]
 
 
 def _llm_with_static_decode(path, **kwargs) -> LLM:
@@ -53,6 +89,7 @@ def test_padded_static_decode_matches_transformers(tiny_model_dirs, family):
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert got == hf_greedy(path, prompts, 7)
     assert 8 in replayed  # decode steps went through the padded buckets
+    assert runner.decode_graphs.logits is not None  # the graphs ran the output head and the argmax
     core = llm.engine.core
     assert core.block_manager.num_free_blocks == core.block_manager.num_blocks
 
@@ -141,3 +178,23 @@ def test_gpu_check_script_refuses_without_cuda():
     assert shown.returncode == 0 and "--batch-sizes" in shown.stdout
     refused = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "need a CUDA GPU" in refused.stderr
+
+
+def test_greedy_decode_steps_take_the_graphs_argmax(tiny_model_dirs, monkeypatch):
+    llm = _llm_with_static_decode(tiny_model_dirs["llama"], max_num_seqs=4)
+    sampler = llm.engine.core.runner.sampler
+    taken = []
+    sample_on_device = type(sampler).sample_on_device
+
+    def recording(self, logits, requests, masks=None, greedy=None):
+        samples = sample_on_device(self, logits, requests, masks, greedy)
+        taken.append(greedy is not None and samples.tokens is greedy)
+        return samples
+
+    monkeypatch.setattr(type(sampler), "sample_on_device", recording)
+    greedy = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    llm.generate([[5, 6, 7], [8, 9]], greedy)
+    assert any(taken)  # decode steps sampled with the graph's argmax
+    taken.clear()
+    llm.generate([[5, 6, 7]], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logprobs=2))
+    assert not any(taken)  # logprobs need the logits: the sampler runs as always

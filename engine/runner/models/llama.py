@@ -53,7 +53,7 @@ class LlamaAttention(nn.Module):
         k = k.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         v = v.reshape(num_tokens, self.num_kv_heads, self.head_dim)
         q, k = self.ops.apply_rope(positions, q, k, self.rotary.cos_sin_cache, True)
-        out = self.attn(q, k, v.contiguous(), meta)
+        out = self.attn(q, k, v, meta)  # a strided view of qkv: the KV write reads it in place
         return self.o_proj(out.reshape(num_tokens, self.q_size))
 
 
