@@ -28,7 +28,9 @@ class QuantizeJob:
     source: str  # local model directory (or a hub id already in the local cache)
     out_dir: str | None = None  # default: "<source>-awq" beside the source
     calib_file: str | None = None  # default: assets/calibration/calibration.txt
-    num_samples: int = 128
+    # 64 windows of 512 tokens: about what AutoAWQ's 128 calibration texts come to once its
+    # loader drops those over 512 tokens and cuts the rest into 512-token blocks
+    num_samples: int = 64
     seq_len: int = 512
     group_size: int | None = None  # None: the largest of 128/64/32 that divides the model
     device: str = "auto"  # auto | cuda | cpu

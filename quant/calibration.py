@@ -15,7 +15,7 @@ DEFAULT_CALIBRATION_FILE = calibration_text()
 
 
 def load_calibration_ids(
-    tokenizer, path: str | Path | None = None, num_samples: int = 128, seq_len: int = 512
+    tokenizer, path: str | Path | None = None, num_samples: int = 64, seq_len: int = 512
 ) -> torch.Tensor:
     """LongTensor [n, seq_len] with n = min(num_samples, windows the text holds)."""
     if num_samples <= 0:

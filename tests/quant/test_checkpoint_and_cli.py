@@ -163,3 +163,18 @@ def test_writer_shards_large_checkpoints_and_cleans_stale_partials(tmp_path, mon
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["group_size"] == 64 and config["dtype"] == "float16"
     assert not stale.exists()
+
+
+def test_quantize_takes_a_listed_models_name_with_out(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    # `kvdeck quantize NAME --out DIR`: NAME as `kvdeck models` lists it, not only a folder.
+    import shutil
+
+    from kvdeck.app.store.paths import store_dir
+
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
+    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
+    out = tmp_path / "out"
+    assert kvdeck(["quantize", "tiny-listed", "--method", "rtn", "--out", str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "awq"
+    assert kvdeck(["quantize", "no-such-model", "--method", "rtn", "--out", str(tmp_path / "o2")]) == 2
+    assert "neither a directory nor in the local hub cache" in capsys.readouterr().err
