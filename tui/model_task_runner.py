@@ -13,7 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvdeck.app.jobs.compare import CompareJob, CompareProgress, start_compare
-from kvdeck.app.jobs.quantize import QuantizeJob, QuantizeOptions, QuantizeProgress, start_quantize
+from kvdeck.app.jobs.quantize import (
+    METHOD_NAMES,
+    QuantizeJob,
+    QuantizeOptions,
+    QuantizeProgress,
+    start_quantize,
+)
 from kvdeck.app.store.download import CancelToken, DownloadError, download_model
 from kvdeck.app.store.download_progress import DownloadCancelled, DownloadProgress, format_bytes
 from kvdeck.app.store.local_models import LocalModel
@@ -80,8 +86,10 @@ class ModelTaskRunner:
         job = start_quantize(model, options=options,
                              on_progress=lambda p: self.to_ui(self._quantize_progress, p))
         self.quantize_job = job
-        self._begin(f"Quantising {model.name} to AWQ INT4 → {job.name}",
-                    f"the quantisation of {model.name}")
+        method = METHOD_NAMES[job.method]
+        group = f", group {options.group_size}" if options is not None and options.group_size else ""
+        self._begin(f"Quantising {model.name} to {method} INT4{group} → {job.name}",
+                    f"the {method} quantisation of {model.name}")
 
     def _quantize_progress(self, p: QuantizeProgress) -> None:
         job = self.quantize_job
@@ -94,9 +102,9 @@ class ModelTaskRunner:
                          f" {format_bytes(src.size_bytes)} for {src.name} ({ratio:.1f}x smaller)",
                          False, complete=True)  # fmt: skip
         elif p.phase == "cancelled":
-            self._finish("Quantisation cancelled; nothing was kept", False)
+            self._finish(f"{p.method_name} quantisation cancelled; nothing was kept", False)
         elif p.phase in ("done", "failed"):
-            self._finish(f"Quantisation failed: {p.message}", True)
+            self._finish(f"{p.method_name} quantisation failed: {p.message}", True)
         else:
             self.panel.show_quantize(p)
 

@@ -38,29 +38,30 @@ def add_quantize_arguments(parser: argparse.ArgumentParser) -> None:
                         help="its name in kvdeck's store (default: <source name>-<method>)")
     parser.add_argument("--calib-file", default=None,
                         help="calibration text (default: assets/calibration/calibration.txt)")
-    parser.add_argument("--num-samples", type=int, default=128,
-                        help="calibration sequences (default: 128)")
+    parser.add_argument("--num-samples", type=int, default=64,
+                        help="calibration sequences of --seq-len tokens (default: 64)")
     parser.add_argument("--seq-len", type=int, default=512,
                         help="tokens per calibration sequence (default: 512)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where layers are quantised (default: cuda if available)")
 
 
-def progress_bar(fraction: float) -> str:
+def progress_bar(fraction: float, method: str = "awq") -> str:
+    """The bar, named after the method (AWQ, RTN)."""
     filled = int(BAR_WIDTH * min(max(fraction, 0.0), 1.0))
-    return f"AWQ [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * fraction:3.0f}%"
+    return f"{method.upper()} [{'#' * filled}{'-' * (BAR_WIDTH - filled)}] {100 * fraction:3.0f}%"
 
 
-def step_line(step: QuantizeStep) -> str:
+def step_line(step: QuantizeStep, method: str = "awq") -> str:
     """The redrawn line: the bar, the step inside the layer, elapsed and what is left."""
     left = format_remaining(remaining_seconds(step.fraction, step.elapsed_s))
-    return (f"{progress_bar(step.fraction)} {step.what} · {format_duration(step.elapsed_s)} "
+    return (f"{progress_bar(step.fraction, method)} {step.what} · {format_duration(step.elapsed_s)} "
             f"elapsed · {left}")
 
 
-def progress_line(event: QuantizeProgress) -> str:
+def progress_line(event: QuantizeProgress, method: str = "awq") -> str:
     """A line of its own for each finished layer."""
-    return (f"{progress_bar(event.fraction())} layer {event.layer}/{event.num_layers} done · "
+    return (f"{progress_bar(event.fraction(), method)} layer {event.layer}/{event.num_layers} done · "
             f"{format_duration(event.elapsed_s)} elapsed · ETA {format_remaining(event.eta_s)}")
 
 
@@ -70,14 +71,15 @@ class TerminalProgress:
 
     LOG_EVERY_S = 15.0
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: TextIO, method: str = "awq") -> None:
+        self.method = method
         self.stream = stream
         self.is_tty = stream.isatty()
         self.last_logged = -self.LOG_EVERY_S
         self.width = 0
 
     def step(self, step: QuantizeStep) -> None:
-        line = step_line(step)
+        line = step_line(step, self.method)
         if self.is_tty:
             self._redraw(line)
         elif step.elapsed_s - self.last_logged >= self.LOG_EVERY_S:
@@ -87,9 +89,9 @@ class TerminalProgress:
 
     def layer(self, event: QuantizeProgress) -> None:
         if self.is_tty:
-            self._redraw(progress_line(event))
+            self._redraw(progress_line(event, self.method))
         else:
-            self.stream.write(progress_line(event))
+            self.stream.write(progress_line(event, self.method))
         self.stream.write("\n")
         self.width = 0
         self.stream.flush()
@@ -112,7 +114,7 @@ def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
         group_size=args.group_size, method=args.method,
     )
     stream = sys.stderr
-    show = TerminalProgress(stream)
+    show = TerminalProgress(stream, args.method)
 
     group = args.group_size or "auto"
     print(f"quantising {args.source} with {args.method.upper()} (4-bit, group {group}) ...", file=stream)
@@ -131,12 +133,15 @@ def run_quantize(args: argparse.Namespace, out_dir: str | None = None,
 
 
 def run_quantize_command(args: argparse.Namespace) -> int:
-    if args.out is not None:
-        return run_quantize(args)
-    from kvdeck.app.jobs.quantize import default_name, install_quantized, new_staging
     from kvdeck.app.store import local_models
 
     source = local_models.find_model(args.source)
+    if args.out is not None:  # a listed model's name works here too
+        if source is not None:
+            args.source = str(source.path)
+        return run_quantize(args)
+    from kvdeck.app.jobs.quantize import default_name, install_quantized, new_staging
+
     if source is not None:
         origin, origin_path = source.name, source.path
         name = args.name or default_name(source, args.method)

@@ -1,4 +1,5 @@
-"""AWQ quantisation of a local model in a background process, with progress and cancel.
+"""INT4 quantisation (AWQ, or round-to-nearest) of a local model in a background process,
+with progress and cancel.
 
 The quantiser (`quant.awq_pipeline.run_quantize_job`) runs in a spawned process
 (`kvdeck.app.jobs.background`, the worker in `workers.py`), so the UI stays responsive and
@@ -27,12 +28,15 @@ from kvdeck.quant.staging import pid_alive
 _NAME = re.compile(r"^[A-Za-z0-9][\w.\-]*$")
 WORKER = "kvdeck.app.jobs.workers:quantize_worker"  # named: the worker loads torch, this does not
 _OWNER_FILE = "owner.pid"  # the kvdeck process that runs the job
+METHODS = ("awq", "rtn")  # quant.awq_pipeline.METHODS (that module imports torch)
+METHOD_NAMES = {"awq": "AWQ", "rtn": "RTN"}
 
 
 @dataclass(slots=True)
 class QuantizeOptions:
+    method: str = "awq"  # awq | rtn (round to nearest: seconds, no calibration, lower quality)
     calib_file: str | None = None  # default: the calibration text shipped in assets/
-    num_samples: int = 128
+    num_samples: int = 64
     seq_len: int = 512
     group_size: int | None = None  # None: the largest of 128/64/32 that divides the model
     device: str = "auto"
@@ -45,6 +49,8 @@ class QuantizeOptions:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
         if self.device not in DEVICES:
             raise ValueError(f"device must be one of {DEVICES}, got {self.device!r}")
         if self.calib_file is not None and not Path(self.calib_file).is_file():
@@ -60,6 +66,11 @@ class QuantizeProgress:
     eta_s: float | None = None  # None: too early to tell
     message: str = ""  # the step under way, or what went wrong
     done: float | None = None  # fraction of the work, finer than whole layers
+    method: str = "awq"  # what the job does (its progress names it)
+
+    @property
+    def method_name(self) -> str:
+        return METHOD_NAMES.get(self.method, self.method.upper())
 
     @property
     def fraction(self) -> float:
@@ -79,6 +90,7 @@ class QuantizeJob:
     staging: Path
     on_progress: Callable[[QuantizeProgress], None] | None
     calibration_file: str | None = None  # None: kvdeck's calibration text
+    method: str = "awq"
     progress: QuantizeProgress = field(default_factory=lambda: QuantizeProgress("starting"))
     result: LocalModel | None = None
     background: BackgroundJob | None = None
@@ -106,6 +118,7 @@ class QuantizeJob:
         self.background.cancel()
 
     def _report(self, progress: QuantizeProgress) -> None:
+        progress.method = self.method
         self.progress = progress
         if self.on_progress is not None:
             self.on_progress(progress)
@@ -127,7 +140,7 @@ class QuantizeJob:
 
     def _on_success(self, written: object) -> None:
         self.result = install_quantized(Path(str(written)), self.name, self.source.name,
-                                        str(self.source.path), self.calibration_file)
+                                        str(self.source.path), self.calibration_file, self.method)
 
     def _on_end(self, job: BackgroundJob) -> None:
         n = self.progress.num_layers
@@ -189,6 +202,14 @@ def remove_orphaned_staging() -> list[Path]:
     return removed
 
 
+def check_quantizable(model: LocalModel) -> None:
+    """ValueError unless `model` can be quantised here (before any choice is asked)."""
+    if model.quantization is not None:
+        raise ValueError(f"{model.name} is already quantised ({model.quantization})")
+    if not model.supported:
+        raise ValueError(f"{model.name}: architecture {model.architecture} is not supported")
+
+
 def default_name(source: LocalModel, method: str = "awq") -> str:
     return f"{source.name.replace('/', '--')}-{method}"
 
@@ -205,14 +226,12 @@ def start_quantize(
     model = source if isinstance(source, LocalModel) else find_model(source)
     if model is None:
         raise ValueError(f"no local model named {source!r} (see `kvdeck models`)")
-    if model.quantization is not None:
-        raise ValueError(f"{model.name} is already quantised ({model.quantization})")
-    if not model.supported:
-        raise ValueError(f"{model.name}: architecture {model.architecture} is not supported")
-    name = name or default_name(model)
+    check_quantizable(model)
+    name = name or default_name(model, options.method)
     staging = new_staging(name)
     job = QuantizeJob(source=model, name=name, staging=staging, on_progress=on_progress,
-                      calibration_file=options.calib_file)
+                      calibration_file=options.calib_file if options.method == "awq" else None,
+                      method=options.method)
     spec = {"source": str(model.path), "out_dir": str(staging / name),
             **{f: getattr(options, f) for f in QuantizeOptions.__slots__}}  # fmt: skip
     job.background = start_background(WORKER, spec, staging, job._on_message, job._on_success,

@@ -24,12 +24,13 @@ def _set_threads(spec: dict) -> None:
 
 
 def quantize_worker(spec: dict, emit: Callable[[tuple], None]) -> str:
-    """In the worker process: run kvdeck's AWQ quantiser, emitting ("layer", done, of,
+    """In the worker process: run kvdeck's quantiser (AWQ or RTN), emitting ("layer", done, of,
     elapsed, eta) per finished layer and ("step", fraction, what, elapsed) in between."""
     _set_threads(spec)
     job = QuantSpec(source=spec["source"], out_dir=spec["out_dir"], calib_file=spec["calib_file"],
                     num_samples=spec["num_samples"], seq_len=spec["seq_len"],
-                    group_size=spec["group_size"], device=spec["device"])  # fmt: skip
+                    group_size=spec["group_size"], device=spec["device"],
+                    method=spec.get("method", "awq"))  # fmt: skip
     started = time.monotonic()
 
     def progress(p: QuantizeProgress) -> None:
@@ -39,6 +40,17 @@ def quantize_worker(spec: dict, emit: Callable[[tuple], None]) -> str:
         emit(("step", s.fraction, s.what, time.monotonic() - started))
 
     return str(run_quantize_job(job, progress, step))
+
+
+def probe_worker(spec: dict, emit: Callable[[tuple], None]) -> dict:
+    """In the worker process: the quantise dialog's timed probe (quantize_probe.py), emitting
+    ("measured", figures so far) and ("step", what) as it goes."""
+    from kvdeck.app.jobs.quantize_probe import probe_quantize_time
+
+    _set_threads(spec)
+    return probe_quantize_time(spec["source"], spec["scratch"], group_size=spec["group_size"],
+                               calib_file=spec["calib_file"], num_samples=spec["num_samples"],
+                               seq_len=spec["seq_len"], device=spec["device"], emit=emit)
 
 
 def compare_worker(spec: dict, emit: Callable[[tuple], None]) -> tuple[float, float, int]:

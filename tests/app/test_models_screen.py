@@ -1,6 +1,7 @@
 """Pilot tests of the Models screen: list, download (loopback hub), delete, quantise, load."""
 
 import shutil
+import threading
 
 import pytest
 from textual.app import App
@@ -12,6 +13,7 @@ from kvdeck.assets import calibration_text, demo_model_dir
 from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.screens.models_screen import ConfirmDeleteScreen, ModelsScreen
 from kvdeck.tui.screens.path_prompt import PathPromptScreen
+from kvdeck.tui.screens.quantize_dialog import QuantizeDialog
 from kvdeck.tui.widgets.model_tables import LocalModelsTable, RecommendedTable
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
@@ -135,17 +137,40 @@ async def test_cancelled_download_is_listed_as_incomplete_and_resumes(hub):
         assert _rows(app) == ["tiny/llama"]
 
 
+class InstantProbe:
+    """The quantise dialog's probe, answering at once with a short estimate for both methods."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, int | None]] = []
+
+    def __call__(self, model, options, on_estimate, on_step, on_end, group_size=None):
+        from kvdeck.app.jobs.quantize_estimate import MethodEstimate, QuantizeEstimate
+
+        self.asked.append((model.name, group_size))
+        estimate = QuantizeEstimate(MethodEstimate("rtn", 5.0, "fake"), MethodEstimate("awq", 30.0, "fake"))
+        threading.Thread(target=lambda: (on_estimate(estimate), on_end(None)), daemon=True).start()
+        return self
+
+    def cancel_in_background(self) -> None:
+        pass
+
+
 @pytest.mark.slow
 async def test_quantise_compare_then_load(tiny_folder):
     options = QuantizeOptions(num_samples=4, seq_len=64, device="cpu", num_threads=1)
     compare = {"seq_len": 64, "max_windows": 2, "device": "cpu", "num_threads": 1}
+    probe = InstantProbe()
     app = ModelsApp(free_gpu_bytes=lambda: None, quantize_options=options,
-                    compare_options=compare)
+                    compare_options=compare, quantize_probe=probe)
     async with app.run_test(size=(120, 40)) as pilot:
         local_models.add_folder(tiny_folder)  # as `kvdeck models add` does, with no network
         app.screen.action_refresh()
         app.screen.query_one(LocalModelsTable).focus()
         await pilot.press("down", "a")  # tiny-llama, below the bundled model
+        await _wait_for(pilot, lambda: isinstance(app.screen, QuantizeDialog))
+        await _wait_for(pilot, lambda: "about 30 s here" in str(app.screen.query_one("#method-awq").label))
+        assert probe.asked == [("tiny-llama", 128)]
+        await pilot.press("enter")  # AWQ, the default, in under two minutes: no question
         await _wait_for(pilot, lambda: "added" in _status(app), seconds=40)
         assert "tiny-llama-awq added" in _status(app) and "smaller" in _status(app)
         assert _rows(app) == ["tiny-llama", "tiny-llama-awq"]
@@ -324,3 +349,57 @@ def test_an_int4_checkpoint_runs_bf16_where_the_int4_kernels_do():
     assert engine_dtype_label(awq, cpu, MemoryEstimate(1, 1, 1, dtype="bfloat16")) == "bf16 (fp16)"
     assert engine_dtype_label(awq, cpu, None) == "fp16"  # unreadable: as stored
     assert engine_dtype_label(awq, MemoryBudget("cuda", None), None) == "fp16"
+
+
+@pytest.mark.slow
+async def test_rtn_from_the_dialog_and_its_progress_says_rtn(tiny_folder):
+    options = QuantizeOptions(device="cpu", num_threads=1)
+    app = ModelsApp(free_gpu_bytes=lambda: None, quantize_options=options, quantize_probe=InstantProbe())
+    async with app.run_test(size=(120, 40)) as pilot:
+        local_models.add_folder(tiny_folder)
+        app.screen.action_refresh()
+        table = app.screen.query_one(LocalModelsTable)
+        table.focus()
+        table.select_key("tiny-llama")
+        statuses: list[str] = []
+        panel = app.screen.query_one(ModelTaskPanel)
+        show = panel.show_quantize
+        panel.show_quantize = lambda p: (show(p), statuses.append(_status(app)))
+        await pilot.press("a")
+        await _wait_for(pilot, lambda: isinstance(app.screen, QuantizeDialog))
+        await pilot.press("r", "enter")
+        await _wait_for(pilot, lambda: "added" in _status(app), seconds=60)
+        title = str(app.screen.query_one("#task-title").render())
+        assert title == "Quantising tiny-llama to RTN INT4, group 128 → tiny-llama-rtn"
+        assert statuses and all(s.startswith("RTN · ") for s in statuses)
+        assert "rounding the weights to nearest" in " ".join(statuses)
+        assert "AWQ" not in " ".join(statuses) + title
+        model = local_models.find_model("tiny-llama-rtn")
+        assert model is not None and model.quantization == "awq-int4"  # AutoAWQ's layout
+        from kvdeck.app.store import registry
+
+        assert registry.read()["verified"][registry.store_key("tiny-llama-rtn")]["method"] == "rtn"
+
+
+async def test_the_dialog_is_not_offered_for_what_cannot_be_quantised(stored_tiny):
+    import json
+
+    app = ModelsApp(free_gpu_bytes=lambda: None, quantize_probe=InstantProbe())
+    async with app.run_test(size=(120, 40)) as pilot:
+        table = app.screen.query_one(LocalModelsTable)
+        table.focus()
+        config_path = paths.store_dir() / "tiny-llama" / "config.json"
+        config = json.loads(config_path.read_text())
+        config_path.write_text(json.dumps({**config, "hidden_size": 100}))  # no group size divides 100
+        table.select_key("tiny-llama")
+        await pilot.press("a")
+        await pilot.pause()
+        assert isinstance(app.screen, ModelsScreen)
+        assert any("no INT4 group size" in n.message for n in app._notifications)
+        config_path.write_text(json.dumps(config))
+        await pilot.press("a")
+        await _wait_for(pilot, lambda: isinstance(app.screen, QuantizeDialog))
+        assert app.screen.group_sizes == [128, 64, 32]
+        await pilot.press("escape")
+        await _wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        assert not app.screen.busy

@@ -185,3 +185,23 @@ def test_cli_quantize_writes_into_the_store_for_the_models_screen(kvdeck_env, hu
     assert _leftovers() == []
     assert kvdeck(["quantize", str(folder), "--num-samples", "2", "--seq-len", "32"]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_cli_progress_names_the_method(kvdeck_env, hub_model_dir, capsys):
+    """An RTN run's progress says RTN, not AWQ (the bar, each step's line)."""
+    from kvdeck.app.cli.quantize import progress_bar, step_line
+    from kvdeck.quant.awq_quantizer import QuantizeStep
+
+    assert progress_bar(0.5).startswith("AWQ [") and progress_bar(0.5, "rtn").startswith("RTN [")
+    assert step_line(QuantizeStep(1.0, "writing the checkpoint", 3.0), "rtn").startswith("RTN [")
+    folder = kvdeck_env / "elsewhere" / "tiny"
+    shutil.copytree(hub_model_dir, folder)
+    assert kvdeck(["quantize", str(folder), "--method", "rtn", "--device", "cpu",
+                   "--out", str(kvdeck_env / "tiny-rtn")]) == 0
+    err = capsys.readouterr().err
+    assert "with RTN" in err and "RTN [" in err and "AWQ" not in err
+
+
+def test_options_refuse_an_unknown_method(stored_source):
+    with pytest.raises(ValueError, match="method must be one of"):
+        start_quantize(stored_source, options=QuantizeOptions(method="gptq"))

@@ -1,4 +1,5 @@
-"""Pictures of the main, help, engine-settings and error screens at 80x24 and 160x48 (fake, fixed stats).
+"""Pictures of the main, help, engine-settings, error and Models screens and the quantise dialog at
+80x24 and 160x48 (fake, fixed stats; the dialog at 100x30).
 
 Regenerate after an intended change: pytest tests/tui/test_snapshots.py --snapshot-update
 """
@@ -158,3 +159,30 @@ def test_models_screen_offline(snap_compare, tmp_path, size, monkeypatch):
                                           cpu=CpuFeatures(True, True, True, ram_bytes=64 * 10**9)))
 
     assert snap_compare(ModelsApp(), terminal_size=size)
+
+
+def test_quantize_dialog_asks_before_a_long_job(snap_compare):
+    """Both methods with their time here and summary, the group sizes that fit, the quality
+    trade-off, how AWQ's time was measured, and the question Enter raises for a job over 2 min."""
+    from textual.app import App
+
+    from kvdeck.app.jobs.quantize_estimate import MethodEstimate, QuantizeEstimate
+    from kvdeck.tui.screens.quantize_dialog import QuantizeDialog
+
+    estimate = QuantizeEstimate(
+        MethodEstimate("rtn", 9.0, "one layer rounded in 180 ms here, x 30 layers, plus loading, "
+                                   "writing and start-up"),
+        MethodEstimate("awq", 262.0, "the first layer's AWQ on 64 calibration sequences took 8.2 s "
+                                     "here, x 30 layers, plus loading, writing and start-up"))
+
+    class DialogApp(App):
+        def on_mount(self) -> None:
+            self.push_screen(QuantizeDialog(
+                "SmolLM2-135M-Instruct", [64, 32], estimate=estimate,
+                group_note="Not offered: 128: hidden_size = 576 is not divisible by 128."))
+
+    async def run_before(pilot) -> None:
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+
+    assert snap_compare(DialogApp(), terminal_size=(100, 30), run_before=run_before)

@@ -10,6 +10,8 @@ Everything works offline: only "Download" needs the hub.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 from textual import events, on
@@ -21,6 +23,7 @@ from textual.widgets import Button, Footer, Input, Label, Static
 
 from kvdeck.app.jobs.compare import check_eval_text, heldout_text_for
 from kvdeck.app.jobs.quantize import QuantizeOptions
+from kvdeck.app.jobs.quantize_estimate import quantize_choices, start_probe
 from kvdeck.app.store import local_models, paths
 from kvdeck.app.store.cpu_plan import CpuFeatures
 from kvdeck.app.store.download_progress import format_bytes
@@ -35,6 +38,7 @@ from kvdeck.tui.messages import SwitchModelRequested
 from kvdeck.tui.model_task_runner import ModelTaskRunner
 from kvdeck.tui.screens.confirm_delete import ConfirmDeleteScreen
 from kvdeck.tui.screens.path_prompt import PathPromptScreen
+from kvdeck.tui.screens.quantize_dialog import ProbeFactory, QuantizeChoice, QuantizeDialog
 from kvdeck.tui.widgets.model_tables import (
     PENDING_PREFIX,
     LocalModelsTable,
@@ -45,7 +49,6 @@ from kvdeck.tui.widgets.model_tables import (
 from kvdeck.tui.widgets.model_task_panel import ModelTaskPanel
 
 __all__ = ["ConfirmDeleteScreen", "ModelsScreen"]
-
 
 def _looks_like_a_path(text: str) -> bool:
     return text.startswith(("/", "~", ".")) or Path(text).expanduser().is_dir()
@@ -92,6 +95,7 @@ class ModelsScreen(Screen):
         compare_options: dict | None = None,
         free_ram_bytes: Callable[[], int | None] | None = available_ram_bytes,
         cpu: CpuFeatures | None = None,
+        quantize_probe: ProbeFactory | None = start_probe,
     ) -> None:
         super().__init__()
         self.engine = engine or EngineSession()  # which model is loaded (None: not in an app)
@@ -100,6 +104,7 @@ class ModelsScreen(Screen):
         self.free_ram_bytes = free_ram_bytes
         self.cpu = cpu  # what the CPU engine can do (None: this machine's, from /proc/cpuinfo)
         self.quantize_options = quantize_options
+        self.quantize_probe = quantize_probe  # times a quantisation before it starts (None: no probe)
         self.context_tokens = context_tokens
         self.compare_options = compare_options or {}  # start_compare's seq_len, max_windows...
         self.models: list[LocalModel] = []
@@ -262,15 +267,41 @@ class ModelsScreen(Screen):
     # -- quantise, compare -----------------------------------------------------------------
 
     def action_quantize(self) -> None:
+        """Ask AWQ or RTN and the group size (QuantizeDialog: each method's time here, from a
+        timed probe, and its quality), then start the job; a cancelled dialog starts nothing."""
         model = self.selected_local()
-        runner = self._runner()
         if model is None:
             self.notify("Select a local model to quantise", severity="warning")
-        elif runner is not None:
-            try:
-                runner.quantize(model, self.quantize_options)
-            except ValueError as exc:
-                self.notify(str(exc), severity="error", timeout=8)
+            return
+        if self._runner() is None:
+            return
+        try:
+            choices = quantize_choices(model)
+        except ValueError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
+            return
+        probe = None
+        if self.quantize_probe is not None:  # timed at the default group size
+            probe = partial(self.quantize_probe, model, self.quantize_options,
+                            group_size=choices.group_sizes[0])
+
+        def chosen(choice: QuantizeChoice | None) -> None:
+            if choice is not None:
+                self._start_quantize(model, choice)
+
+        self.app.push_screen(QuantizeDialog(model.name, choices.group_sizes, probe,
+                                            group_note=choices.note), chosen)
+
+    def _start_quantize(self, model: LocalModel, choice: QuantizeChoice) -> None:
+        runner = self._runner()
+        if runner is None:
+            return
+        options = replace(self.quantize_options or QuantizeOptions(), method=choice.method,
+                          group_size=choice.group_size)
+        try:
+            runner.quantize(model, options)
+        except ValueError as exc:
+            self.notify(str(exc), severity="error", timeout=8)
 
     def action_compare(self) -> None:
         model = self.selected_local()

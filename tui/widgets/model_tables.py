@@ -88,7 +88,8 @@ class LocalModelsTable(_KeyedTable):
     # text (the screen sends stray keys to its input).
     BINDINGS = [
         Binding("l,enter", "screen.load", "Load (or resume a download)", id="models_load"),
-        Binding("a", "screen.quantize", "Quantise AWQ", id="models_quantize"),
+        Binding("a", "screen.quantize", "Quantise…", id="models_quantize",
+                tooltip="Choose AWQ or RTN and the group size, with the time each takes here"),
         Binding("e", "screen.compare", "Compare", id="models_compare"),
         Binding("x,delete", "screen.delete", "Delete", id="models_delete"),
     ]

@@ -1,4 +1,5 @@
-"""The models screen's panel for the running task: a download or a quantise job.
+"""The models screen's panel for the running task: a download, a quantise job (its status
+named after its method, AWQ or RTN) or a comparison.
 
 Shows total progress (bar, bytes, speed, ETA), the current file or layer, and the outcome
 (a clear error, or what was registered). The screen feeds it; it holds no logic.
@@ -63,10 +64,10 @@ class ModelTaskPanel(Vertical):
     def show_quantize(self, p: QuantizeProgress) -> None:
         self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
         if p.phase == "quantizing":
-            self._status(f"{p.message or 'starting'} · {format_duration(p.elapsed_s)} elapsed"
-                         f" · {format_remaining(p.eta_s)}")  # fmt: skip
+            self._status(f"{p.method_name} · {p.message or 'starting'} · {format_duration(p.elapsed_s)}"
+                         f" elapsed · {format_remaining(p.eta_s)}")  # fmt: skip
         else:
-            self._status(p.message or p.phase)
+            self._status(f"{p.method_name} · {p.message or p.phase}")
 
     def show_compare(self, p: CompareProgress) -> None:
         self.query_one("#task-bar", ProgressBar).update(total=100, progress=100 * p.fraction)
