@@ -43,7 +43,8 @@ def evaluate_perplexity(model: str, text_file: str, seq_len: int = 512, max_wind
             nf4_round_trip(hf_model)
             kind = "NF4 (bitsandbytes, blocks of 64)"
     else:
-        raise ValueError(f"cannot evaluate quant_method {quant_method!r}; kvdeck reads AWQ")
+        raise ValueError(f"cannot evaluate quant_method {quant_method!r}: eval-ppl scores dense and AWQ "
+                         "checkpoints (a GPTQ checkpoint runs in the engine: kvdeck --model DIR)")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     text = text_path.read_text(encoding="utf-8", errors="replace")
     ids = torch.tensor(tokenizer(text, add_special_tokens=False)["input_ids"], dtype=torch.long)
