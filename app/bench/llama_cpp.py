@@ -199,7 +199,7 @@ def start_server(args: argparse.Namespace, threads: int, slot_context: int, para
 def gguf_file_type(path: str | Path) -> str | None:
     """The GGUF's file type as llama.cpp names it (Q4_1, Q4_K_M, F16...), None if unreadable."""
     try:
-        from kvdeck.app.store.gguf_header import read_gguf_summary
+        from kvdeck.app.store.gguf.header import read_gguf_summary
 
         quantization = read_gguf_summary(path).quantization
     except (ValueError, OSError, ImportError, KeyError):

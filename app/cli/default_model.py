@@ -13,7 +13,7 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
     if model is not None:
         return None if model == DEMO else model
     from kvdeck.app.cli.gguf import ImportBar
-    from kvdeck.app.store.gguf_import import GGUFImportError, ImportCancelled
+    from kvdeck.app.store.gguf.importer import GGUFImportError, ImportCancelled
     from kvdeck.app.store.smollm2 import STORE_NAME, SmolLM2Unavailable, ensure_smollm2
 
     out = out or sys.stderr

@@ -7,9 +7,9 @@ import time
 from typing import TextIO
 
 from kvdeck.app.store.download_progress import format_bytes
-from kvdeck.app.store.gguf_discovery import ImportableGGUF, find_importable, resolve_source
-from kvdeck.app.store.gguf_header import GGUFImportError
-from kvdeck.app.store.gguf_import import DTYPES, ImportCancelled, ImportProgress, import_gguf
+from kvdeck.app.store.gguf.discovery import ImportableGGUF, find_importable, resolve_source
+from kvdeck.app.store.gguf.header import GGUFImportError
+from kvdeck.app.store.gguf.importer import DTYPES, ImportCancelled, ImportProgress, import_gguf
 from kvdeck.app.store.recommended import format_params
 
 

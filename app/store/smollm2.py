@@ -67,7 +67,7 @@ def ensure_smollm2(dtype: str = "bfloat16", name: str = STORE_NAME, cache_dir: P
     Raises SmolLM2Unavailable when the package cannot be had, so the caller can fall back
     to the bundled demo model; GGUFImportError if `name` is taken by another model.
     """
-    from kvdeck.app.store.gguf_import import import_gguf
+    from kvdeck.app.store.gguf.importer import import_gguf
 
     existing = _ours(name)
     if existing is not None:

@@ -8,8 +8,8 @@ import pytest
 
 from kvdeck.app.cli import main
 from kvdeck.app.store import local_models
-from kvdeck.app.store.gguf_discovery import find_importable, parse_ollama_name
-from kvdeck.app.store.gguf_header import GGUFImportError
+from kvdeck.app.store.gguf.discovery import find_importable, parse_ollama_name
+from kvdeck.app.store.gguf.header import GGUFImportError
 from tests.app.gguf_factory import Q, build_hf_model, write_gguf, write_header_only_gguf
 
 pytestmark = pytest.mark.timeout(300)

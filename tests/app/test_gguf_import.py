@@ -11,7 +11,7 @@ from gguf.quants import dequantize
 from safetensors import safe_open
 
 from kvdeck.app.store import local_models, paths, registry
-from kvdeck.app.store.gguf_import import GGUFImportError, ImportCancelled, import_gguf
+from kvdeck.app.store.gguf.importer import GGUFImportError, ImportCancelled, import_gguf
 from tests.app.gguf_factory import (
     Q,
     build_hf_model,
@@ -116,7 +116,7 @@ def test_row_slices_and_shards_give_the_same_model(kvdeck_env, gguf_files, hf_mo
     """Big tensors are dequantised a slice of rows at a time and big models written in shards;
     shrunk to tiny sizes here, the result must be the same model."""
     whole = import_gguf(gguf_files["k-quants"], "whole", dtype="float32")
-    monkeypatch.setattr("kvdeck.app.store.gguf_tensors.CHUNK_BYTES", 4096)  # 4 rows of 256 floats per slice
+    monkeypatch.setattr("kvdeck.app.store.gguf.tensors.CHUNK_BYTES", 4096)  # 4 rows of 256 floats per slice
     monkeypatch.setattr("kvdeck.app.store.safetensors_stream.DEFAULT_SHARD_BYTES", 1024**2)
     sliced = import_gguf(gguf_files["k-quants"], "sliced", dtype="float32")
     shards = sorted(p.name for p in sliced.path.glob("*.safetensors"))
@@ -191,7 +191,7 @@ def test_import_bar_draws_on_a_terminal(monkeypatch):
     import io
 
     from kvdeck.app.cli.gguf import ImportBar
-    from kvdeck.app.store.gguf_import import ImportProgress
+    from kvdeck.app.store.gguf.importer import ImportProgress
 
     class Tty(io.StringIO):
         def isatty(self) -> bool:
@@ -249,7 +249,7 @@ def test_bad_files_get_clear_errors_and_leave_nothing(kvdeck_env, gguf_files, hf
 
 
 def test_cancel_and_interrupt_leave_nothing(kvdeck_env, gguf_files, monkeypatch, capsys):
-    monkeypatch.setattr("kvdeck.app.store.gguf_import.REPORT_INTERVAL_S", 0.0)  # report every tensor
+    monkeypatch.setattr("kvdeck.app.store.gguf.importer.REPORT_INTERVAL_S", 0.0)  # report every tensor
     cancel = threading.Event()
     seen = []
 
@@ -266,7 +266,7 @@ def test_cancel_and_interrupt_leave_nothing(kvdeck_env, gguf_files, monkeypatch,
 
     # Ctrl-C in the middle of the tensors, through the CLI.
     from kvdeck.app.cli import main
-    from kvdeck.app.store import gguf_tensors
+    from kvdeck.app.store.gguf import tensors as gguf_tensors
 
     real = gguf_tensors.dequantised_rows
     calls = []

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from kvdeck.app.store.gguf_header import GGUFImportError
+from kvdeck.app.store.gguf.header import GGUFImportError
 from kvdeck.app.store.safetensors_stream import TensorSpec
 
 CHUNK_BYTES = 64 * 1024**2  # float32 bytes dequantised at a time

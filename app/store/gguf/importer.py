@@ -1,7 +1,7 @@
 """Import a GGUF file into kvdeck's store as an ordinary safetensors model folder.
 
-The metadata becomes config.json and the tokenizer files (app/gguf_config.py), each tensor is
-dequantised and written in the chosen dtype (app/gguf_tensors.py), streamed into safetensors
+The metadata becomes config.json and the tokenizer files (config.py), each tensor is
+dequantised and written in the chosen dtype (tensors.py), streamed into safetensors
 shards (app/safetensors_stream.py). Everything is written in a staging folder inside the
 store and renamed into place only when complete, then registered; a failure, a cancel or a
 Ctrl-C removes the staging folder, so nothing half-made is ever listed.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvdeck.app.jobs.quantize import remove_orphaned_staging
 from kvdeck.app.store import paths, registry
-from kvdeck.app.store.gguf_header import (
+from kvdeck.app.store.gguf.header import (
     KVDECK_ARCHITECTURES,
     GGUFImportError,
     check_magic,
@@ -113,8 +113,8 @@ def _convert(path: Path, out_dir: Path, dtype_name: str, report: "_Reporter") ->
     import torch
     from gguf import GGUFReader
 
-    from kvdeck.app.store import gguf_tensors
-    from kvdeck.app.store.gguf_config import load_hf_config, write_model_files
+    from kvdeck.app.store.gguf import tensors as gguf_tensors
+    from kvdeck.app.store.gguf.config import load_hf_config, write_model_files
     from kvdeck.app.store.inspect import describe_model
     from kvdeck.app.store.safetensors_stream import DEFAULT_SHARD_BYTES, ShardPlan, ShardWriter
 

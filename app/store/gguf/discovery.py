@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvdeck.app.store import registry
-from kvdeck.app.store.gguf_header import GGUFImportError, read_gguf_summary
-from kvdeck.app.store.gguf_import import default_name
+from kvdeck.app.store.gguf.header import GGUFImportError, read_gguf_summary
+from kvdeck.app.store.gguf.importer import default_name
 
 OLLAMA_PREFIX = "ollama:"
 OLLAMA_MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"

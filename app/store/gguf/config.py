@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kvdeck.app.store.gguf_header import GGUFImportError
+from kvdeck.app.store.gguf.header import GGUFImportError
 
 # Llama 3.x's band edges; the factors in the file are checked against them below.
 _LLAMA3_LOW_FREQ_FACTOR = 1.0
