@@ -44,6 +44,7 @@ from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
 from kvdeck.kernels.triton import rmsnorm as rmsnorm_triton  # noqa: E402
 from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
+from kvdeck.kernels.triton import w4a16_marlin as w4a16_marlin_triton  # noqa: E402
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
 
 # Opt-in shared memory per block (CUDA reserves 1 KB of the SM's carveout per block):
@@ -128,6 +129,52 @@ def w4a16_variant(dtype: str, max_tokens: int, group_size: int, split: bool) -> 
     )
 
 
+def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool,
+                         zeros: bool = True, broadcast: bool = False) -> Variant:
+    """The repacked-layout GEMM (kernels/triton/w4a16_marlin.py), its bucket's tiles (or the
+    broadcast-load unpacking's)."""
+    config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132)
+    if broadcast:
+        config = w4a16_marlin_triton.BROADCAST_CONFIG
+    return Variant(
+        w4a16_marlin_triton._w4a16_marlin_kernel,
+        dict(x_ptr=f"*{dtype}", qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}",
+             bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
+        dict(GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+             BLOCK_K=config.block_k, TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros,
+             HAS_BIAS=True, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load, stride_xk=1),
+        dict(num_warps=config.num_warps, num_stages=config.num_stages),
+        decode=True,
+    )
+
+
+def w4a16_marlin_variants() -> dict[str, Variant]:
+    """Every M bucket at group 128 (split and not, AWQ zeros), GPTQ's symmetric form and
+    groups of 32 and 64 at the decode bucket, the broadcast-load unpacking, the dequantise."""
+    variants = {}
+    for dtype in W4A16_DTYPES:
+        for max_tokens, _ in w4a16_marlin_triton.M_BUCKETS:
+            for split in (False, True):
+                name = f"w4a16_marlin_m{max_tokens}_{dtype}_g128" + ("_splitk" if split else "")
+                variants[name] = w4a16_marlin_variant(dtype, max_tokens, 128, split)
+        for group in (32, 64):
+            variants[f"w4a16_marlin_m16_{dtype}_g{group}_splitk"] = w4a16_marlin_variant(
+                dtype, 16, group, True)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_sym_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, zeros=False)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_broadcast_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, broadcast=True)
+        variants[f"marlin_dequantize_{dtype}"] = Variant(
+            w4a16_marlin_triton._marlin_dequantize_kernel,
+            dict(qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
+            dict(GROUP_SIZE=128, BLOCK_K=w4a16_marlin_triton.DEQUANT_BLOCK_K,
+                 BLOCK_N=w4a16_marlin_triton.DEQUANT_BLOCK_N, TILE=w4a16_marlin_triton.TILE_N,
+                 HAS_ZEROS=True),
+            dict(num_warps=4), decode=True,  # decode batches above FUSED_MAX_TOKENS
+        )
+    return variants
+
+
 def build_variants() -> dict[str, Variant]:
     variants = {}
     for dtype in ATTENTION_DTYPES:
@@ -176,6 +223,7 @@ def build_variants() -> dict[str, Variant]:
                  BLOCK_N=w4a16_gemm_triton.DEQUANT_BLOCK_N),
             dict(num_warps=4), decode=True,  # decode batches above FUSED_MAX_TOKENS
         )
+    variants.update(w4a16_marlin_variants())
     variants["write_kv_cache_bf16"] = Variant(
         kv_cache_triton._write_kv_cache_kernel,
         dict(key_ptr="*bf16", value_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
@@ -242,7 +290,7 @@ ALIGNED_INTS = {
     "stride_x", "stride_residual", "stride_out", "stride_residual_out", "stride_tok",
     "stride_cache_pos", "hidden", "d",
     "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",
-    "k_per_split",
+    "k_per_split", "stride_qwt", "stride_zg",
 }
 
 

@@ -11,6 +11,13 @@ tensors are then dropped: the tiles are the weights) and every product runs it, 
 number of rows: it beats dequantise-then-matmul at every size and oneDNN's bf16 GEMM from
 one row to 512 (benchmarks/bench_cpu_int4.py). Its activations are quantised to int8 per
 block of 32 (`w4a16_gemm_q8_torch` is its reference). Elsewhere, dispatch's `w4a16_gemm`.
+
+On CUDA with the `marlin` W4A16 kernel (KVDECK_W4A16_KERNEL, `kernels.dispatch.w4a16_kernel`),
+the weights are repacked once loaded into that kernel's layout (kernels/reference/
+w4a16_repack.py: eight input rows per int32 in column tiles, zeros as bytes or none for a
+symmetric layer); qweight, qzeros and scales then hold the repacked tensors and `layer.repacked`
+describes them. The checkpoint's format is unchanged. With backend "triton" the same happens
+on the CPU (the kernel under TRITON_INTERPRET=1, as tests run it).
 """
 
 import logging
@@ -21,8 +28,9 @@ from torch import nn
 
 from kvdeck.engine.runner.models.linear import Int8OutputHead, Linear, UnquantizedLinearMethod, copy_shard
 from kvdeck.kernels.cpu import int4 as cpu_int4
-from kvdeck.kernels.dispatch import w4a16_gemm
+from kvdeck.kernels.dispatch import w4a16_gemm, w4a16_gemm_repacked, w4a16_kernel
 from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR
+from kvdeck.kernels.reference.w4a16_repack import repack_awq
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +105,7 @@ class AWQLinearMethod:
             torch.empty(num_groups, layer.output_size, dtype=dtype), requires_grad=False
         )
         layer.int4 = None  # the CPU kernel's tiles, once repacked
+        layer.repacked = None  # the CUDA layout of the `marlin` kernel, once repacked
 
     def load_weight(
         self, layer: Linear, param_name: str, tensor: torch.Tensor, shard_id: int | None
@@ -111,6 +120,9 @@ class AWQLinearMethod:
                    pack_factor=pack_factor)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
+        if self._repacks_for_cuda(layer):
+            self._repack_for_cuda(layer)
+            return
         if self.backend != "auto" or layer.qweight.device.type != "cpu" or not cpu_int4.available():
             return
         why = cpu_int4.why_not_repackable(layer.input_size, layer.output_size, self.config.group_size,
@@ -122,6 +134,22 @@ class AWQLinearMethod:
                                          self.config.group_size)
         for name in AWQ_PARAMS:  # the tiles hold the weights now
             setattr(layer, name, nn.Parameter(getattr(layer, name).data.new_empty(0), requires_grad=False))
+
+    def _repacks_for_cuda(self, layer: Linear) -> bool:
+        on_cuda = layer.qweight.device.type == "cuda" and self.backend != "torch"
+        return (on_cuda or self.backend == "triton") and w4a16_kernel() == "marlin"
+
+    def _repack_for_cuda(self, layer: Linear) -> None:
+        repacked = repack_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
+                              self.config.group_size)
+        zeros = repacked.zeros
+        if zeros is None:  # symmetric: the kernel folds the zero point in
+            zeros = repacked.qweight.new_empty(0, dtype=torch.uint8)
+        # Parameters still, so the model's weight bytes count them.
+        layer.qweight = nn.Parameter(repacked.qweight, requires_grad=False)
+        layer.qzeros = nn.Parameter(zeros, requires_grad=False)
+        layer.scales = nn.Parameter(repacked.scales, requires_grad=False)
+        layer.repacked = repacked
 
     def output_head(self, lm_head: nn.Linear) -> nn.Module:
         """Where the INT4 layers run the CPU kernel, the head takes int8 (as llama.cpp's Q4
@@ -135,6 +163,10 @@ class AWQLinearMethod:
         if layer.int4 is not None:
             return cpu_int4.gemm(x, layer.int4, layer.bias)
         lead = x.shape[:-1]
+        if getattr(layer, "repacked", None) is not None:
+            out = w4a16_gemm_repacked(x.reshape(-1, x.shape[-1]), layer.repacked, layer.bias,
+                                      backend=self.backend)
+            return out.reshape(*lead, out.shape[-1])
         out = w4a16_gemm(
             x.reshape(-1, x.shape[-1]),
             layer.qweight,

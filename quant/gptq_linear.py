@@ -8,7 +8,8 @@ g_idx [in]: the group of each input row, so a group's rows are scattered. Once l
 layer is converted to AutoAWQ's layout: the rows sorted by group (the same permutation then
 applies to the layer's input at every call, a gather), the nibbles in AWQ's order, the zero
 points as they are. From there the AWQ method serves it: the CPU INT4 kernel (repacked into
-its tiles), the Triton GEMM on CUDA, or the reference. A layer whose input is permuted stays
+its tiles), the Triton GEMM on CUDA (repacked at load for the `marlin` kernel, a symmetric
+layer's zeros dropped), or the reference. A layer whose input is permuted stays
 out of the CPU decoder stack, which reads its inputs as they come.
 """
 
@@ -111,6 +112,7 @@ class GPTQLinearMethod:
         layer.g_idx = torch.arange(k, dtype=torch.int32) // group
         layer.g_idx_loaded = False
         layer.int4 = None
+        layer.repacked = None
         layer.input_permutation = None
 
     def load_weight(self, layer: Linear, param_name: str, tensor: torch.Tensor, shard_id: int | None) -> None:

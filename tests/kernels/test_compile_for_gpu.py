@@ -44,6 +44,14 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
                 assert f"attention_prefill_{dtype}_d{head_dim}_g{group}" in aot.VARIANTS
         for max_tokens, _ in aot.w4a16_gemm_triton.M_BUCKETS:
             assert f"w4a16_m{max_tokens}_{dtype}_g128_splitk" in aot.VARIANTS
+        # The repacked-layout kernel: every bucket, every group at decode, GPTQ's symmetric
+        # form, the broadcast-load unpacking and its dequantise (on every arch, as all are).
+        for max_tokens, _ in aot.w4a16_marlin_triton.M_BUCKETS:
+            for split in ("", "_splitk"):
+                assert f"w4a16_marlin_m{max_tokens}_{dtype}_g128{split}" in aot.VARIANTS
+        for tag in ("g32", "g64", "g128_sym", "g128_broadcast"):
+            assert f"w4a16_marlin_m16_{dtype}_{tag}_splitk" in aot.VARIANTS
+        assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
 
 
 def test_shared_memory_fits_each_arch(compiled):

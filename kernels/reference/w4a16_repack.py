@@ -1,0 +1,115 @@
+"""The CUDA INT4 layout ("repacked"), made once at load from AutoAWQ's tensors, and its torch
+reference: the layout the split-K kernel of kernels/triton/w4a16_marlin.py streams.
+
+AutoAWQ packs eight output columns into an int32 (qweight [K, N/8]), so a program's weight
+tile is BLOCK_N/8 int32s per row, 64-byte segments, and each int32 must be copied to the
+eight columns it feeds before its nibbles are unpacked. Here an int32 packs eight
+consecutive *input* rows of one column instead, and the columns come in tiles of TILE_N:
+
+    qweight int32 [N_pad/TILE_N, K/8, TILE_N]: element [t, p, c] holds q[8p + j, t*TILE_N + c]
+    at bits 4j (j = 0..7), so `(packed[:, None, :] >> 4 * arange(8)[None, :, None]) & 0xF`
+    (one shift, one mask) is the [K/8, 8, N] block whose reshape is q[K, N];
+    zeros   uint8 [K/G, N_pad] (0..15), or None where every zero point is 8 (GPTQ's
+    symmetric checkpoints: the kernel then folds the constant in);
+    scales  [K/G, N_pad], the checkpoint's dtype.
+
+A column tile is one contiguous strip over the whole of K, so a program walking K reads
+consecutive TILE_N*4-byte rows (128-bit loads per thread). N is padded to a whole tile with
+zero weights and scales (the kernels mask those columns out). w[k, n] = (q - z) * s, exactly
+the AutoAWQ tensors' weight: the repack is lossless (`unpack_repacked` gives them back).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from kvdeck.kernels.ops import PACK_FACTOR
+from kvdeck.kernels.reference.w4a16_gemm import unpack_int4
+
+TILE_N = 64
+SYMMETRIC_ZERO = 8  # GPTQ's symmetric zero point (v1 stores 7; AWQ's layout holds the 8)
+
+__all__ = ["SYMMETRIC_ZERO", "TILE_N", "RepackedW4", "dequantize_repacked", "repack_awq",
+           "unpack_repacked", "w4a16_gemm_repacked_torch"]
+
+
+@dataclass(frozen=True, slots=True)
+class RepackedW4:
+    qweight: torch.Tensor  # int32 [N_pad/TILE_N, K/8, TILE_N]
+    zeros: torch.Tensor | None  # uint8 [K/G, N_pad]; None: symmetric (every zero SYMMETRIC_ZERO)
+    scales: torch.Tensor  # [K/G, N_pad]
+    group_size: int
+    k: int
+    n: int  # the real output size (N_pad rounds it up to TILE_N)
+
+    @property
+    def n_pad(self) -> int:
+        return self.scales.shape[1]
+
+
+def _pack_rows(q: torch.Tensor) -> torch.Tensor:
+    """int32 [K, N] of 0..15 -> int32 [N/TILE_N, K/8, TILE_N], rows 8p..8p+7 in one int32."""
+    k, n = q.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    nibbles = q.view(k // PACK_FACTOR, PACK_FACTOR, n) << shifts.view(1, -1, 1)
+    packed = nibbles[:, 0]
+    for j in range(1, PACK_FACTOR):  # disjoint bits: OR (sum would carry into the sign bit)
+        packed = packed | nibbles[:, j]
+    return packed.view(k // PACK_FACTOR, n // TILE_N, TILE_N).transpose(0, 1).contiguous()
+
+
+def _unpack_rows(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of `_pack_rows`: int32 [K, N_pad] of 0..15."""
+    tiles, packed_k, tile_n = packed.shape
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    q = (packed.unsqueeze(2) >> shifts.view(1, 1, -1, 1)) & 0xF  # [T, K/8, 8, TILE_N]
+    return q.permute(1, 2, 0, 3).reshape(packed_k * PACK_FACTOR, tiles * tile_n)
+
+
+def _pad_columns(t: torch.Tensor, n_pad: int) -> torch.Tensor:
+    if t.shape[1] == n_pad:
+        return t.contiguous()
+    return torch.nn.functional.pad(t, (0, n_pad - t.shape[1])).contiguous()
+
+
+def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+               group_size: int) -> RepackedW4:
+    """AutoAWQ's qweight [K, N/8], qzeros [K/G, N/8] (int32) and scales [K/G, N] -> the
+    repacked layout on the same device. K must be a multiple of the group and of 8."""
+    k, n = qweight.shape[0], scales.shape[1]
+    if k % group_size or group_size % PACK_FACTOR or qweight.shape[1] * PACK_FACTOR != n \
+            or qzeros.shape != (k // group_size, n // PACK_FACTOR):
+        raise ValueError(f"AWQ tensors do not fit: qweight {tuple(qweight.shape)}, qzeros "
+                         f"{tuple(qzeros.shape)}, scales {tuple(scales.shape)}, group {group_size}")
+    n_pad = -(-n // TILE_N) * TILE_N
+    q = _pad_columns(unpack_int4(qweight), n_pad)
+    z = unpack_int4(qzeros)
+    zeros = None if bool((z == SYMMETRIC_ZERO).all()) else _pad_columns(z, n_pad).to(torch.uint8)
+    return RepackedW4(qweight=_pack_rows(q), zeros=zeros, scales=_pad_columns(scales, n_pad),
+                      group_size=group_size, k=k, n=n)
+
+
+def unpack_repacked(w: RepackedW4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(q [K, N], z [K/G, N], scales [K/G, N]): the values the layout holds, padding dropped."""
+    q = _unpack_rows(w.qweight)[:, :w.n]
+    if w.zeros is None:
+        z = torch.full((w.k // w.group_size, w.n), SYMMETRIC_ZERO, dtype=torch.int32,
+                       device=q.device)
+    else:
+        z = w.zeros[:, :w.n].to(torch.int32)
+    return q, z, w.scales[:, :w.n]
+
+
+def dequantize_repacked(w: RepackedW4, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense weight [K, N]: (q - z) in the scales' dtype times the scale (one rounding),
+    as `dequantize_awq` makes it from the AutoAWQ tensors."""
+    q, z, scales = unpack_repacked(w)
+    groups = w.k // w.group_size
+    weight = (q.view(groups, w.group_size, w.n) - z.unsqueeze(1)).to(scales.dtype) * scales.unsqueeze(1)
+    return weight.view(w.k, w.n).to(dtype or scales.dtype)
+
+
+def w4a16_gemm_repacked_torch(x: torch.Tensor, w: RepackedW4,
+                              bias: torch.Tensor | None = None) -> torch.Tensor:
+    out = x @ dequantize_repacked(w, x.dtype)
+    return out if bias is None else out + bias

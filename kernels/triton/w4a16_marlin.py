@@ -1,0 +1,256 @@
+"""Triton W4A16 on the repacked CUDA layout (kernels/reference/w4a16_repack.py), a
+Marlin-class candidate beside the AutoAWQ-layout GEMM of `w4a16_gemm`.
+
+Each program streams one column tile's packed weights as [BLOCK_K/8, BLOCK_N] int32 (rows of
+TILE_N consecutive int32s: 128-bit loads, no copy of an int32 to the eight columns it feeds),
+unpacks them with one shift and one mask into [BLOCK_K/8, 8, BLOCK_N], a reshape of
+[BLOCK_K, BLOCK_N], and dequantises by the magic-number trick: (q | 0x6400) read as fp16 is
+1024 + q exactly (bf16: 0x4300, 128 + q; fp32 under the interpreter: 2^23 + q), so
+(magic(q) - magic(z)) * s is (q - z) * s with no int->float convert, bit for bit the
+reference's weight (the subtraction is exact, the product rounds once). A symmetric (GPTQ)
+layer has no zeros tensor: its zero point 8 is a constant. `BROADCAST_LOAD` is the other
+unpacking to measure: each of the BLOCK_K rows loads its int32 (8 rows share an address)
+and shifts by 4 * (k % 8), one [BLOCK_K, BLOCK_N] load and no reshape.
+
+Split-K as in `w4a16_gemm` (the last program of an output tile sums the partials in split
+order), with the split count chosen so the programs fill whole waves of the GPU
+(`choose_split`). Above FUSED_MAX_TOKENS: dequantise on the device, then cuBLAS. Nothing
+makes a host tensor or synchronises, so CUDA graphs capture it.
+
+Kept importable only through `kernels.dispatch` or directly by tests: `triton.jit` decides
+compiled vs interpreted at import time.
+"""
+
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
+from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.w4a16_gemm import _split_counters, _store_output, streaming_multiprocessors
+
+
+@dataclass(frozen=True, slots=True)
+class MarlinConfig:
+    block_m: int
+    block_n: int
+    block_k: int  # at most: narrowed to divide the group
+    split_k: int  # at most: `choose_split` fits it to the shape and the SM count
+    num_warps: int
+    num_stages: int
+    broadcast_load: bool = False
+
+
+# (largest M of the bucket, its config). Chosen without a GPU (AOT matrix: shared memory and
+# spills on sm_80..sm_90); benchmarks/bench_w4a16.py times them and sweeps alternatives.
+M_BUCKETS: tuple[tuple[int, MarlinConfig], ...] = (
+    (16, MarlinConfig(block_m=16, block_n=64, block_k=128, split_k=16, num_warps=4, num_stages=4)),
+    (32, MarlinConfig(block_m=32, block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=4)),
+    (64, MarlinConfig(block_m=64, block_n=128, block_k=64, split_k=4, num_warps=8, num_stages=3)),
+    (256, MarlinConfig(block_m=128, block_n=128, block_k=64, split_k=2, num_warps=8, num_stages=3)),
+)
+FUSED_MAX_TOKENS = M_BUCKETS[-1][0]
+# The broadcast-load unpacking at decode sizes: its loads are [BLOCK_K, BLOCK_N] int32 in shared
+# memory (8x the packed tile), so its K tile is halved to fit sm_86/sm_89's 99 KiB.
+BROADCAST_CONFIG = MarlinConfig(block_m=16, block_n=64, block_k=64, split_k=16, num_warps=4,
+                                num_stages=3, broadcast_load=True)
+MIN_K_TILES_PER_SPLIT = 2
+# Programs an SM runs at once in the wave model of `choose_split` (small tiles, few warps).
+PROGRAMS_PER_SM = 2
+DEQUANT_BLOCK_K = 64
+DEQUANT_BLOCK_N = 64
+
+
+@triton.jit
+def _magic(q, DTYPE: tl.constexpr):
+    """q (int32, 0..15) -> exactly BASE + q in DTYPE, by bits: fp16 1024, bf16 128, fp32 2^23."""
+    if DTYPE == tl.float16:
+        return (q | 0x6400).to(tl.int16).to(tl.float16, bitcast=True)
+    elif DTYPE == tl.bfloat16:
+        return (q | 0x4300).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return (q | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
+                  GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+                  BLOCK_N: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                  BROADCAST_LOAD: tl.constexpr):
+    """The dense [BLOCK_K, BLOCK_N] weight of rows k0.. (one group: BLOCK_K divides it), in the
+    scales' dtype as the reference makes it."""
+    DTYPE: tl.constexpr = s_ptr.dtype.element_ty
+    columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
+    if BROADCAST_LOAD:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * TILE + columns[None, :],
+                         mask=mask_n[None, :], other=0)
+        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+    else:
+        offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+        packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :],
+                         mask=mask_n[None, :], other=0)
+        shifts = tl.arange(0, 8) * 4
+        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+    group = k0 // GROUP_SIZE
+    if HAS_ZEROS:
+        z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0).to(tl.int32)
+    else:
+        z = tl.full((BLOCK_N,), 8, tl.int32)  # SYMMETRIC_ZERO (a jit function reads no globals)
+    scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)
+    return (_magic(q, DTYPE) - _magic(z, DTYPE)[None, :]) * scale[None, :]
+
+
+@jit(do_not_specialize=('M', 'split_k'))  # batch-dependent: one variant for every value
+def _w4a16_marlin_kernel(
+    x_ptr, qw_ptr, z_ptr, s_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
+    M, N, K, k_per_split, split_k,
+    stride_xm, stride_xk, stride_qwt, stride_zg, stride_sg, stride_om,
+    GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
+    SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                    mask=mask_m[:, None], other=0.0)
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg,
+                          stride_sg, GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS,
+                          BROADCAST_LOAD).to(x.dtype)
+        acc = tl.dot(x, w, acc)
+
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K:
+        part_offs = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=mask)
+        tl.debug_barrier()  # every partial written before the arrival is counted (release)
+        tile = pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in range(0, split_k):  # split order, whichever program finished last
+                acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
+            _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
+                          HAS_BIAS)
+    else:
+        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS)
+
+
+@triton.jit
+def _marlin_dequantize_kernel(
+    qw_ptr, z_ptr, s_ptr, out_ptr, N, stride_qwt, stride_zg, stride_sg, stride_ok,
+    GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
+    HAS_ZEROS: tl.constexpr,
+):
+    k0 = tl.program_id(0) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
+                      GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False)
+    tl.store(out_ptr + offs_k[:, None] * stride_ok + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
+             mask=mask_n[None, :])
+
+
+def choose_split(tiles: int, k_tiles: int, max_split: int, num_sms: int) -> int:
+    """The split count (<= max_split, each split >= MIN_K_TILES_PER_SPLIT K tiles) that
+    minimises waves x K tiles per program, PROGRAMS_PER_SM programs per SM a wave: the
+    programs fill whole waves rather than leave a partial last one. Ties: fewer splits."""
+    slots = max(1, num_sms * PROGRAMS_PER_SM)
+    best, best_cost = 1, None
+    for split in range(1, max(1, max_split) + 1):
+        if split > 1 and k_tiles // split < MIN_K_TILES_PER_SPLIT:
+            break
+        cost = triton.cdiv(tiles * split, slots) * triton.cdiv(k_tiles, split)
+        if best_cost is None or cost < best_cost:
+            best, best_cost = split, cost
+    return best
+
+
+def choose_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> MarlinConfig:
+    bucket = next((cfg for limit, cfg in M_BUCKETS if m <= limit), M_BUCKETS[-1][1])
+    block_k = min(bucket.block_k, group_size)  # powers of two: divides the group
+    tiles = triton.cdiv(m, bucket.block_m) * triton.cdiv(n, bucket.block_n)
+    split_k = choose_split(tiles, k // block_k, bucket.split_k, num_sms)
+    return replace(bucket, block_k=block_k, split_k=split_k)
+
+
+def _check(x: torch.Tensor, w: RepackedW4) -> None:
+    if x.shape[1] != w.k:
+        raise ValueError(f"x [{x.shape[0]}, {x.shape[1]}] does not fit a [{w.k}, {w.n}] weight")
+    if w.group_size % 16 or w.group_size & (w.group_size - 1):
+        raise ValueError(f"group_size must be a power of two >= 16, got {w.group_size}")
+
+
+def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None,
+                        config: MarlinConfig | None = None) -> torch.Tensor:
+    """The fused GEMM for any M. x [M, K]: fp16/bf16 on a GPU, fp32 or fp16 under
+    TRITON_INTERPRET=1. Returns [M, N] in x's dtype."""
+    _check(x, w)
+    m, k = x.shape
+    if config is None:
+        config = choose_config(m, w.n, k, w.group_size, streaming_multiprocessors(x.device))
+    if w.group_size % config.block_k or config.block_k % 16:
+        raise ValueError(f"block_k {config.block_k} must be a multiple of 16 dividing the group")
+    out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
+    split_k = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(m, config.block_m), triton.cdiv(w.n, config.block_n), split_k)
+    if split_k > 1:
+        partial = torch.empty((split_k, m, w.n), dtype=torch.float32, device=x.device)
+        counters = _split_counters.get(x.device, grid[0] * grid[1])
+    else:
+        partial = counters = out  # unused placeholders
+    zeros = w.zeros if w.zeros is not None else w.scales  # unused placeholder when symmetric
+    launch(_w4a16_marlin_kernel, grid,
+           x, w.qweight, zeros, w.scales, out if bias is None else bias, out, partial, counters,
+           m, w.n, k, k_per_split, split_k,
+           x.stride(0), x.stride(1), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0),
+           out.stride(0),
+           GROUP_SIZE=w.group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+           BLOCK_K=config.block_k, TILE=TILE_N, HAS_ZEROS=w.zeros is not None,
+           HAS_BIAS=bias is not None, SPLIT_K=split_k > 1, BROADCAST_LOAD=config.broadcast_load,
+           num_warps=config.num_warps, num_stages=config.num_stages)
+    return out
+
+
+def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """The dense weight [K, N] (`dtype`, default the scales'), made on the device."""
+    dtype = dtype or w.scales.dtype
+    out = torch.empty((w.k, w.n), dtype=dtype, device=w.qweight.device)
+    block_k = min(DEQUANT_BLOCK_K, w.group_size)
+    zeros = w.zeros if w.zeros is not None else w.scales
+    grid = (w.k // block_k, triton.cdiv(w.n, DEQUANT_BLOCK_N))
+    launch(_marlin_dequantize_kernel, grid,
+           w.qweight, zeros, w.scales, out, w.n, w.qweight.stride(0), zeros.stride(0),
+           w.scales.stride(0), out.stride(0),
+           GROUP_SIZE=w.group_size, BLOCK_K=block_k, BLOCK_N=DEQUANT_BLOCK_N, TILE=TILE_N,
+           HAS_ZEROS=w.zeros is not None)
+    return out
+
+
+def w4a16_gemm_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """What the engine runs with this kernel: the fused GEMM up to FUSED_MAX_TOKENS rows, above
+    that a device-side dequantise and one cuBLAS matmul (the bias fused into addmm)."""
+    if x.shape[0] <= FUSED_MAX_TOKENS:
+        return w4a16_matmul_marlin(x, w, bias)
+    _check(x, w)
+    weight = dequantize_marlin(w, x.dtype)
+    return x @ weight if bias is None else torch.addmm(bias.to(x.dtype), x, weight)
