@@ -1,16 +1,24 @@
-"""W4A16 GEMM (AWQ INT4 weights, fp16 activations) against fp16 cuBLAS.
+"""W4A16 GEMM (AWQ INT4 weights, fp16 activations) against fp16 and bf16 cuBLAS.
 
 For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
   fp16      torch.matmul(x, W) with a dense fp16 weight (cuBLAS)
-  triton    the fused GEMM (w4a16_matmul_triton) with its M bucket's config and split-K
-  best      the fastest of a small sweep of tiles/split-K for the fused GEMM
+  bf16      the same in bf16 (what a bf16 model runs instead of INT4)
+  triton    the fused GEMM on AutoAWQ's layout (w4a16_matmul_triton), its M bucket's config
+  best      the fastest of a small sweep of tiles/split-K for that fused GEMM (not --no-sweep)
   dequant   the device-side dequantise + cuBLAS (what runs above FUSED_MAX_TOKENS)
-  auto      kernels.w4a16_gemm.w4a16_gemm(backend="auto"), what the engine runs
+  marlin    the repacked-layout kernel (kernels/triton/w4a16_marlin.py), what the engine
+            runs with KVDECK_W4A16_KERNEL=marlin: fused up to its FUSED_MAX_TOKENS
+  marlin_fused / marlin_dequant   that kernel's two paths at every M
+  marlin_broadcast   its broadcast-load unpacking (BROADCAST_CONFIG), M <= 16
+  auto      kernels.dispatch.w4a16_gemm(backend="auto"), the AWQ layout's engine path
 and checks each result against the reference. The memory-bound limit of the speed-up
-is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros).
+is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros). Each row is
+written as soon as it is measured. --e2e adds engine decode for AWQ with the AWQ-layout
+kernel, AWQ repacked for the marlin kernel, and bf16.
 
     python benchmarks/bench_w4a16.py                 # H100/H200: writes benchmarks/results/
     python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
+    python benchmarks/bench_w4a16.py --cuda-graph --no-sweep --rep-ms 25   # the battery's quick table
     python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.1-8B shapes,
                                                      #   dummy AWQ INT4 vs dummy bf16 weights
     python benchmarks/bench_w4a16.py --check-graphs  # capture + replay at every decode bucket
@@ -64,12 +72,15 @@ def random_awq(k: int, n: int, device: str, dtype: torch.dtype):
     return qweight, qzeros, scales
 
 
+REP_MS = 100
+
+
 def time_ms(fn, cuda_graph: bool) -> float:
     import triton.testing
 
     if cuda_graph:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=100))
-    return float(triton.testing.do_bench(fn, warmup=25, rep=100))
+        return float(triton.testing.do_bench_cudagraph(fn, rep=REP_MS))
+    return float(triton.testing.do_bench(fn, warmup=25, rep=REP_MS))
 
 
 LLAMA_31_8B = {
@@ -83,6 +94,7 @@ LLAMA_31_8B = {
 }
 TINY_LLAMA = {**LLAMA_31_8B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+E2E_VARIANTS = ("awq", "awq_marlin", "bf16")
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
               "version": "gemm"}
 
@@ -95,9 +107,16 @@ def e2e_decode(variant: str, smoke: bool) -> dict:
     from kvdeck import LLM, SamplingParams
 
     config = dict(TINY_LLAMA if smoke else LLAMA_31_8B)
-    if variant == "awq":
+    if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
+        os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
+        if smoke:  # on the CPU only the triton backend repacks (the kernel interpreted)
+            config["quantization_config"] = {**AWQ_CONFIG, "w4a16_backend": "triton"}
+        else:
+            config["quantization_config"] = AWQ_CONFIG
+    elif variant == "awq":
+        os.environ["KVDECK_W4A16_KERNEL"] = "awq"
         config["quantization_config"] = AWQ_CONFIG
-    dtype = "float16" if variant == "awq" else "bfloat16"
+    dtype = "float16" if variant.startswith("awq") else "bfloat16"
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(config))
         kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
@@ -133,10 +152,13 @@ def git_commit() -> str:
 
 
 def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing: bool,
-                cuda_graph: bool) -> dict:
+                cuda_graph: bool, sweep: bool = True) -> dict:
+    from kvdeck.kernels.reference.w4a16_repack import repack_awq
+    from kvdeck.kernels.triton import w4a16_marlin as marlin
     from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
 
     qweight, qzeros, scales = random_awq(k, n, device, dtype)
+    repacked = repack_awq(qweight, qzeros, scales, GROUP)
     x = torch.randn(m, k, device=device, dtype=dtype)
     dense = dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype)
     reference = (x.float() @ dense.float()).to(dtype)
@@ -144,9 +166,17 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
     candidates = {
         "triton": lambda: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP),
         "dequant": lambda: x @ awq_dequantize_triton(qweight, qzeros, scales, GROUP, x.dtype),
+        "marlin": lambda: marlin.w4a16_gemm_marlin(x, repacked),
+        "marlin_fused": lambda: marlin.w4a16_matmul_marlin(x, repacked),
+        "marlin_dequant": lambda: x @ marlin.dequantize_marlin(repacked, x.dtype),
         "auto": lambda: w4a16_gemm(x, qweight, qzeros, scales, GROUP),
     }
-    row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP}
+    if m <= 16:
+        candidates["marlin_broadcast"] = lambda: marlin.w4a16_matmul_marlin(
+            x, repacked, config=marlin.BROADCAST_CONFIG)
+    row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP,
+                 "marlin_config": dataclasses.asdict(marlin.choose_config(
+                     m, n, k, GROUP, marlin.streaming_multiprocessors(x.device)))}
     for name, fn in candidates.items():
         error = float((fn() - reference).abs().max())
         row[f"{name}_max_abs_err"] = error
@@ -155,8 +185,25 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
     if not timing:
         return row
     row["fp16_ms"] = time_ms(lambda: x @ dense, cuda_graph)
+    x_bf16, dense_bf16 = x.to(torch.bfloat16), dense.to(torch.bfloat16)
+    row["bf16_ms"] = time_ms(lambda: x_bf16 @ dense_bf16, cuda_graph)
+    # `marlin` is `marlin_fused` up to its FUSED_MAX_TOKENS, `marlin_dequant` above: each
+    # figure timed once (likewise `auto`, the AWQ layout's two paths, without the sweep).
+    candidates.pop("marlin_fused" if m <= marlin.FUSED_MAX_TOKENS else "marlin_dequant")
+    if not sweep:
+        candidates.pop("auto")
     for name, fn in candidates.items():
         row[f"{name}_ms"] = time_ms(fn, cuda_graph)
+    int4_bytes = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
+    io_bytes = (m * k + m * n) * 2
+    row["memory_bound_speedup_limit"] = (k * n * 2 + io_bytes) / (int4_bytes + io_bytes)
+    for name in candidates:
+        row[f"{name}_speedup_vs_fp16"] = row["fp16_ms"] / row[f"{name}_ms"]
+        row[f"{name}_speedup_vs_bf16"] = row["bf16_ms"] / row[f"{name}_ms"]
+    row["triton_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["triton_ms"] * 1e-3) / 1e9
+    row["marlin_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["marlin_ms"] * 1e-3) / 1e9
+    if not sweep:
+        return row
     best_ms, best_cfg = float("inf"), None
     for values in SWEEP:
         cfg = W4A16Config(*values)
@@ -169,12 +216,7 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
         if ms < best_ms:
             best_ms, best_cfg = ms, dataclasses.asdict(cfg)
     row["best_ms"], row["best_config"] = best_ms, best_cfg
-    int4_bytes = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
-    io_bytes = (m * k + m * n) * 2
-    row["memory_bound_speedup_limit"] = (k * n * 2 + io_bytes) / (int4_bytes + io_bytes)
-    for name in ("triton", "best", "dequant", "auto"):
-        row[f"{name}_speedup_vs_fp16"] = row["fp16_ms"] / row[f"{name}_ms"]
-    row["triton_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["triton_ms"] * 1e-3) / 1e9
+    row["best_speedup_vs_fp16"] = row["fp16_ms"] / best_ms
     return row
 
 
@@ -207,17 +249,22 @@ def check_graphs(smoke: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global REP_MS
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, correctness only (CPU with TRITON_INTERPRET=1)")
     parser.add_argument("--cuda-graph", action="store_true", help="time inside CUDA graphs")
     parser.add_argument("--e2e", action="store_true",
                         help="also measure engine decode tokens/s, AWQ vs bf16 (dummy weights)")
-    parser.add_argument("--e2e-one", choices=("awq", "bf16"), help=argparse.SUPPRESS)
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="skip the AWQ-layout kernel's config sweep (the battery's quick table)")
+    parser.add_argument("--rep-ms", type=int, default=REP_MS, help="timing window per figure")
+    parser.add_argument("--e2e-one", choices=E2E_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--check-graphs", action="store_true",
                         help="only check CUDA graph capture at every decode batch size")
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/)")
     args = parser.parse_args(argv)
+    REP_MS = args.rep_ms
     if args.e2e_one:
         print("E2E_RESULT " + json.dumps(e2e_decode(args.e2e_one, args.smoke)))
         return 0
@@ -244,19 +291,23 @@ def main(argv: list[str] | None = None) -> int:
             else lambda complete=False: None)
     for k, n in shapes:
         for m in tokens:
-            row = bench_shape(m, k, n, device, dtype, timing, args.cuda_graph)
+            row = bench_shape(m, k, n, device, dtype, timing, args.cuda_graph, not args.no_sweep)
             rows.append(row)
             save()
             if timing:
+                best = (f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
+                        if "best_ms" in row else "")
                 print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
-                      f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_fp16']:.2f}x)"
-                      f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
-                      f"  dequant {row['dequant_ms'] * 1e3:8.1f} us  "
+                      f"bf16 {row['bf16_ms'] * 1e3:8.1f} us  "
+                      f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_bf16']:.2f}x bf16)"
+                      f"  marlin {row['marlin_ms'] * 1e3:8.1f} us ({row['marlin_speedup_vs_bf16']:.2f}x bf16)"
+                      f"{best}  dequant {row['dequant_ms'] * 1e3:8.1f} us  "
                       f"limit {row['memory_bound_speedup_limit']:.2f}x", flush=True)
             else:
-                print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e}")
+                print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e} "
+                      f"marlin err {row['marlin_max_abs_err']:.2e}")
     if args.e2e:
-        for variant in ("awq", "bf16"):
+        for variant in E2E_VARIANTS:
             command = [sys.executable, __file__, "--e2e-one", variant]
             command += ["--smoke"] if args.smoke else []
             done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
@@ -293,6 +344,8 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
                    else "eager (triton.testing.do_bench)"),
         "dtype": str(dtype).replace("torch.", ""),
         "fused_max_tokens": FUSED_MAX_TOKENS,
+        "sweep": not args.no_sweep,
+        "rep_ms": REP_MS,
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "results": rows,
         "e2e_decode": e2e,

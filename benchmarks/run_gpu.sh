@@ -10,7 +10,8 @@
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
 #   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
-#   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMM timed inside CUDA graphs, and AWQ e2e decode
+#   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMMs (AWQ layout, repacked `marlin`) and bf16/fp16
+#                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
 #   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, w4a16, kernels in one
@@ -103,7 +104,9 @@ case $stage in
     $python benchmarks/bench_kernels.py "${smoke[@]:0:1}" --no-check --sweep --out "$out/kernels_$gpu.json"
     ;;
   w4a16)
-    $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --e2e --out "$out/w4a16_$gpu.json"
+    # Both kernels beside bf16/fp16 cuBLAS first (no sweep, short timing windows), then e2e.
+    $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --no-sweep --rep-ms 25 --e2e \
+        --out "$out/w4a16_$gpu.json"
     ;;
   profile)
     $python benchmarks/profile_decode.py "${profile[@]}" --out "$out/profile_decode_qwen3-0.6b_$gpu.json"

@@ -60,7 +60,8 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert kernels["complete"] and kernels["timing"].startswith("fake clock")
     assert kernels["decode_attention"] and kernels["prefill_attention"] and kernels["elementwise"]
     w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
-    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["awq", "bf16"]
+    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["awq", "awq_marlin", "bf16"]
+    assert all(row["marlin_max_abs_err"] < 1e-3 for row in w4a16["results"])  # both kernels checked
     profile = json.loads((out / "profile_decode_qwen3-0.6b_cpu.json").read_text())
     phases = profile["batches"]["1"]["step_phases_ms"]
     assert {"schedule", "prepare_inputs", "model_and_sampling", "update_outputs", "frontend"} <= set(phases)
