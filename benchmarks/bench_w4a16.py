@@ -221,7 +221,8 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
 
 
 def check_graphs(smoke: bool = False) -> None:
-    """Capture w4a16_gemm (what AWQ layers run) in a CUDA graph at every batch size the
+    """Capture w4a16_gemm (what AWQ layers run; with KVDECK_W4A16_KERNEL=marlin, the repacked
+    kernel) in a CUDA graph at every batch size the
     engine captures for decode, replay it on new inputs and compare with eager calls. --smoke
     (the CPU): a few sizes, tiny shapes, the "replay" an eager call on the same buffers."""
     from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH, decode_bucket_sizes
@@ -229,19 +230,28 @@ def check_graphs(smoke: bool = False) -> None:
     k, n = (256, 128) if smoke else SHAPES[0]
     device, dtype = ("cpu", torch.float32) if smoke else ("cuda", torch.float16)
     qweight, qzeros, scales = random_awq(k, n, device, dtype)
+    from kvdeck.kernels.dispatch import w4a16_kernel
+
+    gemm = w4a16_gemm
+    if w4a16_kernel() == "marlin":  # KVDECK_W4A16_KERNEL=marlin: the repacked kernel's graphs
+        from kvdeck.kernels.reference.w4a16_repack import repack_awq
+        from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
+
+        repacked = repack_awq(qweight, qzeros, scales, GROUP)
+        gemm = lambda x, *_: w4a16_gemm_marlin(x, repacked)  # noqa: E731
     for m in decode_bucket_sizes(4 if smoke else MAX_CAPTURED_BATCH):
         x = torch.randn(m, k, device=device, dtype=dtype)
-        w4a16_gemm(x, qweight, qzeros, scales, GROUP)  # compiles outside the capture
+        gemm(x, qweight, qzeros, scales, GROUP)  # compiles outside the capture
         if smoke:
             x.normal_()
-            captured = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+            captured = gemm(x, qweight, qzeros, scales, GROUP)
         else:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
-                captured = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+                captured = gemm(x, qweight, qzeros, scales, GROUP)
             x.normal_()
             graph.replay()
-        eager = w4a16_gemm(x, qweight, qzeros, scales, GROUP)
+        eager = gemm(x, qweight, qzeros, scales, GROUP)
         diff = float((captured.float() - eager.float()).abs().max())
         print(f"graph M={m:4d}: max |replay - eager| {diff:.3g}", flush=True)
         if diff > 1e-2 * float(eager.abs().max()):

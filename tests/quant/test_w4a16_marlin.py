@@ -244,3 +244,26 @@ def test_linear_layers_repack_when_the_kernel_is_chosen(marlin, monkeypatch, qua
         cpu_layer.load_weight(name, tensor, 0)
     cpu_layer.method.process_weights_after_loading(cpu_layer)
     assert cpu_layer.repacked is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="CUDA graphs need a GPU and compiled kernels (TRITON_INTERPRET=0)")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_cuda_graphs_capture_every_decode_bucket(marlin, dtype, symmetric):
+    from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH, decode_bucket_sizes
+
+    qweight, qzeros, scales = _random_awq(1024, 512, 64, dtype, 8, symmetric)
+    repacked = repack_awq(qweight.cuda(), qzeros.cuda(), scales.cuda(), 64)
+    dense = dequantize_awq(qweight, qzeros, scales, 64).cuda()
+    for m in decode_bucket_sizes(MAX_CAPTURED_BATCH):
+        x = torch.randn(m, 1024, device="cuda", dtype=dtype)
+        eager = marlin.w4a16_gemm_marlin(x, repacked)  # compiles outside the capture
+        _assert_matches(eager, x, dense)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = marlin.w4a16_gemm_marlin(x, repacked)
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        torch.testing.assert_close(captured, marlin.w4a16_gemm_marlin(x, repacked))
+        assert not torch.equal(captured, eager)
