@@ -84,15 +84,7 @@ int64_t kvdeck_q8_tile_bytes(int64_t k) { return (k / KVDECK_Q8_TILE_K) * (PARAM
     }
 #endif
 
-#if INT_DOT_ISA
-DEFINE_TILE(1)
-DEFINE_TILE(2)
-DEFINE_TILE(3)
-DEFINE_TILE(4)
-static const tile_fn TILES[ROW_BLOCK + 1] = {0, tile_1, tile_2, tile_3, tile_4};
-#else
-static const tile_fn TILES[ROW_BLOCK + 1] = {0};
-#endif
+DEFINE_TILES
 
 int kvdeck_q8_gemm_bf16(const uint16_t* x, int64_t rows, int64_t x_stride, const kvdeck_q8_weight* w,
                         uint16_t* y, int64_t y_stride, void* scratch) {

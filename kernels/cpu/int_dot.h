@@ -155,6 +155,18 @@ static inline int32_t load_i32(const int8_t* p) { return *(const unaligned_i32*)
 /* A tile against `rows` rows (1..ROW_BLOCK, the table's index): y[r][16] = the tile's
  * product with row r, in fp32. */
 typedef void (*tile_fn)(const uint8_t* tile, int64_t k, int64_t group, const q8_row* rows, float* y);
+/* A kernel file's tiles for 1..ROW_BLOCK rows (from its DEFINE_TILE(ROWS)) and their table,
+ * indexed by the row count; an empty table where there is no integer dot product. */
+#if INT_DOT_ISA
+#define DEFINE_TILES                                                                                 \
+    DEFINE_TILE(1)                                                                                   \
+    DEFINE_TILE(2)                                                                                   \
+    DEFINE_TILE(3)                                                                                   \
+    DEFINE_TILE(4)                                                                                   \
+    static const tile_fn TILES[ROW_BLOCK + 1] = {0, tile_1, tile_2, tile_3, tile_4};
+#else
+#define DEFINE_TILES static const tile_fn TILES[ROW_BLOCK + 1] = {0};
+#endif
 /* A row's 16 (or fewer, the last tile's) results, plus the bias, into y. */
 typedef void (*store_fn)(void* y, int64_t y_stride, int64_t row, int64_t n0, int64_t count,
                          const float* values, const void* bias);
