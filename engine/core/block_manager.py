@@ -144,6 +144,8 @@ class BlockManager:
 
         Returns False, changing nothing, when the pool cannot supply the blocks.
         """
+        if cached is None and request.block_tables:
+            return self._extend_tables(request, num_new_tokens)
         tables = request.block_tables or [[] for _ in self.windows]
         hit_tables = cached.tables if cached is not None else [[] for _ in self.windows]
         num_hit_blocks = cached.num_blocks if cached is not None else 0
@@ -167,6 +169,24 @@ class BlockManager:
             table.extend(self._pop_free_block() for _ in range(total - len(table)))
         if cached is not None:
             request.block_hashes.extend(cached.hashes)
+        return True
+
+    def _extend_tables(self, request: Request, num_new_tokens: int) -> bool:
+        """allocate_slots for a request that holds its tables and takes no cached prefix (a
+        running request's next tokens, most calls): new blocks at the tables' ends only."""
+        total = cdiv(request.num_computed_tokens + num_new_tokens, self.block_size)
+        tables = request.block_tables
+        num_new_blocks = sum(max(total - len(table), 0) for table in tables)
+        if not num_new_blocks:
+            return True
+        if num_new_blocks > self.num_free_blocks:
+            return False
+        self.num_held_entries += num_new_blocks
+        if self.track_changes:
+            self.changed.append(request)
+        for table in tables:
+            for _ in range(total - len(table)):
+                table.append(self._pop_free_block())
         return True
 
     def cache_full_blocks(self, request: Request) -> None:

@@ -133,8 +133,7 @@ class EngineCore:
         if request.params.structured_outputs is not None:
             core_request.grammar = self._grammar_manager().start(request.params.structured_outputs)
         params = request.params
-        if (params.structured_outputs is not None or params.repetition_penalty != 1.0
-                or params.presence_penalty or params.frequency_penalty):
+        if params.structured_outputs is not None or params.has_penalties:
             self._needs_host_tokens.add(request.request_id)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)

@@ -109,17 +109,10 @@ class Scheduler:
         finishes when its samples arrive, and is not scheduled again."""
         batch = ScheduledBatch()
         budget = self.max_num_batched_tokens
-        decodes: list[Request] = []
         prefills: list[Request] = []
-        running = self.running
-        if pipelined:
-            running = [r for r in running if len(r.output_token_ids) < r.length_limit]
-        for request in running:  # request.is_prefilling, inlined (every request, every step)
-            output = request.output_token_ids
-            if output and len(request.prompt_token_ids) + len(output) - request.num_computed_tokens <= 1:
-                decodes.append(request)
-            else:
-                prefills.append(request)
+        # A copy: scheduling a decode may preempt later requests (they are skipped).
+        running = [r for r in self.running if len(r.output_token_ids) < r.length_limit] \
+            if pipelined else list(self.running)
         # A plain decode: one token into a slot its table already has (block_manager.has_slot,
         # inlined for one KV group), nothing else to decide.
         single = self.block_manager.num_groups == 1 and self.long_rope_from is None
@@ -127,12 +120,19 @@ class Scheduler:
         plain = batch.plain
         running_status = RequestStatus.RUNNING
         speculative = self.speculative
-        for request in decodes:
+        # Decodes in running order, in the one pass that tells them from prefills (which go
+        # after them); a preemption changes nothing of a request not yet looked at but its
+        # status.
+        for request in running:
             if budget == 0:
                 break
             if request.status is not running_status:
                 continue  # preempted earlier in this loop
-            if single and not (speculative and request.spec_token_ids) and request.block_tables \
+            # request.is_prefilling, inlined (every request, every step)
+            output = request.output_token_ids
+            if not output or len(request.prompt_token_ids) + len(output) - request.num_computed_tokens > 1:
+                prefills.append(request)
+            elif single and not (speculative and request.spec_token_ids) and request.block_tables \
                     and len(request.block_tables[0]) * block_size > request.num_computed_tokens:
                 plain.append(request)
                 budget -= 1
@@ -283,9 +283,12 @@ class Scheduler:
                     token = token[0]
                 output = request.output_token_ids
                 output.append(token)
-                # Only a token in stop_ids or an output length_limit long may stop it.
+                # Only a token in stop_ids or an output length_limit long may stop it (it was
+                # running when scheduled, and nothing else finishes it before this update).
                 if token in request.stop_ids or len(output) >= request.length_limit:
                     check_stop(request, token)
+                    if request.status.finished:
+                        finished.append(request)
                 metrics = request.metrics
                 if metrics.first_token_time is None:
                     metrics.first_token_time = now
@@ -295,8 +298,6 @@ class Scheduler:
                 manager.cache_full_blocks(request)
             if windowed:
                 manager.release_out_of_window(request)
-            if request.status.finished:
-                finished.append(request)
 
     # ---- async scheduling: one step in flight (engine/core/pipeline.py) -------------------
     def advance_inflight(self, batch: ScheduledBatch) -> None:

@@ -49,6 +49,7 @@ class Frontend:
         self.requests: dict[str, ParentRequest] = {}  # by the caller's request id
         # engine id -> (request, choice index, whether it is the request's only choice)
         self._choices: dict[str, tuple[ParentRequest, int, bool]] = {}
+        self._num_fanned_out = 0  # requests in `requests` of more than one choice
         chars = max_chars_per_token(tokenizer)
         self.max_prompt_chars = limits.max_model_len * chars * CHAR_CHECK_MARGIN if chars else None
 
@@ -137,6 +138,7 @@ class Frontend:
                 del self._choices[child_id]
             raise
         self.requests[request_id] = request
+        self._num_fanned_out += len(request.child_ids) > 1
 
     # ---- ending early -------------------------------------------------------------------
     def abort(self, request_ids: list[str], tell_core: bool = True,
@@ -164,7 +166,7 @@ class Frontend:
         for child_id in request.child_ids:
             if self._choices.pop(child_id, None) is not None:
                 self.output_processor.abort(child_id)
-        del self.requests[request.request_id]
+        self._forget(request)
         return request.request_id
 
     # ---- out ----------------------------------------------------------------------------
@@ -180,9 +182,14 @@ class Frontend:
     def _to_callers(self, engine_outputs: list[RequestOutput]) -> list[RequestOutput]:
         outputs = []
         observe, choices = self.observe, self._choices
+        # While every request has one choice, a running one's output is its caller's as it is.
+        all_single = not self._num_fanned_out
         for out in engine_outputs:
             if observe is not None:
                 observe(out)
+            if all_single and not out.finished:
+                outputs.append(out)
+                continue
             request, index, only = choices[out.request_id]
             if only and not out.finished:  # request.output's, inlined
                 outputs.append(out)
@@ -191,8 +198,12 @@ class Frontend:
                 del choices[out.request_id]
             outputs.append(request.output(index, out))
             if out.finished and request.finished:
-                del self.requests[request.request_id]
+                self._forget(request)
         return outputs
+
+    def _forget(self, request: ParentRequest) -> None:
+        del self.requests[request.request_id]
+        self._num_fanned_out -= len(request.child_ids) > 1
 
 
 @lru_cache(maxsize=256)

@@ -78,7 +78,22 @@ class OutputProcessor:
             if state is None:
                 continue  # aborted on this side already
             if state.ids_only and core_output.finish_reason is None:
-                outputs.append(self._ids_only(state, core_output))
+                # An unfinished DELTA output of token ids alone (most outputs of a benchmark):
+                # the core's ids handed on as they are, nothing else looked at. Inlined: it
+                # runs for every row of every step.
+                new_ids = core_output.new_token_ids
+                m = core_output.metrics
+                if m is not None:
+                    metrics = state.metrics
+                    metrics.first_scheduled_time = m.first_scheduled_time
+                    metrics.first_token_time = m.first_token_time
+                    metrics.last_token_time = m.last_token_time
+                    metrics.grammar_compile_s = m.grammar_compile_s
+                state.num_tokens += len(new_ids)
+                outputs.append(RequestOutput(
+                    state.request_id, state.prompt, state.prompt_token_ids,
+                    [CompletionOutput(0, "", new_ids, None, None, core_output.stop_reason)],
+                    False, state.metrics, "", new_ids, core_output.num_cached_tokens))
                 continue
             try:
                 output = self._update(state, core_output)
@@ -103,22 +118,6 @@ class OutputProcessor:
         if state is None:
             return None
         return self._build(state, "", [], "error" if error else "abort", None, 0, error)
-
-    @staticmethod
-    def _ids_only(state: RequestState, core_output: EngineCoreOutput) -> RequestOutput:
-        """An unfinished DELTA output of token ids alone: most outputs of a benchmark."""
-        m = core_output.metrics
-        if m is not None:
-            metrics = state.metrics
-            metrics.first_scheduled_time = m.first_scheduled_time
-            metrics.first_token_time = m.first_token_time
-            metrics.last_token_time = m.last_token_time
-            metrics.grammar_compile_s = m.grammar_compile_s
-        new_ids = core_output.new_token_ids
-        state.num_tokens += len(new_ids)
-        return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids,
-                             [CompletionOutput(0, "", new_ids, None, None, core_output.stop_reason)],
-                             False, state.metrics, "", new_ids, core_output.num_cached_tokens)
 
     def _update(self, state: RequestState, core_output: EngineCoreOutput) -> RequestOutput | None:
         m = core_output.metrics

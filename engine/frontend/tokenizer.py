@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from kvdeck.engine.frontend.chat import check_unicode
+from kvdeck.engine.types.request_limits import are_token_ids
 
 
 class NoTokenizer:
@@ -52,10 +53,7 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> tuple[str | None, list[
             raise ValueError("prompt must not be empty")
         check_unicode(prompt, "prompt")
         return prompt, tokenizer.encode(prompt)
-    is_ids = isinstance(prompt, list | tuple) and all(
-        isinstance(t, int) and not isinstance(t, bool) for t in prompt
-    )
-    if is_ids:
+    if isinstance(prompt, list | tuple) and are_token_ids(prompt):
         if not prompt:
             raise ValueError("prompt must not be empty")
         return None, list(prompt)

@@ -106,7 +106,9 @@ class BlockTableRows:
         end = len(table)
         if end > self.tables.shape[2]:
             self._grow(blocks=max(end, 2 * self.tables.shape[2]))
-        if end > start:
+        if end == start + 1:  # one new block id, most calls: no array made for it
+            self.tables[group, row, start] = max(table[start], 0)
+        elif end > start:
             values = np.asarray(table[start:end], dtype=np.int32)
             self.tables[group, row, start:end] = np.maximum(values, 0)  # NO_BLOCK -> 0
         else:  # shorter without a new epoch: cannot happen through the block manager

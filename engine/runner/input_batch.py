@@ -96,15 +96,16 @@ class InputBatch:
         n = len(requests)
         starts_np = np.asarray(starts, dtype=np.int64)
         rows_np = np.asarray(rows, dtype=np.int64)
-        counts = np.asarray(num_new, dtype=np.int64)
-        total = int(counts.sum())
-        if total == n:  # one token a row: each row is one attention sequence
+        total = sum(num_new)
+        if total == n:  # one token a row: each row is one attention sequence of one query
             token_req = None
             positions = starts_np
             token_rows = seq_rows = rows_np
-            query_lens = counts
             seq_lens = starts_np + 1
+            query_start_loc = np.arange(n + 1, dtype=np.int32)
+            longest_query = 1
         else:
+            counts = np.asarray(num_new, dtype=np.int64)
             token_req = np.repeat(np.arange(n), counts)
             first = np.cumsum(counts) - counts
             positions = starts_np[token_req] + (np.arange(total) - first[token_req])
@@ -122,15 +123,18 @@ class InputBatch:
             query_lens = seq_last - seq_first + 1
             seq_rows = token_rows[seq_first]
             seq_lens = positions[seq_last] + 1
+            query_start_loc = np.concatenate(([0], np.cumsum(query_lens))).astype(np.int32)
+            longest_query = int(query_lens.max())
         bs = self.block_size
-        width = cdiv(int(seq_lens.max()), bs)
+        longest_seq = int(seq_lens.max())
+        width = cdiv(longest_seq, bs)
         tables = self.rows.tables
         arrays = {
             "positions": positions,
-            "query_start_loc": np.concatenate(([0], np.cumsum(query_lens))).astype(np.int32),
+            "query_start_loc": query_start_loc,
             "seq_lens": seq_lens.astype(np.int32),
         }
-        block_index, offset = positions // bs, positions % bs
+        block_index, offset = np.divmod(positions, bs)
         self.last_slots = []
         for group in range(self.num_groups):
             slots = tables[group, token_rows, block_index].astype(np.int64) * bs + offset
@@ -140,7 +144,7 @@ class InputBatch:
         if self.long_rope_from is not None:  # a long request's rows follow the short table's (rotary.py)
             shift = np.asarray([self.long_rope_from if r.long_rope else 0 for r in requests], dtype=np.int64)
             arrays["positions"] = positions + (shift if token_req is None else shift[token_req])
-        return arrays, (int(query_lens.max()), int(seq_lens.max()))
+        return arrays, (longest_query, longest_seq)
 
     def _to_tensors(self, inputs: StepInputs, arrays: dict[str, np.ndarray],
                     longest: tuple[int, int]) -> None:

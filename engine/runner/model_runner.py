@@ -379,8 +379,11 @@ class ModelRunner:
                 masks = self._mask_rows(token_masks, inputs.sample_batch_index)
                 sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks,
                                                greedy[:num_plain] if greedy is not None else None)
-                for i, result in zip(inputs.sample_batch_index, sampled):
-                    results[i] = result
+                if num_plain == inputs.num_requests:  # every row samples, in batch order
+                    results = sampled
+                else:
+                    for i, result in zip(inputs.sample_batch_index, sampled):
+                        results[i] = result
                 failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
             if inputs.spec_requests:
                 verified, failed = self._verify(logits[num_plain:], inputs.spec_requests, draft_probs)

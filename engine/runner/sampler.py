@@ -61,6 +61,10 @@ class Sampler:
                          greedy: torch.Tensor | None = None) -> "DeviceSamples":
         """`sample` without waiting for the device: the token ids stay where they were drawn
         (async scheduling feeds them to the next step there)."""
+        if masks is None and all(r.params.plain_greedy for r in requests):
+            # Each row's token is the argmax of its logits as they are (most batches): one
+            # flag read a row, no copy, no look at the rows' other settings.
+            return DeviceSamples(greedy if greedy is not None else logits.to(torch.float32).argmax(dim=-1))
         if (greedy is not None and masks is None and not _changes_logits(requests)
                 and all(r.params.greedy and r.params.logprobs is None for r in requests)):
             return DeviceSamples(greedy)  # the argmax of these logits, made in the graph
@@ -194,9 +198,7 @@ class Sampler:
 
 def _changes_logits(requests: Sequence[ScheduledSequence]) -> bool:
     """Whether _apply_penalties will write into the logits."""
-    return any(r.params.repetition_penalty != 1.0 or r.params.presence_penalty
-               or r.params.frequency_penalty or r.num_output_tokens < r.params.min_tokens
-               for r in requests)
+    return any(r.params.has_penalties or r.num_output_tokens < r.params.min_tokens for r in requests)
 
 
 def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:

@@ -88,6 +88,12 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None  # a grammar the output must match
     # DELTA and FINAL_ONLY spare the front-end a copy of the whole completion per token.
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
+    # Derived by validate() (which the core runs again on receipt), so that the sampler reads
+    # one flag a row instead of the settings: repetition, presence or frequency penalties;
+    # and greedy with none of them, no min_tokens and no logprobs (its token is the argmax
+    # of the logits as they are).
+    has_penalties: bool = field(default=False, init=False, repr=False, compare=False)
+    plain_greedy: bool = field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -133,6 +139,10 @@ class SamplingParams:
             if not isinstance(self.structured_outputs, StructuredOutputsParams):
                 raise ValueError("structured_outputs must be a StructuredOutputsParams")
             self.structured_outputs.validate()
+        self.has_penalties = bool(self.repetition_penalty != 1.0 or self.presence_penalty
+                                  or self.frequency_penalty)
+        self.plain_greedy = (self.greedy and not self.has_penalties and self.min_tokens == 0
+                             and self.logprobs is None)
 
 
 def _number(value: float) -> str:

@@ -28,6 +28,8 @@ def _state(llm):
         ([1, 2, 10**9], "token ids"),
         ([1, -4], "token ids"),
         (3.5, "must be a string"),
+        ([1, True], "must be a string"),  # a bool is no token id
+        ([4, 2.0], "must be a string"),
     ],
 )
 def test_bad_prompt(llm, prompt, message):
@@ -35,6 +37,24 @@ def test_bad_prompt(llm, prompt, message):
     with pytest.raises(ValueError, match=message):
         llm.generate(prompt, SamplingParams(max_tokens=4))
     assert _state(llm) == before
+
+
+def test_the_core_checks_token_ids_again(llm):
+    # What reaches the core unchecked: a bool, a float or an id out of range is refused; an
+    # int subclass other than bool is an int.
+    from enum import IntEnum
+
+    from kvdeck.engine.types.wire import EngineCoreRequest
+
+    class Token(IntEnum):
+        FIVE = 5
+
+    before = _state(llm)
+    for ids in ([1, True], [1, 2.0], [3, 400000], [-1]):
+        with pytest.raises(ValueError, match="token ids"):
+            llm.engine.core.add_request(EngineCoreRequest("bad", ids, SamplingParams(max_tokens=2)))
+    assert _state(llm) == before
+    llm.engine.core.limits.check([Token.FIVE, 6], SamplingParams())
 
 
 def test_one_bad_prompt_in_a_batch_queues_nothing(llm):

@@ -63,3 +63,23 @@ def test_logprobs_for_some_rows_of_a_batch():
         assert list(results[row].logprobs) == expected_ids
         for token_id, entry in results[row].logprobs.items():
             assert entry.logprob == float(reference[row, token_id])
+
+
+def test_a_plain_greedy_batch_takes_the_argmax_as_the_general_path_does():
+    # plain_greedy (greedy, no penalty, no min_tokens, no logprobs) skips the look at each
+    # row's settings; a batch with any other row takes the general path, row for row the same.
+    gen = torch.Generator().manual_seed(2)
+    plain = [_request([1, 2], [3], temperature=0), _request([4], [], temperature=0, max_tokens=3)]
+    assert all(r.params.plain_greedy for r in plain)
+    others = [_request([5], [], temperature=0, min_tokens=1), _request([6], [7], temperature=0, logprobs=1),
+              _request([8], [9], temperature=0, presence_penalty=0.5), _request([1], [], temperature=0.7)]
+    assert not any(r.params.plain_greedy for r in others)
+    assert others[2].params.has_penalties and not others[0].params.has_penalties
+    logits = torch.randn(2, VOCAB, generator=gen)
+    sampler = Sampler(torch.device("cpu"), seed=0)
+    fast = [r.token_id for r in sampler.sample(logits, plain)]
+    assert fast == logits.argmax(dim=-1).tolist()
+    mixed = sampler.sample(torch.cat([logits, logits[:1]]), [*plain, others[1]])
+    assert [r.token_id for r in mixed[:2]] == fast and mixed[2].logprobs is not None
+    made = torch.tensor([3, 1])  # a decode graph's argmax is taken as it is
+    assert sampler.sample_on_device(logits, plain, greedy=made).tokens is made

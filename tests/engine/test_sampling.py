@@ -146,6 +146,33 @@ def test_the_core_takes_one_choice_per_request(llm):
         llm.engine.core.add_request(EngineCoreRequest("two", [5, 6, 7], SamplingParams(n=2)))
 
 
+def test_one_choice_and_several_choice_requests_side_by_side(llm):
+    # While every request has one choice, outputs pass through the front-end as they are; a
+    # request of several choices about (and after it finishes) changes nothing for the others.
+    engine = llm.engine
+    single = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine.add_request("one", [5, 6, 7], single)
+    engine.add_request("pair", [8, 9], SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=3,
+                                                      ignore_eos=True))
+    seen: dict[tuple[str, int], list[int]] = {}
+    finished: list[str] = []
+    steps = 0
+    while engine.has_unfinished_requests():
+        steps += 1
+        if steps == 6:  # after the pair has finished
+            engine.add_request("late", [10, 11], single)
+        for out in engine.step():
+            assert out.request_id in ("one", "pair", "late") and len(out.outputs) == 1
+            seen.setdefault((out.request_id, out.outputs[0].index), []).extend(out.delta_token_ids)
+            if out.finished:
+                finished.append(out.request_id)
+    assert sorted(seen) == [("late", 0), ("one", 0), ("pair", 0), ("pair", 1)]
+    assert [len(seen[key]) for key in sorted(seen)] == [12, 12, 3, 3]
+    assert sorted(finished) == ["late", "one", "pair"] and not engine.frontend.requests
+    alone = llm.generate([[5, 6, 7]], single)[0].outputs[0].token_ids
+    assert seen[("one", 0)] == alone
+
+
 def test_one_request_of_n_choices_in_the_step_api(llm):
     # The front-end owns the whole request: one id, outputs by choice index, one abort.
     engine = llm.engine
