@@ -81,6 +81,33 @@ def _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
 
 
+@triton.jit
+def _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
+                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+    """A program's fp32 tile into the output: at once, or with split-K as its partial, the
+    last of a tile's programs to arrive summing the partials in split order and storing."""
+    mask = mask_m[:, None] & mask_n[None, :]
+    if SPLIT_K:
+        part_offs = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=mask)
+        # Every thread's partial is written before the arrival is counted (release), and the
+        # last program reads the others' partials only after its count (acquire).
+        tl.debug_barrier()
+        tile = pid_m * tl.num_programs(1) + pid_n
+        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
+        if arrived == split_k - 1:
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for split in range(0, split_k):  # split order, whichever program finished last
+                acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
+                               cache_modifier=".cg")
+            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
+            _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
+                          HAS_BIAS)
+    else:
+        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS)
+
+
 @jit(do_not_specialize=('M', 'split_k'))  # batch-dependent: one variant for every value
 def _w4a16_gemm_kernel(
     x_ptr, qw_ptr, qz_ptr, s_ptr, bias_ptr, out_ptr, partial_ptr, counter_ptr,
@@ -119,25 +146,8 @@ def _w4a16_gemm_kernel(
         w = ((q - z[None, :]).to(tl.float32) * scale.to(tl.float32)[None, :]).to(x.dtype)
         acc = tl.dot(x, w, acc)
 
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K:
-        part_offs = offs_m[:, None] * N + offs_n[None, :]
-        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=mask)
-        # Every thread's partial is written before the arrival is counted (release), and the
-        # last program reads the others' partials only after its count (acquire).
-        tl.debug_barrier()
-        tile = pid_m * tl.num_programs(1) + pid_n
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in range(0, split_k):  # split order, whichever program finished last
-                acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
-                               cache_modifier=".cg")
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
-            _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                          HAS_BIAS)
-    else:
-        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS)
+    _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
+                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
-from kvdeck.kernels.triton.w4a16_gemm import _split_counters, _store_output, streaming_multiprocessors
+from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,23 +132,8 @@ def _w4a16_marlin_kernel(
                           BROADCAST_LOAD).to(x.dtype)
         acc = tl.dot(x, w, acc)
 
-    mask = mask_m[:, None] & mask_n[None, :]
-    if SPLIT_K:
-        part_offs = offs_m[:, None] * N + offs_n[None, :]
-        tl.store(partial_ptr + pid_k * M * N + part_offs, acc, mask=mask)
-        tl.debug_barrier()  # every partial written before the arrival is counted (release)
-        tile = pid_m * tl.num_programs(1) + pid_n
-        arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
-        if arrived == split_k - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in range(0, split_k):  # split order, whichever program finished last
-                acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
-                               cache_modifier=".cg")
-            tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
-            _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                          HAS_BIAS)
-    else:
-        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS)
+    _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
+                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K)
 
 
 @triton.jit
