@@ -41,6 +41,7 @@ from kvdeck.kernels.triton import attention as attention_triton  # noqa: E402
 from kvdeck.kernels.triton import attention_tuning  # noqa: E402
 from kvdeck.kernels.triton import kv_cache as kv_cache_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
+from kvdeck.kernels.triton import qk_norm_rope_kv as qk_norm_rope_kv_triton  # noqa: E402
 from kvdeck.kernels.triton import rmsnorm as rmsnorm_triton  # noqa: E402
 from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
@@ -175,6 +176,37 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
     return variants
 
 
+def qk_norm_rope_kv_variant(dtype: str, head_dim: int, rotary_dim: int, norm: bool,
+                            is_neox: bool) -> Variant:
+    """The fused q/k RMSNorm + RoPE + KV write (kernels/triton/qk_norm_rope_kv.py)."""
+    pad, half = triton.next_power_of_2(head_dim), rotary_dim // 2
+    return Variant(
+        qk_norm_rope_kv_triton._qk_norm_rope_kv_kernel,
+        dict(q_ptr=f"*{dtype}", k_ptr=f"*{dtype}", v_ptr=f"*{dtype}", q_weight_ptr=f"*{dtype}",
+             k_weight_ptr=f"*{dtype}", positions_ptr="*i64", cos_sin_ptr="*fp32",
+             slot_mapping_ptr="*i64", k_cache_ptr=f"*{dtype}", v_cache_ptr=f"*{dtype}",
+             eps="fp32"),
+        dict(HEAD_DIM=head_dim, HEAD_DIM_PAD=pad, HALF=half, HALF_PAD=triton.next_power_of_2(half),
+             TAIL_PAD=triton.next_power_of_2(max(head_dim - rotary_dim, 1)), HAS_NORM=norm,
+             IS_NEOX=is_neox, BLOCK_SIZE=16, ROWS=gpu_rows(pad)),
+        dict(num_warps=num_warps_for(gpu_rows(pad) * pad)), decode=True,
+    )
+
+
+def qk_norm_rope_kv_variants() -> dict[str, Variant]:
+    """Qwen3 (per-head norms, d128), Llama without norms (d64, d128) in both dtypes, and a
+    partial interleaved rotary on a padded head dim."""
+    variants = {}
+    for dtype in ("fp16", "bf16"):
+        variants[f"qk_norm_rope_kv_{dtype}_d128"] = qk_norm_rope_kv_variant(dtype, 128, 128, True, True)
+        for head_dim in (64, 128):
+            variants[f"qk_rope_kv_no_norm_{dtype}_d{head_dim}"] = qk_norm_rope_kv_variant(
+                dtype, head_dim, head_dim, False, True)
+    variants["qk_norm_rope_kv_interleaved_partial_fp16_d80"] = qk_norm_rope_kv_variant(
+        "fp16", 80, 48, True, False)
+    return variants
+
+
 def build_variants() -> dict[str, Variant]:
     variants = {}
     for dtype in ATTENTION_DTYPES:
@@ -269,6 +301,7 @@ def build_variants() -> dict[str, Variant]:
         dict(HALF=12, HALF_PAD=16, ROWS=gpu_rows(16), IS_NEOX=False),
         dict(num_warps=num_warps_for(gpu_rows(16) * 16)), decode=True,
     )
+    variants.update(qk_norm_rope_kv_variants())
     for act, name in ((activation_triton.SILU, "silu"), (activation_triton.GELU_TANH, "gelu_tanh")):
         variants[f"{name}_and_mul_bf16"] = Variant(
             activation_triton._act_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),

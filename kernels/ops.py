@@ -33,3 +33,7 @@ class KernelOps:
     apply_rope: Callable
     silu_and_mul: Callable
     gelu_tanh_and_mul: Callable
+    # Optional: per-head q/k RMSNorm + RoPE + KV-cache write in one launch, where a backend
+    # fuses them (Triton); contract `kernels.reference.qk_norm_rope_kv`. None: the model
+    # calls rms_norm, apply_rope and write_kv_cache one by one.
+    qk_norm_rope_kv_write: Callable | None = None

@@ -8,6 +8,7 @@ from kvdeck.kernels.ops import KernelOps
 from kvdeck.kernels.triton.activation import gelu_tanh_and_mul_triton, silu_and_mul_triton
 from kvdeck.kernels.triton.attention import paged_attention_triton
 from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
+from kvdeck.kernels.triton.qk_norm_rope_kv import qk_norm_rope_kv_write_triton
 from kvdeck.kernels.triton.rmsnorm import rms_norm_triton
 from kvdeck.kernels.triton.rope import apply_rope_triton
 
@@ -19,4 +20,5 @@ TRITON_OPS = KernelOps(
     apply_rope=apply_rope_triton,
     silu_and_mul=silu_and_mul_triton,
     gelu_tanh_and_mul=gelu_tanh_and_mul_triton,
+    qk_norm_rope_kv_write=qk_norm_rope_kv_write_triton,
 )

@@ -52,6 +52,11 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for tag in ("g32", "g64", "g128_sym", "g128_broadcast"):
             assert f"w4a16_marlin_m16_{dtype}_{tag}_splitk" in aot.VARIANTS
         assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
+        # The fused q/k norm + RoPE + KV write: Qwen3's d128 with norms, Llama's without.
+        assert f"qk_norm_rope_kv_{dtype}_d128" in aot.VARIANTS
+        for head_dim in (64, 128):
+            assert f"qk_rope_kv_no_norm_{dtype}_d{head_dim}" in aot.VARIANTS
+    assert "qk_norm_rope_kv_interleaved_partial_fp16_d80" in aot.VARIANTS
 
 
 def test_shared_memory_fits_each_arch(compiled):

@@ -75,6 +75,25 @@ class PagedAttention(nn.Module):
                 q, k, v, self.k_cache, self.v_cache, slot_mapping, block_tables,
                 meta.query_start_loc, meta.seq_lens, self.scale, meta.max_query_len, meta.max_seq_len)
         self.ops.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, **self.write_options)
+        return self.attend(q, meta)
+
+    def forward_fused(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor, cos_sin_cache: torch.Tensor, is_neox: bool,
+                      meta: AttentionMetadata, q_norm: "RMSNorm | None" = None,
+                      k_norm: "RMSNorm | None" = None) -> torch.Tensor:
+        """q/k norm (when given) + RoPE + this step's K/V write in the backend's one fused
+        launch (`KernelOps.qk_norm_rope_kv_write`), then attention. q/k may be rewritten in
+        place: strided views of the qkv buffer."""
+        slot_mapping, _ = meta.group(self.kv_group)
+        norms = (q_norm.weight, k_norm.weight, q_norm.eps) if q_norm is not None else ()
+        q, _ = self.ops.qk_norm_rope_kv_write(positions, q, k, v, cos_sin_cache, is_neox,
+                                              self.k_cache, self.v_cache, slot_mapping, *norms,
+                                              **self.write_options)
+        return self.attend(q, meta)
+
+    def attend(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention over the cache (this step's K/V already written)."""
+        _, block_tables = meta.group(self.kv_group)
         return self.ops.paged_attention(
             q,
             self.k_cache,

@@ -46,6 +46,14 @@ class LlamaAttention(nn.Module):
     ) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.ops.qk_norm_rope_kv_write is not None and not torch.compiler.is_compiling():
+            # q/k norm + RoPE + KV write in one launch, in place on the strided qkv views.
+            out = self.attn.forward_fused(
+                positions, q.view(num_tokens, self.num_heads, self.head_dim),
+                k.view(num_tokens, self.num_kv_heads, self.head_dim),
+                v.view(num_tokens, self.num_kv_heads, self.head_dim),
+                self.rotary.cos_sin_cache, True, meta, self.q_norm, self.k_norm)
+            return self.o_proj(out.reshape(num_tokens, self.q_size))
         if self.q_norm is not None:
             q = self.q_norm(q.reshape(-1, self.head_dim))
             k = self.k_norm(k.reshape(-1, self.head_dim))
