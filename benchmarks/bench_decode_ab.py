@@ -18,16 +18,20 @@ import subprocess
 import sys
 from pathlib import Path
 
-SIDE = """
-import importlib, json, pkgutil, random, sys, time
-# The editable install maps kvdeck's folders to the checkout it was installed from; point
-# them at this side's checkout instead.
+# The start of a side's program (bench_host_ab.py's too): the editable install maps kvdeck's
+# folders to the checkout it was installed from; point them at the side's checkout (argv[1]).
+CHECKOUT_PRELUDE = """
+import importlib, pkgutil, sys
 finder = importlib.import_module(next(m.name for m in pkgutil.iter_modules()
                                       if m.name.startswith("__editable___kvdeck_")))
 installed = finder.MAPPING["kvdeck"].rsplit("/", 1)[0]
 for name, path in list(finder.MAPPING.items()):
     finder.MAPPING[name] = sys.argv[1] + path[len(installed):]
 import kvdeck.kernels
+"""
+
+SIDE = CHECKOUT_PRELUDE + """
+import json, random, time
 from kvdeck import LLM, SamplingParams
 llm = LLM(sys.argv[2], max_num_seqs=1, kv_cache_memory_gib=0.05)
 rng = random.Random(0)

@@ -30,14 +30,9 @@ import tempfile
 import time
 from pathlib import Path
 
-SIDE = """
-import importlib, pkgutil, sys
-finder = importlib.import_module(next(m.name for m in pkgutil.iter_modules()
-                                      if m.name.startswith("__editable___kvdeck_")))
-installed = finder.MAPPING["kvdeck"].rsplit("/", 1)[0]
-for name, path in list(finder.MAPPING.items()):
-    finder.MAPPING[name] = sys.argv[1] + path[len(installed):]
-import kvdeck.kernels
+from bench_decode_ab import CHECKOUT_PRELUDE  # this folder is first on sys.path
+
+SIDE = CHECKOUT_PRELUDE + """
 if not kvdeck.kernels.__file__.startswith(sys.argv[1] + "/"):
     raise SystemExit(f"imported kvdeck from {kvdeck.kernels.__file__}")
 from kvdeck.app.cli import main

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
 from kvdeck.engine.core.pipeline import StepPipeline
-from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.core.request import Request, RequestStatus, token_output
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
@@ -213,11 +213,7 @@ class EngineCore:
         outputs = []
         for request, sample in zip(batch.requests, samples):
             if sample is not None:
-                status = request.status
-                outputs.append(EngineCoreOutput(
-                    request.request_id, [sample.token_id], status.value if status.finished else None,
-                    request.stop_reason, None if sample.logprobs is None else [sample.logprobs],
-                    request.metrics, request.num_cached_tokens))
+                outputs.append(token_output(request, [sample]))
         self.generation_tokens_total += len(outputs)
         return outputs, finished
 
@@ -242,15 +238,7 @@ class EngineCore:
                 continue
             kept = samples[: request.num_output_tokens - before]  # a stop drops the rest of a run
             self.generation_tokens_total += len(kept)
-            outputs.append(EngineCoreOutput(
-                request_id=request.request_id,
-                new_token_ids=[s.token_id for s in kept],
-                finish_reason=request.status.value if request.status.finished else None,
-                stop_reason=request.stop_reason,
-                new_logprobs=[s.logprobs for s in kept] if kept[0].logprobs is not None else None,
-                metrics=request.metrics,
-                num_cached_tokens=request.num_cached_tokens,
-            ))
+            outputs.append(token_output(request, kept))
         return outputs, finished
 
     def _finish_grammars(self, grammar_done: list[Request]) -> list[Request]:

@@ -22,6 +22,7 @@ token), repetition, presence or frequency penalties (they count the output).
 import time
 from typing import TYPE_CHECKING
 
+from kvdeck.engine.core.request import token_output
 from kvdeck.engine.core.scheduler import ScheduledBatch
 from kvdeck.engine.runner.async_step import LaunchedStep
 from kvdeck.engine.types.stats import StepSummary
@@ -75,11 +76,7 @@ class StepPipeline:
         outputs = core._fail(batch, result.failures)
         for request, sample, took in zip(batch.requests, result.samples, taken):
             if took:
-                status = request.status
-                outputs.append(EngineCoreOutput(
-                    request.request_id, [sample.token_id], status.value if status.finished else None,
-                    request.stop_reason, None if sample.logprobs is None else [sample.logprobs],
-                    request.metrics, request.num_cached_tokens))
+                outputs.append(token_output(request, [sample]))
         core.generation_tokens_total += len(outputs)
         core.num_steps += 1
         core.last_step = StepSummary(batch.num_prefill_tokens, batch.num_decode_tokens,

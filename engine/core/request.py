@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.types.outputs import RequestMetrics
 from kvdeck.engine.types.sampling_params import SamplingParams
-from kvdeck.engine.types.wire import RequestStatus
+from kvdeck.engine.types.wire import EngineCoreOutput, RequestStatus
 
 if TYPE_CHECKING:
     from kvdeck.engine.grammar.matchers import GrammarState
@@ -101,3 +101,12 @@ class Request:
     def is_prefilling(self) -> bool:
         """True until every token but the newest sampled one has its K/V computed."""
         return self.num_tokens - self.num_computed_tokens > 1 or not self.output_token_ids
+
+
+def token_output(request: Request, samples: list) -> EngineCoreOutput:
+    """A request's new tokens (its samples of a step, at least one) as the core hands them on."""
+    status = request.status
+    return EngineCoreOutput(
+        request.request_id, [s.token_id for s in samples], status.value if status.finished else None,
+        request.stop_reason, [s.logprobs for s in samples] if samples[0].logprobs is not None else None,
+        request.metrics, request.num_cached_tokens)

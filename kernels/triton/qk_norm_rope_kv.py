@@ -21,7 +21,7 @@ from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_pro
 from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.rmsnorm import rms_norm_triton
-from kvdeck.kernels.triton.rope import apply_rope_triton
+from kvdeck.kernels.triton.rope import _rotary_operands, apply_rope_triton
 
 
 @triton.jit
@@ -55,18 +55,9 @@ def _norm_rope_rows(
         full = tl.load(base + cols[None, :], mask=row_valid[:, None] & (cols < HEAD_DIM)[None, :],
                        other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(full * full, 1) / HEAD_DIM + eps)
+    first, second, cos, sin, mask = _rotary_operands(positions_ptr, cos_sin_ptr, stride_cache_pos, token,
+                                                     row_valid, HALF, HALF_PAD, IS_NEOX)
     pairs = tl.arange(0, HALF_PAD)
-    mask = row_valid[:, None] & (pairs < HALF)[None, :]
-    if IS_NEOX:  # halves of the rotary dims: (i, i + HALF)
-        first = pairs
-        second = pairs + HALF
-    else:  # adjacent pairs: (2i, 2i + 1)
-        first = 2 * pairs
-        second = 2 * pairs + 1
-    position = tl.load(positions_ptr + token, mask=row_valid, other=0).to(tl.int64)
-    cache_row = cos_sin_ptr + position[:, None] * stride_cache_pos + pairs[None, :]
-    cos = tl.load(cache_row, mask=mask, other=1.0)
-    sin = tl.load(cache_row + HALF, mask=mask, other=0.0)
     x1 = tl.load(base + first[None, :], mask=mask, other=0.0)
     x2 = tl.load(base + second[None, :], mask=mask, other=0.0)
     x1f = _normed(x1, rstd, w_ptr, first, pairs < HALF, HAS_NORM)

@@ -15,16 +15,11 @@ from kvdeck.kernels.triton.launch import jit, launch
 
 
 @triton.jit
-def _rotate_rows(
-    x_ptr, stride_tok, stride_head, num_heads, num_tokens, positions_ptr, cos_sin_ptr,
-    stride_cache_pos, row_start,
-    HALF: tl.constexpr, HALF_PAD: tl.constexpr, ROWS: tl.constexpr, IS_NEOX: tl.constexpr,
-):
-    rows = row_start + tl.arange(0, ROWS).to(tl.int64)
-    token = rows // num_heads
-    head = rows % num_heads
+def _rotary_operands(positions_ptr, cos_sin_ptr, stride_cache_pos, token, row_valid,
+                     HALF: tl.constexpr, HALF_PAD: tl.constexpr, IS_NEOX: tl.constexpr):
+    """For rows of tokens: the columns each rotation pair reads (first, second), the pair's cos
+    and sin at the token's position, and the mask of real rows and pairs."""
     pairs = tl.arange(0, HALF_PAD)
-    row_valid = token < num_tokens
     mask = row_valid[:, None] & (pairs < HALF)[None, :]
     position = tl.load(positions_ptr + token, mask=row_valid, other=0).to(tl.int64)
     cache_row = cos_sin_ptr + position[:, None] * stride_cache_pos + pairs[None, :]
@@ -36,6 +31,21 @@ def _rotate_rows(
     else:  # adjacent pairs: (2i, 2i + 1)
         first = 2 * pairs
         second = 2 * pairs + 1
+    return first, second, cos, sin, mask
+
+
+@triton.jit
+def _rotate_rows(
+    x_ptr, stride_tok, stride_head, num_heads, num_tokens, positions_ptr, cos_sin_ptr,
+    stride_cache_pos, row_start,
+    HALF: tl.constexpr, HALF_PAD: tl.constexpr, ROWS: tl.constexpr, IS_NEOX: tl.constexpr,
+):
+    rows = row_start + tl.arange(0, ROWS).to(tl.int64)
+    token = rows // num_heads
+    head = rows % num_heads
+    row_valid = token < num_tokens
+    first, second, cos, sin, mask = _rotary_operands(positions_ptr, cos_sin_ptr, stride_cache_pos, token,
+                                                     row_valid, HALF, HALF_PAD, IS_NEOX)
     base = x_ptr + token[:, None] * stride_tok + head[:, None] * stride_head
     x1 = tl.load(base + first[None, :], mask=mask, other=0.0)
     x2 = tl.load(base + second[None, :], mask=mask, other=0.0)
