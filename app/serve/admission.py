@@ -42,6 +42,7 @@ class ServeState:
     drain: Drain
     restart_delay: float | None = 1.0  # None: a dead engine stays down
     tool_call_parser: str | None = None  # the tool-call format, when not read from the template
+    model_aliases: frozenset[str] = frozenset()  # other names of the model requests may give
 
 
 
@@ -56,7 +57,8 @@ class Fields:
 
 
 def check_model(state: ServeState, model: str | None) -> None:
-    if model is not None and model != state.model_name:
+    """404 unless `model` is None, the served name or one of its aliases (served_name.py)."""
+    if model is not None and model != state.model_name and model not in state.model_aliases:
         raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
                                f"{state.model_name!r}", param="model", code="model_not_found")
 

@@ -55,8 +55,9 @@ METRICS_RESPONSES = {200: {"content": {"text/plain": {"schema": {"type": "string
                            "description": "Prometheus text exposition"}}
 
 
-def install_openapi(app: FastAPI, model_name: str) -> None:
-    """Generate the document once, without the 422s FastAPI adds to routes with a body."""
+def install_openapi(app: FastAPI, model_names: list[str]) -> None:
+    """Generate the document once, without the 422s FastAPI adds to routes with a body;
+    `model_names`: the served name and its aliases, the names a request's model may be."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -69,7 +70,7 @@ def install_openapi(app: FastAPI, model_name: str) -> None:
                 components.pop(unused, None)
             for body in components.values():
                 if "model" in body.get("properties", {}):  # another name is a 404
-                    body["properties"]["model"] = {"anyOf": [{"enum": [model_name]}, {"type": "null"}],
+                    body["properties"]["model"] = {"anyOf": [{"enum": model_names}, {"type": "null"}],
                                                    "default": None, "title": "Model"}
             app.openapi_schema = schema
         return app.openapi_schema

@@ -42,6 +42,7 @@ from kvdeck.app.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from kvdeck.app.serve.served_name import served_names
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineStartError
@@ -59,20 +60,23 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                engine_restart_delay: float | None = 1.0,
                allowed_origins: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               drain: Drain | None = None, tool_call_parser: str | None = None) -> FastAPI:
+               drain: Drain | None = None, tool_call_parser: str | None = None,
+               model_aliases: tuple[str, ...] = ()) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
     `allowed_origins`: browser origins allowed by CORS (None: no CORS headers).
     `drain`: set by the server on SIGTERM (requests then get 503, streams are cut later).
+    `model_aliases`: more names requests may give the model (served_name.py finds the rest).
     """
-    model_name = served_model_name or client.model_name
+    names = served_names(client.model_name, override=served_model_name, aliases=model_aliases)
+    model_name = names.name
     metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
     client.add_output_listener(metrics.observe_output)
     latencies = LatencyFeed()
     client.add_output_listener(latencies.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
-                       engine_restart_delay, tool_call_parser)
+                       engine_restart_delay, tool_call_parser, names.aliases)
     created = int(time.time())
 
     @asynccontextmanager
@@ -89,7 +93,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     install_error_handlers(app)
-    install_openapi(app, model_name)
+    install_openapi(app, [model_name, *sorted(names.aliases)])
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -236,8 +240,9 @@ def is_loopback(host: str) -> bool:
         return False  # a hostname: it could resolve to anything
 
 
-def run_server(args, engine_kwargs: dict) -> int:
-    """Entry point of `kvdeck --serve`; returns the process exit code."""
+def run_server(args, engine_kwargs: dict, requested_model: str | None = None) -> int:
+    """Entry point of `kvdeck --serve`; returns the process exit code. `requested_model`:
+    `--model` as the user typed it, before it was resolved (requests may name it so)."""
     import uvicorn
 
     api_key = args.api_key or os.environ.get("KVDECK_API_KEY") or None
@@ -276,7 +281,8 @@ def run_server(args, engine_kwargs: dict) -> int:
                      engine_restart_delay=args.engine_restart_delay if args.restart_engine else None,
                      allowed_origins=args.allowed_origins,
                      max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain,
-                     tool_call_parser=args.tool_call_parser)
+                     tool_call_parser=args.tool_call_parser,
+                     model_aliases=(requested_model,) if requested_model else ())
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)

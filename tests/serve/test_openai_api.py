@@ -76,7 +76,9 @@ def test_health_and_models(server, api, serve_model_dir):
     health = httpx.get(f"{server.base_url}/health")
     assert health.status_code == 200 and health.json()["status"] == "ready"
     models = api.models.list().data
-    assert [m.id for m in models] == [str(serve_model_dir)]
+    assert [m.id for m in models] == [serve_model_dir.name]  # the folder's name, not its path
+    by_path = api.completions.create(model=str(serve_model_dir), prompt="hi", max_tokens=1)
+    assert by_path.model == serve_model_dir.name
 
 
 def test_completion_equals_offline_greedy(api, model_name, offline):
