@@ -26,7 +26,7 @@ from kvdeck.app.serve.admission import (
     submit,
 )
 from kvdeck.app.serve.errors import OpenAIError, sse_error
-from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest
+from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from kvdeck.app.serve.response_parts import (
     chat_logprobs,
     completion_logprobs,
@@ -35,9 +35,14 @@ from kvdeck.app.serve.response_parts import (
     usage,
 )
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
-from kvdeck.app.serve.structured import ToolCallStream, plan_tools, structured_spec, tool_call_message
+from kvdeck.app.serve.structured import (
+    CallFormat,
+    ToolCallStream,
+    plan_tools,
+    structured_spec,
+    tool_call_message,
+)
 from kvdeck.engine.api.async_llm import RequestStream
-from kvdeck.engine.frontend.tool_calls import ToolCallFormat
 from kvdeck.engine.types.outputs import RequestOutput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -133,8 +138,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     structured, field = structured_spec(req)
     if tools.constraint is not None:
         if structured is not None:
-            raise OpenAIError(400, f"tool_choice {req.tool_choice!r} and {field} both constrain the "
-                                   "output; give one", param="tool_choice")
+            raise _constraint_clash(req, field, tools.generic is not None)
         structured, field = tools.constraint, "tools"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
@@ -144,19 +148,21 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await submit(state, [(request_id, None)], params,
                            Fields("messages", field, max_tokens is not None),
-                           messages=[m.for_template() for m in req.messages], tools=tools.template_tools)
+                           messages=tools.messages([m.for_template() for m in req.messages]),
+                           tools=tools.template_tools)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(
-            state, streams, request_id, include_usage, logprobs, req.n, tools.fmt,
+            state, streams, request_id, include_usage, logprobs, req.n, tools.call_format,
             req.parallel_tool_calls, req.return_token_ids), streams)
     (finals,) = await run_to_end(streams, raw, state.drain)
     choices = []
     for i, out in enumerate(finals):
         completion = out.outputs[0]
         message, called = {"role": "assistant", "content": completion.text}, False
-        if tools.fmt is not None:
-            message, called = tool_call_message(tools.fmt, completion.text, req.parallel_tool_calls)
+        if tools.call_format is not None:
+            message, called = tool_call_message(tools.call_format, completion.text,
+                                                req.parallel_tool_calls)
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(out, 0, logprobs),
                         "finish_reason": "tool_calls" if called else completion.finish_reason,
                         "stop_reason": completion.stop_reason})
@@ -169,9 +175,21 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     return JSONResponse(body)
 
 
+def _constraint_clash(req: ChatCompletionRequest, field: str | None, generic: bool) -> OpenAIError:
+    if generic:
+        return OpenAIError(400, f"this model's chat template does not render tools, so they are "
+                                f"served in the generic format, whose reply is held to a grammar; "
+                                f"{field} cannot constrain it too: drop {field}, or give "
+                                "tool_choice \"none\"", param=field)
+    choice = req.tool_choice
+    name = choice.function.name if isinstance(choice, NamedToolChoice) else choice
+    return OpenAIError(400, f"tool_choice {name!r} and {field} both constrain the output; give "
+                            "one", param="tool_choice")
+
+
 async def _chat_stream(state: ServeState, streams: list[RequestStream], request_id: str,
                        include_usage: bool, logprobs: int | None, n: int,
-                       tool_format: ToolCallFormat | None = None,
+                       tool_format: CallFormat | None = None,
                        parallel_tool_calls: bool = True,
                        return_token_ids: bool = False) -> AsyncIterator[str]:
     """return_token_ids: vLLM's shape (the prompt's ids on the first chunk, each chunk's new
@@ -225,6 +243,8 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                         delta["tool_calls"] = calls
                     if done and tool_stream.called:
                         finish = "tool_calls"
+                    if not delta and not done and logprobs is None and new_ids is None:
+                        continue  # text held back by the parser: nothing to tell yet
                 yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason, new_ids)
         if include_usage:
             yield sse_event({**base, "choices": [], "usage": usage(finals, len(finals))})

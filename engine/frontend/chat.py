@@ -2,9 +2,12 @@
 
 Roles as OpenAI's API has them: `developer` is the newer name of `system`, so templates
 that do not know it get `system`; `tool` messages and assistant `tool_calls` go to templates
-that render them and are refused (naming the role) by those that would not. A template
-that raises is a bad-input error with the template's own message, never a crash.
+that render them, and to the others as plain text turns (the generic tool format's, see
+generic_tools.py). A template that raises is a bad-input error with the template's own
+message, never a crash.
 """
+
+from kvdeck.engine.frontend.generic_tools import history_as_text
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -57,9 +60,9 @@ def prepare_messages(messages: list[dict], template: str) -> list[dict]:
             check_unicode(content, f"messages[{i}].content")
         if role == "developer" and "developer" not in template:
             role = "system"
-        if (role == "tool" or tool_calls) and "tool" not in template:
-            what = "tool_calls" if tool_calls else "role 'tool'"
-            raise ValueError(f"messages[{i}]: {what} is not supported by this model's chat "
-                             "template (it does not render tool messages)")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise ValueError(f"messages[{i}].tool_calls must be a list")
         prepared.append({**message, "role": role})
+    if "tool" not in template:  # it cannot show tool turns: they become text it can show
+        prepared = history_as_text(prepared)
     return prepared
