@@ -1,7 +1,8 @@
 """`kvdeck` entry point: every subcommand's flags and output, one module per command group.
 
 `kvdeck [--model M]` opens the TUI; `kvdeck --serve` runs the OpenAI-compatible server
-(engine_flags.py holds the engine's flags); subcommands come from the modules in
+(engine_flags.py holds the engine's flags, serve_flags.py the server's; parse_errors.py makes
+the errors name the wrong word); subcommands come from the modules in
 SUBCOMMANDS (models.py: pull, models, rm; gguf.py: import; quantize.py: quantize, eval-ppl;
 bench.py; attach.py), each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]` and calling into the
@@ -16,6 +17,8 @@ import importlib
 import sys
 
 from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from_args
+from kvdeck.app.cli.parse_errors import CliParser, given_options
+from kvdeck.app.cli.serve_flags import add_serve_arguments, serve_only_error
 from kvdeck.engine.types.config import EngineConfig
 
 SUBCOMMANDS = {  # name: (module, help)
@@ -37,37 +40,15 @@ SUBCOMMANDS = {  # name: (module, help)
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The parser; only the subcommand named in `argv` gets its module imported."""
-    parser = argparse.ArgumentParser(
+    parser = CliParser(
         prog="kvdeck",
+        usage="kvdeck [--model MODEL] [--serve] [OPTION ...] | kvdeck COMMAND ...",
         description="Local LLM engine with a live view of its paged KV cache.",
     )
     parser.add_argument("--serve", action="store_true", help="run the OpenAI-compatible server")
     add_engine_arguments(parser)
-    serve = parser.add_argument_group("server (with --serve)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require this bearer token")
-    serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--max-queue-len", type=int, default=256,
-                       help="waiting requests accepted before answering 429")
-    serve.add_argument("--allow-insecure-bind", action="store_true",
-                       help="allow a non-loopback --host without --api-key")
-    serve.add_argument("--restart-engine", action=argparse.BooleanOptionalAction, default=True,
-                       help="start a new engine when it crashes (default: on)")
-    serve.add_argument("--engine-restart-delay", type=float, default=1.0,
-                       help="seconds before restarting a crashed engine, doubled while restarts fail")
-    serve.add_argument("--max-request-body-mb", type=float, default=4.0,
-                       help="larger request bodies get 413 before they are parsed (default: 4)")
-    serve.add_argument("--shutdown-grace-period", type=float, default=10.0, metavar="S",
-                       help="on SIGTERM, seconds streams may still run before they are ended "
-                            "with an error event (default: 10)")
-    serve.add_argument("--tool-call-parser", choices=("hermes", "llama3_json", "mistral"), default=None,
-                       help="the format the model writes tool calls in (default: read from its chat "
-                            "template)")
-    serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
-                       help="browser origins allowed by CORS, e.g. http://localhost:3000 or '*' "
-                            "(default: none)")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    serve_only = add_serve_arguments(parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", prog="kvdeck")
     handlers = {}
     named = set(argv or ()) & set(SUBCOMMANDS)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
@@ -77,7 +58,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         add_arguments, run = importlib.import_module(module_name).COMMANDS[name]
         add_arguments(sub)
         handlers[name] = run
-    parser.set_defaults(_handlers=handlers)
+    parser.set_defaults(_handlers=handlers, _serve_only=serve_only)
     return parser
 
 
@@ -85,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    if not args.serve:
+        misplaced = serve_only_error(given_options(parser, argv), args._serve_only)
+        if misplaced:
+            parser.error(misplaced)
     try:
         if args.command:
             return int(args._handlers[args.command](args) or 0)

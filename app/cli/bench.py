@@ -9,6 +9,7 @@ import argparse
 
 from kvdeck.app.cli.bench_runs import run_decode, run_throughput
 from kvdeck.app.cli.engine_flags import add_engine_arguments
+from kvdeck.app.cli.parse_errors import CliParser
 
 WORKLOADS = ("random", "grounded")
 WORKLOAD_HELP = ("random: random token ids; grounded: continue a passage of the bundled docs text that "
@@ -22,7 +23,7 @@ SPEC_HELP = ("with --speculative-config, both sides run in this process: the eng
 DASH_VALUE_FLAGS = ("--llama-cpp-args",)
 
 
-class _BenchParser(argparse.ArgumentParser):
+class _BenchParser(CliParser):
     """A bench subcommand's parser: a DASH_VALUE_FLAGS flag takes the next word as its value,
     whatever it starts with (joined as `--flag=value` before argparse sees it)."""
 
