@@ -133,13 +133,13 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     if req.top_logprobs is not None and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     check_choice_count(state, req.n, "n")
-    tools = plan_tools(req, getattr(state.engine.tokenizer, "chat_template", None),
-                       state.tool_call_parser)
     structured, field = structured_spec(req)
+    tools = plan_tools(req, getattr(state.engine.tokenizer, "chat_template", None),
+                       state.tool_call_parser, structured)
     if tools.constraint is not None:
-        if structured is not None:
+        if structured is not None and not tools.holds_answer:
             raise _constraint_clash(req, field, tools.generic is not None)
-        structured, field = tools.constraint, "tools"
+        structured, field = tools.constraint, field if tools.holds_answer else "tools"
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -179,8 +179,9 @@ def _constraint_clash(req: ChatCompletionRequest, field: str | None, generic: bo
     if generic:
         return OpenAIError(400, f"this model's chat template does not render tools, so they are "
                                 f"served in the generic format, whose reply is held to a grammar; "
-                                f"{field} cannot constrain it too: drop {field}, or give "
-                                "tool_choice \"none\"", param=field)
+                                f"only a JSON schema or json_object can shape its answer, and only "
+                                f"with tool_choice \"auto\": drop {field}, or give tool_choice "
+                                "\"none\"", param=field)
     choice = req.tool_choice
     name = choice.function.name if isinstance(choice, NamedToolChoice) else choice
     return OpenAIError(400, f"tool_choice {name!r} and {field} both constrain the output; give "

@@ -4,6 +4,7 @@ with every model: natively where the chat template renders them, in the generic 
 (engine/frontend/generic_tools.py) where it does not. Other APIs (Ollama's) use
 `plan_tool_use`, `tool_call_message` and `ToolCallStream` with plain dicts."""
 
+import json
 import uuid
 from dataclasses import dataclass, field
 
@@ -67,6 +68,8 @@ class ToolPlan:
     fmt: ToolCallFormat | None = None  # parse calls out of the output in this format
     constraint: StructuredOutputsParams | None = None  # forces a call ("required", named)
     generic: GenericTools | None = None  # the generic format (fmt is None then)
+    holds_answer: bool = False  # `constraint` also holds the plain answer to the request's
+
 
     @property
     def call_format(self) -> CallFormat | None:
@@ -78,21 +81,26 @@ class ToolPlan:
         return self.generic.with_prompt(messages) if self.generic is not None else messages
 
 
-def plan_tools(req: ChatCompletionRequest, chat_template: str | None, parser: str | None) -> ToolPlan:
-    """`plan_tool_use` for an OpenAI chat request."""
+def plan_tools(req: ChatCompletionRequest, chat_template: str | None, parser: str | None,
+               answer: StructuredOutputsParams | None = None) -> ToolPlan:
+    """`plan_tool_use` for an OpenAI chat request (`answer`: its response_format's spec)."""
     tools = [tool.model_dump(exclude_none=True) for tool in req.tools] if req.tools else None
     choice = req.tool_choice
     if isinstance(choice, NamedToolChoice):
         choice = choice.function.name
-    return plan_tool_use(tools, choice, req.parallel_tool_calls, chat_template, parser)
+    return plan_tool_use(tools, choice, req.parallel_tool_calls, chat_template, parser, answer)
 
 
 def plan_tool_use(tools: list[dict] | None, tool_choice: str | None = None, parallel: bool = True,
-                  chat_template: str | None = None, parser: str | None = None) -> ToolPlan:
+                  chat_template: str | None = None, parser: str | None = None,
+                  answer: StructuredOutputsParams | None = None) -> ToolPlan:
     """The plan for `tools` (OpenAI's: {"type": "function", "function": {"name",
     "description", "parameters"}}) and `tool_choice`: None, "none", "auto", "required", or
     the name of one function to call. `chat_template` is the model's, `parser` the server's
-    --tool-call-parser (None: read the format from the template). Then:
+    --tool-call-parser (None: read the format from the template), `answer` the request's own
+    output constraint (a JSON schema or json_object shapes the generic format's plain
+    answer: then `plan.holds_answer`; any other constraint is the caller's to refuse when
+    `plan.constraint` is set too). Then:
     `plan.messages(messages)` and `plan.template_tools` go to the chat template,
     `plan.constraint` to the sampling params, and `tool_call_message(plan.call_format, text,
     parallel)` or a `ToolCallStream(plan.call_format, parallel)` turn the reply back into
@@ -117,8 +125,11 @@ def plan_tool_use(tools: list[dict] | None, tool_choice: str | None = None, para
     if not native:
         generic = GenericTools(functions, may_answer=tool_choice in (None, "auto"),
                                parallel=parallel and not named)
+        holds = generic.may_answer and answer is not None and answer.kind in ("json", "json_object")
+        if holds:
+            generic.answer_schema = json.loads(answer.json) if answer.json else {"type": "object"}
         return ToolPlan(constraint=StructuredOutputsParams(grammar=generic.grammar()),
-                        generic=generic)
+                        generic=generic, holds_answer=holds)
     if tool_choice == "required" or named:
         forced = StructuredOutputsParams(grammar=fmt.grammar(functions, parallel and not named))
         return ToolPlan(tools, fmt, forced)

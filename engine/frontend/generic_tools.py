@@ -5,8 +5,9 @@ holds the reply to one JSON object, either
     {"tool_calls": [{"name": "<function>", "arguments": {...}}, ...]}   a call (or several)
     {"response": "<text>"}                                              a plain answer
 
-(the second only with tool_choice "auto"). Each call's arguments are held to its
-function's JSON schema. Past turns go back to the template as plain text in the same
+(the second only with tool_choice "auto"; with a response_format's schema, "response" is
+a JSON value of that schema and the answer is its JSON text). Each call's arguments are
+held to its function's JSON schema. Past turns go back to the template as plain text in the same
 shapes: an assistant's calls as the `tool_calls` JSON, a tool's result as a user message
 `{"tool_response": {"name", "tool_call_id", "content"}}`.
 
@@ -18,15 +19,15 @@ import json
 import re
 from dataclasses import dataclass
 
-from kvdeck.engine.frontend.tool_calls import ParsedText, ToolCallFormat, parse
+from kvdeck.engine.frontend.tool_calls import ParsedText, ToolCallFormat, json_value_end, parse
 
 # The reply is laid out as json.dumps writes it (as structured outputs and native calls).
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 # The calls object parses as a list of calls after this marker (tool_calls.parse does it).
 _CALLS_FORMAT = ToolCallFormat("generic", '{"tool_calls": ', "", "arguments", ", ", in_list=True)
 _CALLS_START = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*')
-_RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*"')
-_PREFIXES = ('{"tool_calls": ', '{"response": "')
+_RESPONSE_START = re.compile(r'\s*\{\s*"response"\s*:\s*')
+_PREFIXES = ('{"tool_calls": ', '{"response": ')
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
@@ -34,11 +35,13 @@ NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": Fal
 class GenericTools:
     """The generic format for one request: the functions the reply may call (OpenAI
     function definitions: name, description, parameters), whether it may answer in plain
-    text instead (tool_choice "auto"), and whether it may make several calls."""
+    text instead (tool_choice "auto"), whether it may make several calls, and the schema
+    of the answer (None: free text; else its JSON, as response_format asks)."""
 
     functions: list[dict]
     may_answer: bool = True
     parallel: bool = True
+    answer_schema: dict | None = None
 
     def call_schema(self) -> dict:
         """A JSON schema of one call to any of the functions."""
@@ -58,7 +61,8 @@ class GenericTools:
         if not self.may_answer:
             return call
         answer = {"type": "object", "additionalProperties": False, "required": ["response"],
-                  "properties": {"response": {"type": "string"}}}
+                  "properties": {"response": {"type": "string"} if self.answer_schema is None
+                                 else self.answer_schema}}
         return {"anyOf": [call, answer]}
 
     def grammar(self) -> str:
@@ -73,7 +77,9 @@ class GenericTools:
         call = '{"tool_calls": [{"name": <tool>, "arguments": <its parameters>}]}'
         how_many = "one or more calls" if self.parallel else "one call"
         if self.may_answer:
-            shape = f'Reply in JSON: {call} ({how_many}), or {{"response": "<answer>"}}.'
+            answer = '"<answer>"' if self.answer_schema is None else \
+                f"<answer as JSON of this schema: {json.dumps(self.answer_schema)}>"
+            shape = f'Reply in JSON: {call} ({how_many}), or {{"response": {answer}}}.'
         else:
             must = self.functions[0]["name"] if len(self.functions) == 1 else "a tool"
             shape = f"Reply in JSON: {call} ({how_many}); you must call {must}."
@@ -100,7 +106,14 @@ class GenericTools:
                 return ParsedText(text)  # cut short (max_tokens): what was written, as it is
             return parsed
         if (match := _RESPONSE_START.match(text)) is not None:
-            answer, closed = _string_prefix(text, match.end())
+            if self.answer_schema is not None:  # the answer is the value's JSON text
+                end = json_value_end(text, match.end())
+                answer = text[match.end():end].lstrip()
+                return ParsedText(answer, pending=end is None and not final)
+            if not text.startswith('"', match.end()):
+                return ParsedText("", pending=not final) if match.end() == len(text) \
+                    else ParsedText(text)
+            answer, closed = _string_prefix(text, match.end() + 1)
             return ParsedText(answer, pending=not (closed or final))
         stripped = text.lstrip()
         if not final and any(prefix.startswith(stripped) for prefix in _PREFIXES):

@@ -155,14 +155,14 @@ def _parse_call(fmt: ToolCallFormat, text: str, start: int) -> tuple[ParsedCall 
         return ParsedCall(None, "", False), len(text)
     if text[brace] != "{":
         return None, brace
-    end = _json_value_end(text, brace)
+    end = json_value_end(text, brace)
     body = text[brace:end if end is not None else len(text)]
     name = re.search(r'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body)
     arguments = ""
     key = re.search(rf'"{fmt.args_key}"\s*:\s*', body)
     if key is not None:
         args_start = brace + key.end()
-        args_end = _json_value_end(text, args_start)
+        args_end = json_value_end(text, args_start)
         arguments = text[args_start:args_end if args_end is not None else len(text)]
     if end is None:
         return ParsedCall(_unescape(name.group(1)) if name else None, arguments, False), len(text)
@@ -203,7 +203,7 @@ def _parse_list(fmt: ToolCallFormat, text: str, final: bool) -> ParsedText:
             position += 1
 
 
-def _json_value_end(text: str, start: int) -> int | None:
+def json_value_end(text: str, start: int) -> int | None:
     """Where the JSON value starting at `start` ends (None: it has not ended yet)."""
     position = _skip_space(text, start)
     if position >= len(text):

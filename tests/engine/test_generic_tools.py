@@ -75,12 +75,29 @@ def test_a_plain_answer_streams_as_its_decoded_text():
     assert shown == answer
 
 
+def test_an_answer_with_a_schema_is_its_json_text():
+    person = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    tools = GenericTools([WEATHER], answer_schema=person)
+    schema = tools.reply_schema()
+    assert valid(schema, '{"response": {"name": "Ada"}}') and not valid(schema, ANSWER)
+    assert json.dumps(person) in tools.system_prompt()
+    reply = '{"response": {"name": "A}da"}}'
+    shown = ""
+    for cut in range(len(reply) + 1):
+        parsed = tools.parse(reply[:cut], final=False)
+        assert parsed.content.startswith(shown) and '{"name": "A}da"}'.startswith(parsed.content)
+        shown = parsed.content
+    assert tools.parse(reply, final=True).content == '{"name": "A}da"}'
+
+
 def test_cut_short_or_foreign_text_is_content_as_written():
     tools = GenericTools([WEATHER])
     cut = '{"tool_calls": [{"name": "get_weather", "arguments": {"ci'
     assert tools.parse(cut, final=True).content == cut and not tools.parse(cut, final=True).calls
     assert tools.parse("hello", final=False).content == "hello"
     assert tools.parse('{"respo', final=False).pending
+    assert tools.parse('{"response": ', final=False).pending
+    assert tools.parse('{"response": 5}', final=True).content == '{"response": 5}'
     assert tools.parse('{"response": "half', final=True).content == "half"
 
 

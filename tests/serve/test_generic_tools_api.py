@@ -145,12 +145,38 @@ def test_a_tool_result_in_the_history_renders_and_runs(api):
     assert_valid_calls(reply.choices[0].message.tool_calls)
 
 
+def test_auto_with_a_response_format_answers_in_its_schema(api):
+    person = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}},
+              "required": ["name"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": person}}
+    request = {"response_format": fmt, "temperature": 1.0, "max_tokens": 100,
+               "parallel_tool_calls": False}  # one call fits the demo model's 512 tokens
+    for seed in range(3):
+        for chunks in (False, True):
+            if chunks:
+                content, finish, called = "", None, False
+                for chunk in ask(api, True, seed=seed, **request):
+                    content += chunk.choices[0].delta.content or ""
+                    called = called or bool(chunk.choices[0].delta.tool_calls)
+                    finish = chunk.choices[0].finish_reason or finish
+            else:
+                choice = ask(api, seed=seed, **request).choices[0]
+                content, finish = choice.message.content, choice.finish_reason
+                called = bool(choice.message.tool_calls)
+                if called:
+                    assert_valid_calls(choice.message.tool_calls)
+            if not called and finish == "stop":
+                jsonschema.validate(json.loads(content), person)
+            assert (finish == "tool_calls") == called
+
+
 @pytest.mark.parametrize(("body", "param", "says"), [
     ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
      "tool_choice", "'nope', which is not in tools ('get_weather', 'get_time', 'ping')"),
     ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
-    ({"tools": TOOLS, "response_format": {"type": "json_object"}}, "response_format",
-     "generic format"),
+    ({"tools": TOOLS, "guided_regex": "a+"}, "guided_regex", "generic format"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "response_format", "only with tool_choice \"auto\""),
 ])
 def test_what_cannot_work_is_a_400_saying_what_would(server, body, param, says):
     response = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60,

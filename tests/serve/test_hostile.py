@@ -59,9 +59,8 @@ HOSTILE = [
     ("tool_choice naming no tool", "POST", CHAT, chat(
         tools=[{"type": "function", "function": {"name": "f"}}],
         tool_choice={"type": "function", "function": {"name": "g"}}), JSON, 400),
-    ("tools and a response_format on a template without tools", "POST", CHAT, chat(
-        tools=[{"type": "function", "function": {"name": "f"}}],
-        response_format={"type": "json_object"}), JSON, 400),
+    ("tools and a regex on a template without tools", "POST", CHAT, chat(
+        tools=[{"type": "function", "function": {"name": "f"}}], guided_regex="a+"), JSON, 400),
     # ranges
     ("seed 2^64", "POST", CHAT, chat(temperature=1, seed=2**64), JSON, 400),
     ("seed below -2^63", "POST", COMP, comp(seed=-(2**63) - 1), JSON, 400),
