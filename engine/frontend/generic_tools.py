@@ -44,26 +44,35 @@ class GenericTools:
     answer_schema: dict | None = None
 
     def call_schema(self) -> dict:
-        """A JSON schema of one call to any of the functions."""
-        calls = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                  "properties": {"name": {"const": function["name"]},
-                                 "arguments": function.get("parameters") or NO_PARAMETERS}}
-                 for function in self.functions]
-        return calls[0] if len(calls) == 1 else {"anyOf": calls}
+        """A JSON schema of one call to any of the functions (their `$defs` hoisted to the
+        top, where the `$ref`s of a schema nested in another resolve)."""
+        calls, defs = [], {}
+        for function in self.functions:
+            parameters, own_defs = _hoisted(function["name"], function.get("parameters") or NO_PARAMETERS)
+            defs.update(own_defs)
+            calls.append({"type": "object", "additionalProperties": False,
+                          "required": ["name", "arguments"],
+                          "properties": {"name": {"const": function["name"]}, "arguments": parameters}})
+        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
+        return {**schema, "$defs": defs} if defs else schema
 
     def reply_schema(self) -> dict:
         """A JSON schema of the whole reply."""
-        calls: dict = {"type": "array", "items": self.call_schema(), "minItems": 1}
+        item = self.call_schema()
+        defs = item.pop("$defs", None)
+        calls: dict = {"type": "array", "items": item, "minItems": 1}
         if not self.parallel:
             calls["maxItems"] = 1
         call = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
                 "properties": {"tool_calls": calls}}
-        if not self.may_answer:
-            return call
-        answer = {"type": "object", "additionalProperties": False, "required": ["response"],
-                  "properties": {"response": {"type": "string"} if self.answer_schema is None
-                                 else self.answer_schema}}
-        return {"anyOf": [call, answer]}
+        if self.may_answer:
+            answer_schema, answer_defs = _hoisted("response", self.answer_schema or {})
+            defs = {**(defs or {}), **answer_defs} or None
+            answer = {"type": "object", "additionalProperties": False, "required": ["response"],
+                      "properties": {"response": {"type": "string"} if self.answer_schema is None
+                                     else answer_schema}}
+            call = {"anyOf": [call, answer]}
+        return {**call, "$defs": defs} if defs else call
 
     def grammar(self) -> str:
         """A Lark grammar of the reply (properties in order: a call's name comes first)."""
@@ -119,6 +128,31 @@ class GenericTools:
         if not final and any(prefix.startswith(stripped) for prefix in _PREFIXES):
             return ParsedText("", pending=True)
         return ParsedText(text)  # not the generic shape at all: the text as it is
+
+
+def _hoisted(owner: str, schema: dict) -> tuple[dict, dict]:
+    """`schema` without its `$defs`/`definitions`, its refs to them renamed "<owner>.<name>",
+    and those definitions under their new names (to sit at the top of a larger schema)."""
+    if not isinstance(schema, dict):
+        return schema, {}
+    schema = dict(schema)
+    own = {**schema.pop("definitions", {}), **schema.pop("$defs", {})}
+    if not own:
+        return schema, {}
+
+    def renamed(node):
+        if isinstance(node, dict):
+            node = {key: renamed(value) for key, value in node.items()}
+            ref = node.get("$ref")
+            for prefix in ("#/$defs/", "#/definitions/"):
+                if isinstance(ref, str) and ref.startswith(prefix):
+                    node["$ref"] = f"#/$defs/{owner}.{ref[len(prefix):]}"
+            return node
+        if isinstance(node, list):
+            return [renamed(item) for item in node]
+        return node
+
+    return renamed(schema), {f"{owner}.{name}": renamed(value) for name, value in own.items()}
 
 
 def history_as_text(messages: list[dict]) -> list[dict]:

@@ -44,6 +44,28 @@ def test_reply_schema_admits_the_documented_shapes(may_answer, parallel):
         assert not valid(schema, wrong), wrong
 
 
+def test_schemas_with_defs_keep_their_references():
+    """Pydantic-made tools refer to `$defs` at their own top; nested in the reply they must
+    still resolve (hoisted and renamed per function)."""
+    address = {"type": "object", "properties": {"street": {"type": "string"}}, "required": ["street"],
+               "additionalProperties": False}
+    move = {"name": "move", "parameters": {
+        "$defs": {"Address": address}, "type": "object", "required": ["to"],
+        "properties": {"to": {"$ref": "#/$defs/Address"}}, "additionalProperties": False}}
+    other = {"name": "other", "parameters": {
+        "definitions": {"Address": {"type": "integer"}}, "type": "object", "required": ["n"],
+        "properties": {"n": {"$ref": "#/definitions/Address"}}}}
+    tools = GenericTools([move, other], answer_schema={"$defs": {"A": {"type": "boolean"}},
+                                                        "$ref": "#/$defs/A"})
+    schema = tools.reply_schema()
+    check_grammar(StructuredOutputsParams(grammar=tools.grammar()))
+    assert valid(schema, '{"tool_calls": [{"name": "move", "arguments": {"to": {"street": "x"}}}]}')
+    assert not valid(schema, '{"tool_calls": [{"name": "move", "arguments": {"to": {"road": "x"}}}]}')
+    assert valid(schema, '{"tool_calls": [{"name": "other", "arguments": {"n": 3}}]}')
+    assert not valid(schema, '{"tool_calls": [{"name": "other", "arguments": {"n": "3"}}]}')
+    assert valid(schema, '{"response": true}') and not valid(schema, '{"response": 1}')
+
+
 def test_calls_parse_whole_and_grow_while_streaming():
     tools = GenericTools([WEATHER, NO_ARGS])
     whole = tools.parse(CALLS, final=True)

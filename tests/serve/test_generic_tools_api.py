@@ -10,6 +10,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from pydantic import BaseModel, Field
 
 from kvdeck.engine.types.model_path import demo_model_dir
 from tests.model_factory import build_tiny_model
@@ -82,6 +83,24 @@ def test_named_calls_that_function(api):
         assert choice.finish_reason == "tool_calls"
         assert len(choice.message.tool_calls) == 1
         assert_valid_calls(choice.message.tool_calls, names=("get_time",))
+
+
+class Address(BaseModel):
+    street: str = Field(max_length=10)
+
+
+class Move(BaseModel):
+    to: Address
+
+
+def test_a_pydantic_tool_with_nested_models_gets_valid_arguments(api):
+    tool = openai.pydantic_function_tool(Move)  # its parameters refer to their own $defs
+    assert "$defs" in tool["function"]["parameters"]
+    choice = ask(api, tools=[tool], tool_choice="required", parallel_tool_calls=False,
+                 max_tokens=None).choices[0]
+    (call,) = choice.message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
+    assert Move.model_validate_json(call.function.arguments)
 
 
 def test_auto_is_a_valid_call_or_a_plain_answer(api):
