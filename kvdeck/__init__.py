@@ -19,6 +19,11 @@ _EXPORTS = {
     "Logprob": "kvdeck.engine.types.outputs",
     "RequestMetrics": "kvdeck.engine.types.outputs",
     "RequestOutput": "kvdeck.engine.types.outputs",
+    "BeamSearchParams": "kvdeck.engine.types.beam_search",
+    "BeamSearchOutput": "kvdeck.engine.types.beam_search",
+    "BeamSearchSequence": "kvdeck.engine.types.beam_search",
+    "TextPrompt": "kvdeck.engine.types.prompts",
+    "TokensPrompt": "kvdeck.engine.types.prompts",
     "EngineStats": "kvdeck.engine.types.stats",
     "RequestStats": "kvdeck.engine.types.stats",
 }

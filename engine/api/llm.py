@@ -1,11 +1,15 @@
 """The offline API, shaped like vLLM's: `LLM(model=...).generate(prompts, params)`."""
 
+from collections.abc import Sequence
 from dataclasses import replace
 
+from kvdeck.engine.api.beam_search import beam_search
 from kvdeck.engine.api.llm_engine import LLMEngine
 from kvdeck.engine.frontend.parent_request import merge_choices
+from kvdeck.engine.types.beam_search import BeamSearchOutput, BeamSearchParams
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.outputs import RequestOutput
+from kvdeck.engine.types.prompts import PromptType, batch_prompts
 from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 from kvdeck.engine.types.stats import EngineStats
 
@@ -34,18 +38,20 @@ class LLM:
 
     def generate(
         self,
-        prompts: str | list[int] | list[str] | list[list[int]],
-        sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
-        """Run every prompt to completion with continuous batching; outputs in prompt order."""
-        if isinstance(prompts, str) or (
-            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
-        ):
-            prompts = [prompts]
-        if not isinstance(prompts, list) or not prompts:
-            raise ValueError("prompts must be a string, a list of token ids, or a non-empty list of those")
+        """Run every prompt to completion with continuous batching; outputs in prompt order.
+        A prompt is a string, a list of token ids, a TextPrompt or a TokensPrompt."""
+        prompts = batch_prompts(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
         return self._run([(prompt, None) for prompt in prompts], params)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
+                    concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+        """vLLM's beam search (engine/api/beam_search.py): one output per prompt, its
+        sequences best first. `concurrency_limit`: the most prompts searched at once."""
+        return beam_search(self.engine, self.generate, prompts, params, concurrency_limit)
 
     def chat(
         self,

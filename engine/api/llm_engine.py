@@ -52,6 +52,11 @@ class LLMEngine:
     def max_model_len(self) -> int:
         return self.core_client.info.max_model_len
 
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """The ids that end a request unless it ignores EOS: the model's and the tokenizer's."""
+        return sorted(self.core.default_eos_token_ids | set(self.frontend.eos_token_ids))
+
     def next_request_id(self) -> str:
         return str(next(self._ids))
 

@@ -21,12 +21,13 @@ from kvdeck.engine.grammar.compile import check_grammar
 from kvdeck.engine.types.core_client import CoreClient
 from kvdeck.engine.types.errors import GrammarError, PromptError
 from kvdeck.engine.types.outputs import RequestOutput
+from kvdeck.engine.types.prompts import PromptType, parse_prompt
 from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.structured import StructuredOutputsParams
 from kvdeck.engine.types.wire import EngineCoreOutput, EngineCoreRequest, RequestStatus
 
-Prompt = str | list[int]
+Prompt = PromptType
 # The caller's last word on a request, after the engine's checks and before anything is sent.
 Admit = Callable[[list[int], SamplingParams], None]
 # Normalisation can fold a few characters into one (combining marks), so the character
@@ -78,6 +79,7 @@ class Frontend:
                 return None, render_chat(self.tokenizer, messages, tools)
             if prompt is None:
                 raise ValueError("prompt or messages is required")
+            prompt = parse_prompt(prompt)  # a TextPrompt or TokensPrompt dict: its text or ids
             if isinstance(prompt, str):
                 self._check_length(len(prompt), "prompt")
             return encode_prompt(self.tokenizer, prompt)

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from kvdeck.engine.frontend.chat import check_unicode
+from kvdeck.engine.types.prompts import PROMPT_FORMS
 from kvdeck.engine.types.request_limits import are_token_ids
 
 
@@ -57,4 +58,4 @@ def encode_prompt(tokenizer, prompt: str | list[int]) -> tuple[str | None, list[
         if not prompt:
             raise ValueError("prompt must not be empty")
         return None, list(prompt)
-    raise ValueError("prompt must be a string or a list of token ids")
+    raise ValueError(f"prompt must be {PROMPT_FORMS}; got {prompt!r:.80}")
