@@ -205,3 +205,31 @@ def test_bad_calls_queue_nothing(engines):
     with pytest.raises(ValueError, match="non-empty"):
         llm.beam_search([], params)
     assert _idle(llm)
+
+
+def test_a_step_without_an_engine():
+    """advance(): a beam whose request failed (None) is dropped, EOS candidates are set aside
+    whatever their rank, the best beam_width of the others live on; finish() ranks all."""
+    from kvdeck.engine.api.beam_search import BeamRanking, BeamSearchInstance, advance, finish
+    from kvdeck.engine.types.beam_search import BeamSearchSequence
+    from kvdeck.engine.types.outputs import Logprob
+
+    def step(**logprobs):
+        return {int(t[1:]): Logprob(int(t[1:]), v) for t, v in logprobs.items()}
+
+    ranking = BeamRanking(frozenset({2}), ignore_eos=False, length_penalty=1.0)
+    instance = BeamSearchInstance([BeamSearchSequence([9], cum_logprob=-1.0),
+                                   BeamSearchSequence([8], cum_logprob=-0.5),
+                                   BeamSearchSequence([7], cum_logprob=-0.1)])
+    advance(instance, [step(t5=-0.2, t6=-0.3, t2=-4.0), step(t5=-1.0), None], 2, ranking)
+    assert [b.tokens for b in instance.beams] == [[9, 5], [9, 6]]  # -1.2, -1.3 beat -1.5
+    assert [(b.tokens, b.finish_reason, b.stop_reason) for b in instance.completed] == [([9, 2], "stop", 2)]
+    assert instance.beams[0].logprobs[0][6].logprob == -0.3  # the step's candidates are kept
+    # The finished beam scores -5.0 / 1 (its EOS not counted), the live ones -1.2 / 2, -1.3 / 2.
+    output = finish(instance, 3, ranking, decode=lambda ids: " ".join(map(str, ids)))
+    assert [(s.text, s.finish_reason) for s in output.sequences] == [("9 5", "length"), ("9 6", "length"),
+                                                                      ("9 2", "stop")]
+    ignoring = BeamRanking(frozenset({2}), ignore_eos=True, length_penalty=1.0)
+    instance = BeamSearchInstance([BeamSearchSequence([9])])
+    advance(instance, [step(t2=-0.1, t5=-0.2)], 2, ignoring)
+    assert [b.tokens for b in instance.beams] == [[9, 2], [9, 5]] and not instance.completed
