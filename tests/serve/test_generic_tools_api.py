@@ -194,6 +194,8 @@ def test_auto_with_a_response_format_answers_in_its_schema(api):
      "tool_choice", "'nope', which is not in tools ('get_weather', 'get_time', 'ping')"),
     ({"tool_choice": "required"}, "tool_choice", "tool_choice needs tools"),
     ({"tools": TOOLS, "guided_regex": "a+"}, "guided_regex", "generic format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
+     "tools", "Invalid type: nonsense"),
     ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}},
      "response_format", "only with tool_choice \"auto\""),
 ])
