@@ -68,8 +68,7 @@ class ToolPlan:
     fmt: ToolCallFormat | None = None  # parse calls out of the output in this format
     constraint: StructuredOutputsParams | None = None  # forces a call ("required", named)
     generic: GenericTools | None = None  # the generic format (fmt is None then)
-    holds_answer: bool = False  # `constraint` also holds the plain answer to the request's
-
+    holds_answer: bool = False  # `constraint` also holds the answer to the request's schema
 
     @property
     def call_format(self) -> CallFormat | None:
