@@ -1,7 +1,8 @@
-"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status.
+"""OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status;
+under /api/ (Ollama's API) Ollama's shape, `{"error": "message"}`.
 
 Every failure the server answers goes through here, including FastAPI's own (malformed
-JSON and type errors become 400, unknown routes 404), so clients see one error shape.
+JSON and type errors become 400, unknown routes 404), so each API's clients see its shape.
 """
 
 import json
@@ -55,8 +56,13 @@ def error_body(status: int, message: str, param: str | None = None,
                       "param": param, "code": code}}
 
 
-def error_response(error: OpenAIError, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(error.body(), status_code=error.status,
+OLLAMA_PREFIX = "/api/"  # Ollama's API: its clients read `error` as the message string
+
+
+def error_response(error: OpenAIError, headers: dict | None = None, path: str = "") -> JSONResponse:
+    """`path`: the request's; under OLLAMA_PREFIX the body takes Ollama's shape."""
+    body = {"error": error.message} if path.startswith(OLLAMA_PREFIX) else error.body()
+    return JSONResponse(body, status_code=error.status,
                         headers={**(error.headers() or {}), **(headers or {})} or None)
 
 
@@ -76,11 +82,11 @@ def sse_error(error: OpenAIError) -> str:
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc)
+        return error_response(exc, path=request.url.path)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return error_response(_from_validation(exc))
+        return error_response(_from_validation(exc), path=request.url.path)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -88,12 +94,14 @@ def install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message = f"no route {request.method} {request.url.path}"
         # Starlette's own headers (Allow on a 405) are part of the answer.
-        return error_response(OpenAIError(exc.status_code, message), headers=exc.headers)
+        return error_response(OpenAIError(exc.status_code, message), headers=exc.headers,
+                              path=request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
-        return error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        return error_response(OpenAIError(500, f"internal error: {type(exc).__name__}: {exc}"),
+                              path=request.url.path)
 
 
 def _from_validation(exc: RequestValidationError) -> OpenAIError:

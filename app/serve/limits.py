@@ -25,8 +25,8 @@ class BodyLimitMiddleware:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None:
             if not length.isdigit():
-                await error_response(OpenAIError(400, "the Content-Length header is not a "
-                                                      "number"))(scope, receive, send)
+                await error_response(OpenAIError(400, "the Content-Length header is not a number"),
+                                     path=scope["path"])(scope, receive, send)
             elif int(length) > self.max_bytes:
                 await _drain(receive, 0, DRAIN_FACTOR * self.max_bytes)
                 await self._too_large(int(length), scope, receive, send)
@@ -55,7 +55,7 @@ class BodyLimitMiddleware:
         error = OpenAIError(413, f"the request body is {'more than ' if at_least else ''}{size} bytes; "
                                  f"this server takes at most {self.max_bytes} (--max-request-body-mb)",
                             code="request_too_large")
-        await error_response(error)(scope, receive, send)
+        await error_response(error, path=scope["path"])(scope, receive, send)
 
 
 async def _drain(receive, size: int, budget: int) -> None:

@@ -4,8 +4,9 @@ The server listens at once and starts the engine in the background: /health answ
 503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
 engine is started again after `engine_restart_delay` seconds (doubling while restarts
 keep failing, up to a minute), so the server keeps serving. Routes:
-/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize (these need
-the API key when one is set), /health and /metrics (open, for probes and Prometheus).
+/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, and Ollama's
+/api/* (ollama_routes.py) (these need the API key when one is set), /health, /metrics and
+`GET /` (open, for probes and Prometheus).
 Bodies over the limit get 413 before they are parsed; SIGTERM drains (shutdown.py).
 """
 
@@ -26,6 +27,7 @@ from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, che
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
+from kvdeck.app.serve.ollama_routes import install_ollama_routes
 from kvdeck.app.serve.openai_routes import create_chat_completion, create_completion
 from kvdeck.app.serve.openapi import (
     GENERATE_RESPONSES,
@@ -48,7 +50,7 @@ from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
-PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/")
+PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/", "/api/")
 
 
 MAX_RESTART_DELAY = 60.0
@@ -168,6 +170,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                               param="tokens")
         return JSONResponse({"prompt": await client.decode_async(body.tokens)})
 
+    install_ollama_routes(app, state)
     return app
 
 
@@ -186,7 +189,8 @@ class ApiKeyMiddleware:
                                                                      self.expected):
                 error = OpenAIError(401, "invalid or missing API key (send 'Authorization: "
                                          "Bearer KEY')", code="invalid_api_key")
-                response = error_response(error, headers={"WWW-Authenticate": "Bearer"})
+                response = error_response(error, headers={"WWW-Authenticate": "Bearer"},
+                                          path=scope["path"])
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -27,10 +27,12 @@ class ServerShuttingDown(Exception):
 
 
 class EventStreamResponse(StreamingResponse):
-    """SSE response that always closes its generator, so a disconnect aborts the request."""
+    """SSE response (or another streamed media type: Ollama's NDJSON) that always closes its
+    generator, so a disconnect aborts the request."""
 
-    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream]) -> None:
-        super().__init__(content, media_type="text/event-stream",
+    def __init__(self, content: AsyncIterator[str], streams: list[RequestStream],
+                 media_type: str = "text/event-stream") -> None:
+        super().__init__(content, media_type=media_type,
                          headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         self._source = content
         self._streams = streams

@@ -1,0 +1,206 @@
+"""Ollama's API through Ollama's official Python client (`ollama`) against a live `kvdeck
+--serve` on the demo model, with an API key; httpx for the error cases and for curl-style
+bodies. Replies are checked for Ollama's shapes and for what the request asked (the schema,
+the token budget, greedy streams equal to whole replies), never for what the model said."""
+
+import json
+
+import httpx
+import jsonschema
+import ollama
+import pytest
+
+from kvdeck.engine.types.model_path import demo_model_dir
+from tests.serve.conftest import start_server, stop_server
+
+pytestmark = pytest.mark.timeout(300)
+
+KEY = "ollama-test-key"
+USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+                   "required": ["city"], "additionalProperties": False}}}
+STATS = ("total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+         "eval_count", "eval_duration")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    live = start_server(demo_model_dir(), tmp_path_factory.mktemp("ollama_logs"), api_key=KEY)
+    yield live
+    stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def name(server) -> str:
+    """The served name, as the server's state has it (the OpenAI route lists it)."""
+    return httpx.get(f"{server.base_url}/v1/models", headers=server.headers).json()["data"][0]["id"]
+
+
+@pytest.fixture(scope="module")
+def client(server) -> ollama.Client:
+    return ollama.Client(host=server.base_url, headers=server.headers, timeout=120)
+
+
+def post(server, path: str, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(f"{server.base_url}{path}", json=body, headers=server.headers, timeout=120,
+                      **kwargs)
+
+
+def assert_final(reply, max_tokens: int) -> None:
+    assert reply.done is True and reply.done_reason in ("stop", "length")
+    assert all(isinstance(reply[key], int) for key in STATS)
+    assert 0 < reply.eval_count <= max_tokens and reply.prompt_eval_count > 0
+    assert reply.eval_duration > 0 and reply.total_duration >= reply.prompt_eval_duration
+    assert reply.load_duration == 0
+
+
+def test_chat_whole_and_streamed_agree(client, name):
+    options = {"temperature": 0, "num_predict": 12}
+    whole = client.chat(model=f"{name}:latest", messages=USER, options=options)
+    assert whole.message.role == "assistant" and whole.model == f"{name}:latest"
+    assert_final(whole, 12)
+    parts = list(client.chat(model=name, messages=USER, options=options, stream=True))
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert "".join(p.message.content for p in parts) == whole.message.content
+    assert parts[-1].message.content == "" and parts[-1].eval_count == whole.eval_count
+    assert_final(parts[-1], 12)
+
+
+def test_generate_whole_streamed_and_raw(client, name):
+    options = {"temperature": 0, "num_predict": 10, "stop": ["\n\n\n"]}
+    whole = client.generate(model=name, prompt="Tell me a story.", system="Be brief.", options=options)
+    assert_final(whole, 10)
+    parts = list(client.generate(model=name, prompt="Tell me a story.", system="Be brief.",
+                                 options=options, stream=True))
+    assert "".join(p.response for p in parts) == whole.response and parts[-1].done
+    raw = client.generate(model=name, prompt="Once upon a time", raw=True, options=options)
+    assert raw.prompt_eval_count < whole.prompt_eval_count  # no template, no system prompt
+    loaded = client.generate(model=name, keep_alive="5m")  # an empty prompt: the "load" call
+    assert loaded.done and loaded.done_reason == "load" and loaded.response == ""
+    assert client.chat(model=name, messages=[]).done_reason == "load"
+
+
+def test_format_json_and_schema(client, name):
+    reply = client.chat(model=name, messages=USER, format="json",
+                        options={"temperature": 0, "num_predict": 160})
+    assert isinstance(json.loads(reply.message.content), dict)
+    for stream in (False, True):
+        result = client.generate(model=name, prompt="A person as JSON", format=PERSON,
+                                 options={"temperature": 0.7, "seed": 3, "num_predict": 120},
+                                 stream=stream)
+        text = result.response if not stream else "".join(p.response for p in result)
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def first_call(chat, seeds=range(8)) -> tuple[int, dict]:
+    """The model chooses whether to call (the demo template renders no tools: the generic
+    format), so a few seeds are tried; under the grammar the reply is valid either way."""
+    for seed in seeds:
+        message = chat(seed)
+        if message.get("tool_calls"):
+            return seed, message
+        assert isinstance(message["content"], str)
+    raise AssertionError("no seed made a call")
+
+
+def test_tool_calls_in_ollama_shape(client, name, server):
+    def raw_chat(seed: int) -> dict:
+        reply = post(server, "/api/chat", {"model": name, "messages": USER, "tools": [WEATHER],
+                                           "stream": False, "options": {
+                                               "temperature": 1.0, "seed": seed, "num_predict": 120}})
+        assert reply.status_code == 200 and reply.json()["done"]
+        return reply.json()["message"]
+
+    seed, message = first_call(raw_chat)
+    message_calls = message["tool_calls"]
+    for call in message["tool_calls"]:  # Ollama's shape: the arguments are an object
+        assert call["function"]["name"] == "get_weather" and set(call) == {"function"}
+        jsonschema.validate(call["function"]["arguments"], WEATHER["function"]["parameters"])
+    # The call and its result go back in the history, as Ollama's clients send them.
+    history = USER + [{"role": "assistant", "content": "", "tool_calls": message["tool_calls"]},
+                      {"role": "tool", "content": "21 degrees", "tool_name": "get_weather"}]
+    assert client.chat(model=name, messages=history, options={"num_predict": 4}).done
+    # The official client keeps only a schema's type, properties and required (it drops
+    # maxLength): its calls parse into its own types.
+    _, message = first_call(lambda seed: client.chat(
+        model=name, messages=USER, tools=[WEATHER],
+        options={"temperature": 1.0, "seed": seed, "num_predict": 120}).message.model_dump())
+    assert message["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert isinstance(message["tool_calls"][0]["function"]["arguments"]["city"], str)
+    # Streamed (NDJSON): each call arrives whole in one object; they add up to the reply's.
+    body = {"model": name, "messages": USER, "tools": [WEATHER],
+            "options": {"temperature": 1.0, "seed": seed, "num_predict": 120}}
+    with httpx.stream("POST", f"{server.base_url}/api/chat", json=body, headers=server.headers,
+                      timeout=120) as streamed:
+        assert streamed.headers["content-type"] == "application/x-ndjson"
+        parts = [json.loads(line) for line in streamed.iter_lines() if line]
+    assert [p["done"] for p in parts] == [False] * (len(parts) - 1) + [True]
+    assert [c for p in parts for c in p["message"].get("tool_calls", [])] == message_calls
+
+
+def test_model_listings(client, name, server):
+    (listed,) = client.list().models
+    assert listed.model == f"{name}:latest" and len(listed.digest) == 64 and listed.size > 0
+    assert listed.details.format == "safetensors" and listed.details.family
+    assert listed.details.parameter_size and listed.details.quantization_level
+    (running,) = client.ps().models
+    assert running.model == listed.model and running.size >= listed.size and running.context_length > 0
+    shown = client.show(f"{name}:latest")
+    assert shown.details.family == listed.details.family and shown.template
+    assert shown.modelinfo["general.parameter_count"] > 0 and "tools" in shown.capabilities
+    version = httpx.get(f"{server.base_url}/api/version", headers=server.headers).json()["version"]
+    assert version.count(".") == 2
+    root = httpx.get(f"{server.base_url}/")  # open: Ollama's probe
+    assert root.status_code == 200 and root.text == "Ollama is running"
+    assert httpx.head(f"{server.base_url}/").status_code == 200
+
+
+def test_curl_style_body_without_json_content_type(server, name):
+    body = json.dumps({"model": name, "prompt": "Hi", "stream": False, "options": {"num_predict": 2}})
+    reply = httpx.post(f"{server.base_url}/api/generate", content=body, timeout=60,
+                       headers={**server.headers, "Content-Type": "application/x-www-form-urlencoded"})
+    assert reply.status_code == 200 and reply.json()["done"]
+
+
+@pytest.mark.parametrize(("body", "status", "quoted"), [
+    ({"model": "llama3.2"}, 404, "served name"),  # the error names the model served
+    ({}, 400, "model"),
+    ({"model": "NAME", "options": {"temprature": 0.5}}, 400, "options.temprature"),
+    ({"model": "NAME", "options": {"top_p": 5}}, 400, "options.top_p"),
+    ({"model": "NAME", "options": {"num_predict": 0}}, 400, "options.num_predict"),
+    ({"model": "NAME", "options": {"mirostat": 2}}, 400, "options.mirostat"),
+    ({"model": "NAME", "format": "xml"}, 400, "format"),
+    ({"model": "NAME", "images": ["aGk="]}, 400, "images"),
+    ({"model": "NAME", "think": True}, 400, "think"),
+    ({"model": "NAME", "suffix": "end"}, 400, "suffix"),
+])
+def test_generate_errors_in_ollama_shape(server, name, body, status, quoted):
+    body = {"prompt": "hello", **body, "stream": False}
+    if body.get("model") == "NAME":
+        body["model"] = name
+    reply = post(server, "/api/generate", body)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert isinstance(error, str)
+    assert (name if quoted == "served name" else quoted) in error
+
+
+def test_chat_errors_and_embeddings(server, client, name):
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.chat(model="nope:7b", messages=USER)
+    assert caught.value.status_code == 404 and name in caught.value.error
+    images = [{**USER[0], "images": ["aGk="]}]
+    reply = post(server, "/api/chat", {"model": name, "messages": images})
+    assert reply.status_code == 400 and "images" in reply.json()["error"]
+    for path in ("/api/embed", "/api/embeddings"):
+        reply = post(server, path, {"model": name, "input": "hi", "prompt": "hi"})
+        assert reply.status_code == 501 and "embeddings" in reply.json()["error"]
+    unauthorized = httpx.get(f"{server.base_url}/api/tags")
+    assert unauthorized.status_code == 401 and "API key" in unauthorized.json()["error"]
+    malformed = httpx.post(f"{server.base_url}/api/chat", content=b"{", headers=server.headers)
+    assert malformed.status_code == 400 and "JSON" in malformed.json()["error"]
