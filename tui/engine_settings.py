@@ -13,7 +13,7 @@ from kvdeck.engine.types.config import KV_CACHE_DTYPES
 from kvdeck.engine.types.speculative import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 
 SPECULATION_CHOICES = (("off", "off"), ("n-gram prompt lookup", "ngram"),
-                       ("draft model", "draft_model"))
+                       ("suffix decoding", "suffix"), ("draft model", "draft_model"))
 DEFAULT_NUM_SPECULATIVE_TOKENS = 4
 DEFAULT_DRAFT_MODEL = "demo-draft"  # the bundled draft of the demo model
 # n-gram lookup as the README's example: match the last 2 to 5 tokens.
@@ -22,7 +22,7 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 @dataclass(slots=True)
 class EngineSettings:
-    speculation: str = "off"  # "off" | "ngram" | "draft_model"
+    speculation: str = "off"  # "off" | "ngram" | "suffix" | "draft_model"
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     draft_model: str = DEFAULT_DRAFT_MODEL
     kv_cache_dtype: str = "auto"
@@ -68,6 +68,9 @@ class EngineSettings:
         if self.speculation == "ngram":
             raw = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
                    **NGRAM_LOOKUP}
+        elif self.speculation == "suffix":
+            # k is the longest draft; suffix decoding's own keys keep their defaults.
+            raw = {"method": "suffix", "num_speculative_tokens": self.num_speculative_tokens}
         else:
             raw = {"model": self.draft_model, "num_speculative_tokens": self.num_speculative_tokens}
         SpeculativeConfig.from_dict(raw)
@@ -88,6 +91,8 @@ class EngineSettings:
         """One line for the notification after a restart."""
         if self.speculation == "ngram":
             spec = f"n-gram speculation, k={self.num_speculative_tokens}"
+        elif self.speculation == "suffix":
+            spec = f"suffix decoding, up to k={self.num_speculative_tokens}"
         elif self.speculation == "draft_model":
             spec = f"draft {self.draft_model}, k={self.num_speculative_tokens}"
         else:

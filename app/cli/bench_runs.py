@@ -9,6 +9,22 @@ from pathlib import Path
 from kvdeck.app.cli.engine_flags import engine_kwargs_from_args
 
 
+def _grounded_prompts():
+    from kvdeck.app.bench.grounded import grounded_prompts
+
+    return grounded_prompts
+
+
+def _agentic_prompts():
+    from kvdeck.app.bench.agentic import agentic_prompts
+
+    return agentic_prompts
+
+
+# The workloads of token prompts made from text: (tokenizer, num, input_len, seed) -> prompts.
+TEXT_WORKLOADS = {"grounded": _grounded_prompts, "agentic": _agentic_prompts}
+
+
 def run_throughput(args: argparse.Namespace) -> int:
     import gc
 
@@ -142,10 +158,9 @@ def run_decode(args: argparse.Namespace) -> int:
     llm = LLM(args.model, **engine_kwargs)
     info = llm.engine.info
     seed = args.seed if args.seed is not None else 0
-    if args.workload == "grounded":
-        from kvdeck.app.bench.grounded import grounded_prompts
-
-        prompts = grounded_prompts(llm.get_tokenizer(), max(1, args.repeats), args.input_len, seed)
+    if args.workload in TEXT_WORKLOADS:
+        prompts = TEXT_WORKLOADS[args.workload]()(llm.get_tokenizer(), max(1, args.repeats),
+                                                  args.input_len, seed)
     else:
         rng = random.Random(seed)
         prompts = [[rng.randrange(info.vocab_size) for _ in range(args.input_len)]]
@@ -271,14 +286,13 @@ def _workload(args: argparse.Namespace, llm, input_len: tuple[int, int],
               output_len: tuple[int, int]) -> list:
     from kvdeck.app.bench.throughput import BenchRequest, requests_from_file, synthetic_requests
 
-    if args.workload == "grounded":
+    if args.workload in TEXT_WORKLOADS:
         import random
 
-        from kvdeck.app.bench.grounded import grounded_prompts
-
+        prompts = TEXT_WORKLOADS[args.workload]()
         rng = random.Random(args.seed)
         lengths = [rng.randint(*input_len) for _ in range(args.num_prompts)]
-        return [BenchRequest(grounded_prompts(llm.get_tokenizer(), 1, n, args.seed + i)[0],
+        return [BenchRequest(prompts(llm.get_tokenizer(), 1, n, args.seed + i)[0],
                              rng.randint(*output_len)) for i, n in enumerate(lengths)]
     if args.prompts_file:
         return requests_from_file(args.prompts_file, llm.get_tokenizer(), output_len, args.seed,

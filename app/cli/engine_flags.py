@@ -34,8 +34,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 _FLAG_HELP = {  # the flags whose value a name alone does not explain
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
-                          "\"num_speculative_tokens\": 4}' or '{\"model\": \"demo-draft\", "
-                          "\"num_speculative_tokens\": 3}' ",
+                          "\"num_speculative_tokens\": 4}', '{\"method\": \"suffix\"}' or "
+                          "'{\"model\": \"demo-draft\", \"num_speculative_tokens\": 3}' ",
     "cpu_threads": "threads of the CPU kernels; unset: adaptive, up to torch's count (OMP_NUM_THREADS), "
                    "fewer while other processes keep cores busy ",
     "async_scheduling": "schedule and prepare the next step while the device runs this one; unset: "

@@ -16,6 +16,7 @@ prefix caching off the results are the same, but every step recomputes every bea
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdeck.engine.types.beam_search import (
     BeamSearchOutput,
@@ -26,6 +27,9 @@ from kvdeck.engine.types.beam_search import (
 from kvdeck.engine.types.outputs import Logprob, RequestOutput
 from kvdeck.engine.types.prompts import batch_prompts
 from kvdeck.engine.types.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from kvdeck.engine.api.llm_engine import LLMEngine
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +95,7 @@ def finish(instance: BeamSearchInstance, beam_width: int, ranking: BeamRanking,
     return BeamSearchOutput(best)
 
 
-def beam_search(engine, generate: Generate, prompts: object, params: BeamSearchParams,
+def beam_search(engine: "LLMEngine", generate: Generate, prompts: object, params: BeamSearchParams,
                 concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
     """`engine`: the LLMEngine (its front-end encodes and checks the prompts); `generate`
     runs one step's batch. `concurrency_limit`: the most prompts searched at once (all)."""
@@ -125,19 +129,16 @@ def _search(instances: list[BeamSearchInstance], generate: Generate, step_params
     for _ in range(params.max_tokens):
         for instance in instances:
             # A beam as long as the model allows has no next step: it ends here.
-            full = [beam for beam in instance.beams if len(beam.tokens) >= max_model_len]
-            if full:
-                instance.completed += full
-                for beam in full:
+            for beam in instance.beams:
+                if len(beam.tokens) >= max_model_len:
                     beam.finish_reason = "length"
-                instance.beams = [beam for beam in instance.beams if len(beam.tokens) < max_model_len]
+                    instance.completed.append(beam)
+            instance.beams = [beam for beam in instance.beams if beam.finish_reason is None]
         live = [beam for instance in instances for beam in instance.beams]
         if not live:
             return
         outputs = iter(generate([beam.tokens for beam in live], step_params))
-        for instance in instances:
-            step_logprobs = []
-            for _beam in instance.beams:
-                choice = next(outputs).outputs[0]
-                step_logprobs.append(choice.logprobs[0] if choice.logprobs else None)
-            advance(instance, step_logprobs, params.beam_width, ranking)
+        for instance in instances:  # the outputs come in the order of `live`
+            choices = [next(outputs).outputs[0] for _ in instance.beams]
+            advance(instance, [c.logprobs[0] if c.logprobs else None for c in choices],
+                    params.beam_width, ranking)

@@ -28,7 +28,7 @@ class RequestSpecStats:
 
 @dataclass(slots=True)
 class SpecDecodeStats:
-    method: str  # "ngram" | "draft_model"
+    method: str  # "ngram" | "suffix" | "draft_model"
     num_speculative_tokens: int
     disable_by_batch_size: int | None
     # Counters since start (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,

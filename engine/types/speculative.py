@@ -1,7 +1,9 @@
 """Speculative decoding settings: vLLM's `speculative_config` JSON, validated without torch.
 
-Two proposers: n-gram prompt lookup (`{"method": "ngram", "num_speculative_tokens": 4,
-"prompt_lookup_min": 2, "prompt_lookup_max": 5}`) and a draft model (`{"model": DIR,
+Three proposers: n-gram prompt lookup (`{"method": "ngram", "num_speculative_tokens": 4,
+"prompt_lookup_min": 2, "prompt_lookup_max": 5}`), suffix decoding (`{"method": "suffix"}`,
+its `suffix_decoding_*` keys as vLLM's; num_speculative_tokens, the longest draft, defaults
+to the tree depth within MAX_SPECULATIVE_TOKENS) and a draft model (`{"model": DIR,
 "num_speculative_tokens": 4}`, method "draft_model" implied). `disable_by_batch_size` turns
 speculation off for a step whose running batch has more requests than that, as vLLM's. The
 per-request policy (kvdeck's own keys) pauses a request whose recent acceptance is poor.
@@ -10,22 +12,29 @@ per-request policy (kvdeck's own keys) pauses a request whose recent acceptance 
 from dataclasses import asdict, dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
+METHODS = ("ngram", "suffix", "draft_model")
 # vLLM accepts these spellings for a draft model; kvdeck knows one.
 _DRAFT_ALIASES = ("draft_model", "model")
 MAX_SPECULATIVE_TOKENS = 16
+SUFFIX_TREE_DEPTH = 24  # vLLM's default suffix_decoding_max_tree_depth
+MAX_SUFFIX_TREE_DEPTH = 1024  # each token appended costs a step per depth
+# vLLM caches 10000 outputs; kvdeck's trees are Python objects, about 600 bytes per cached
+# token, so it keeps 1000 (about 600 MB for outputs of 1000 tokens).
+SUFFIX_CACHED_REQUESTS = 1000
 # Below this many running requests speculation always runs unless configured otherwise; at
 # and above it verifying k extra tokens per request costs more than it saves on the engine's
 # batched matrix products (README, "Speculative decoding").
 DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
          "disable_by_batch_size", "min_acceptance_rate", "acceptance_window", "pause_steps",
-         "quantization"}
+         "quantization", "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
+         "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
+_SUFFIX_KEYS = {k for k in _KEYS if k.startswith("suffix_decoding_")}
 
 
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram" | "draft_model"
+    method: str  # "ngram" | "suffix" | "draft_model"
     num_speculative_tokens: int
     model: str | None = None  # the draft: a directory or hub id ("demo-draft": the bundled one)
     prompt_lookup_min: int = 1
@@ -38,6 +47,14 @@ class SpeculativeConfig:
     acceptance_window: int = 16
     pause_steps: int = 16
     quantization: str | None = None  # the draft's; None: what its checkpoint says
+    # Suffix decoding (vLLM's defaults but the cache size): the trees hold suffixes cut to
+    # max_tree_depth tokens (a match plus its draft fit in it); the global tree caches the
+    # outputs of the last max_cached_requests requests (0: none); a draft is at most
+    # max_spec_factor x the match length, of tokens of estimated probability >= min_token_prob.
+    suffix_decoding_max_tree_depth: int = SUFFIX_TREE_DEPTH
+    suffix_decoding_max_cached_requests: int = SUFFIX_CACHED_REQUESTS
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
 
     @classmethod
     def from_dict(cls, raw: Any) -> "SpeculativeConfig":
@@ -59,6 +76,14 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.method must be one of {METHODS} (or give a "
                              f"draft 'model'), got {raw.get('method')!r}")
         fields = {k: v for k, v in raw.items() if k != "method"}
+        if method != "suffix" and (stray := sorted(_SUFFIX_KEYS & set(fields))):
+            raise ValueError(f"speculative_config: {', '.join(stray)} belong(s) to method 'suffix', "
+                             f"not {method!r}")
+        if method == "suffix" and "num_speculative_tokens" not in fields:
+            # The longest draft; each step's length follows the match (vLLM: the tree depth).
+            depth = fields.get("suffix_decoding_max_tree_depth", SUFFIX_TREE_DEPTH)
+            _int_in("suffix_decoding_max_tree_depth", depth, 1, MAX_SUFFIX_TREE_DEPTH)
+            fields["num_speculative_tokens"] = min(depth, MAX_SPECULATIVE_TOKENS)
         if "num_speculative_tokens" not in fields:
             raise ValueError("speculative_config.num_speculative_tokens is required")
         config = cls(method=method, **fields)
@@ -73,6 +98,8 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: method 'ngram' takes no 'model'")
             _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
             _int_in("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 64)
+        elif self.method == "suffix":
+            self._validate_suffix()
         elif not isinstance(self.model, str) or not self.model:
             raise ValueError("speculative_config: a draft model needs 'model' (a directory or hub id)")
         if self.disable_by_batch_size is not None:
@@ -84,6 +111,21 @@ class SpeculativeConfig:
         _int_in("pause_steps", self.pause_steps, 0, 1 << 16)
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise ValueError(f"speculative_config.quantization must be a string, got {self.quantization!r}")
+
+    def _validate_suffix(self) -> None:
+        if self.model is not None:
+            raise ValueError("speculative_config: method 'suffix' takes no 'model'")
+        depth = self.suffix_decoding_max_tree_depth
+        _int_in("suffix_decoding_max_tree_depth", depth, 1, MAX_SUFFIX_TREE_DEPTH)
+        _int_in("suffix_decoding_max_cached_requests", self.suffix_decoding_max_cached_requests, 0, 1 << 31)
+        factor = self.suffix_decoding_max_spec_factor
+        if isinstance(factor, bool) or not isinstance(factor, int | float) or not 0.0 <= factor <= 1024.0:
+            raise ValueError("speculative_config.suffix_decoding_max_spec_factor must be a number in "
+                             f"[0, 1024], got {factor!r}")
+        prob = self.suffix_decoding_min_token_prob
+        if isinstance(prob, bool) or not isinstance(prob, int | float) or not 0.0 <= prob <= 1.0:
+            raise ValueError("speculative_config.suffix_decoding_min_token_prob must be in [0, 1], "
+                             f"got {prob!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

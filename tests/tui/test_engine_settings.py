@@ -32,6 +32,10 @@ def test_settings_round_trip_through_the_engine_options():
                                               "prompt_lookup_min": 2, "prompt_lookup_max": 5}}
     assert EngineSettings.from_engine_options(applied) == ngram
     assert EngineSettings.parse("off", "4", "", "auto").apply(applied) == {"max_model_len": 2048}
+    suffix = EngineSettings.parse("suffix", "12", "", "auto")
+    assert suffix.apply(options)["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 12}
+    assert EngineSettings.from_engine_options(suffix.apply(options)) == suffix
+    assert suffix.describe().startswith("suffix decoding, up to k=12")
 
 
 @pytest.mark.parametrize(("fields", "message"), [

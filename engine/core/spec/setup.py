@@ -9,6 +9,8 @@ from kvdeck.engine.core.spec.decoder import SpeculativeDecoder
 from kvdeck.engine.core.spec.draft_model import DraftModel
 from kvdeck.engine.core.spec.draft_proposer import DraftModelProposer
 from kvdeck.engine.core.spec.ngram import NgramProposer
+from kvdeck.engine.core.spec.proposer import Proposer
+from kvdeck.engine.core.spec.suffix import SuffixProposer
 from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH
 from kvdeck.engine.runner.model_runner import ProgressCallback
 from kvdeck.engine.runner.step_state import KVCachePlan
@@ -53,7 +55,10 @@ class SpeculativeSetup:
     def build_decoder(self, plan: KVCachePlan, max_model_len: int) -> SpeculativeDecoder | None:
         if self.spec is None:
             return None
-        if self.draft is None:
+        proposer: Proposer
+        if self.spec.method == "suffix":
+            proposer = SuffixProposer(self.spec)
+        elif self.draft is None:
             proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
         else:
             self.draft.allocate(plan.num_blocks)

@@ -4,7 +4,7 @@ import pytest
 
 from kvdeck.app.cli import build_parser, engine_kwargs_from_args
 from kvdeck.engine.types.config import EngineConfig
-from kvdeck.engine.types.speculative import SpeculativeConfig
+from kvdeck.engine.types.speculative import MAX_SPECULATIVE_TOKENS, SpeculativeConfig
 
 
 def test_ngram_and_draft_forms_parse():
@@ -39,6 +39,38 @@ def test_ngram_and_draft_forms_parse():
 def test_bad_configs_name_the_field(raw, field):
     with pytest.raises(ValueError, match=field):
         EngineConfig(speculative_config=raw)
+
+
+def test_suffix_defaults_are_vllms_but_the_cache_size():
+    suffix = SpeculativeConfig.from_dict({"method": "suffix"})
+    assert (suffix.suffix_decoding_max_tree_depth, suffix.suffix_decoding_max_cached_requests,
+            suffix.suffix_decoding_max_spec_factor,
+            suffix.suffix_decoding_min_token_prob) == (24, 1000, 1.0, 0.1)
+    assert suffix.num_speculative_tokens == MAX_SPECULATIVE_TOKENS  # the depth, within the cap
+    shallow = SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 6})
+    assert shallow.num_speculative_tokens == 6
+
+
+@pytest.mark.parametrize("key, value", [
+    ("suffix_decoding_max_tree_depth", 0),
+    ("suffix_decoding_max_tree_depth", 2.5),
+    ("suffix_decoding_max_cached_requests", -1),
+    ("suffix_decoding_max_spec_factor", -0.5),
+    ("suffix_decoding_max_spec_factor", "2"),
+    ("suffix_decoding_min_token_prob", 1.5),
+    ("suffix_decoding_min_token_prob", True),
+])
+def test_bad_suffix_keys_are_named(key, value):
+    with pytest.raises(ValueError, match=key):
+        EngineConfig(speculative_config={"method": "suffix", key: value})
+
+
+def test_suffix_keys_belong_to_suffix():
+    with pytest.raises(ValueError, match="suffix_decoding_min_token_prob belong"):
+        SpeculativeConfig.from_dict({"method": "ngram", "num_speculative_tokens": 2,
+                                     "suffix_decoding_min_token_prob": 0.2})
+    with pytest.raises(ValueError, match="takes no 'model'"):
+        SpeculativeConfig.from_dict({"method": "suffix", "model": "x"})
 
 
 def test_cli_flag_takes_json():
