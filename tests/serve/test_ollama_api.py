@@ -12,6 +12,7 @@ import pytest
 
 from kvdeck.engine.types.model_path import demo_model_dir
 from tests.serve.conftest import start_server, stop_server
+from tests.serve.test_openai_api import wait_idle
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -204,3 +205,22 @@ def test_chat_errors_and_embeddings(server, client, name):
     assert unauthorized.status_code == 401 and "API key" in unauthorized.json()["error"]
     malformed = httpx.post(f"{server.base_url}/api/chat", content=b"{", headers=server.headers)
     assert malformed.status_code == 400 and "JSON" in malformed.json()["error"]
+
+
+def test_disconnect_mid_stream_aborts(server, name):
+    """Hanging up cancels the engine request; the metrics count Ollama's requests too. A
+    schema of one long string keeps the model talking (no end of text before 300 chars)."""
+    before = wait_idle(server)
+    body = {"model": name, "prompt": "Talk.", "format": {"type": "string", "minLength": 300},
+            "options": {"num_predict": 400}}
+    with httpx.stream("POST", f"{server.base_url}/api/generate", json=body,
+                      headers=server.headers, timeout=60) as streamed:
+        lines = streamed.iter_lines()  # kept referenced: dropping it closes the stream
+        for _ in range(3):
+            assert json.loads(next(lines))["done"] is False
+    after = wait_idle(server)
+    key = "vllm:request_success_total{finished_reason=abort}"
+    assert after.get(key, 0) - before.get(key, 0) == 1
+    assert after["vllm:num_requests_running{}"] == 0 and after["vllm:kv_cache_usage_perc{}"] == 0
+    generated = after["vllm:generation_tokens_total{}"] - before["vllm:generation_tokens_total{}"]
+    assert 3 <= generated < 400
