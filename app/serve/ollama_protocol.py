@@ -14,7 +14,16 @@ from typing import Annotated, Literal, TypeVar
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+)
 
 from kvdeck.app.serve.errors import OpenAIError, bad_request
 from kvdeck.app.serve.protocol import MAX_MESSAGES, Number, Tool, bounded
@@ -163,8 +172,8 @@ class OllamaGenerateRequest(OllamaRequest):
 
 
 class OllamaShowRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-    model: Annotated[StrictStr, Field(validation_alias="name")] | None = None  # older clients
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = Field(None, validation_alias=AliasChoices("model", "name"))  # older: name
     verbose: StrictBool = False
 
 

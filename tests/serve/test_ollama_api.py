@@ -86,7 +86,7 @@ def test_generate_whole_streamed_and_raw(client, name):
     assert client.chat(model=name, messages=[]).done_reason == "load"
 
 
-def test_format_json_and_schema(client, name):
+def test_format_json_and_schema(client, name, server):
     reply = client.chat(model=name, messages=USER, format="json",
                         options={"temperature": 0, "num_predict": 160})
     assert isinstance(json.loads(reply.message.content), dict)
@@ -96,6 +96,13 @@ def test_format_json_and_schema(client, name):
                                  stream=stream)
         text = result.response if not stream else "".join(p.response for p in result)
         jsonschema.validate(json.loads(text), PERSON)
+    # With tools too (the generic format): a call, or an answer held to the schema.
+    for seed in range(3):
+        message = post(server, "/api/chat", {
+            "model": name, "messages": USER, "tools": [WEATHER], "format": PERSON, "stream": False,
+            "options": {"temperature": 1.0, "seed": seed, "num_predict": 160}}).json()["message"]
+        if not message.get("tool_calls"):
+            jsonschema.validate(json.loads(message["content"]), PERSON)
 
 
 def first_call(chat, seeds=range(8)) -> tuple[int, dict]:
