@@ -212,6 +212,9 @@ def test_chat_errors_and_embeddings(server, client, name):
     assert unauthorized.status_code == 401 and "API key" in unauthorized.json()["error"]
     malformed = httpx.post(f"{server.base_url}/api/chat", content=b"{", headers=server.headers)
     assert malformed.status_code == 400 and "JSON" in malformed.json()["error"]
+    huge = post(server, "/api/chat", {"model": name, "messages": [{"role": "user",
+                                                                   "content": "x" * (5 << 20)}]})
+    assert huge.status_code == 413 and "--max-request-body-mb" in huge.json()["error"]
 
 
 def test_disconnect_mid_stream_aborts(server, name):
