@@ -311,8 +311,11 @@ class EngineCore:
 
     # ---- for benchmarks and tests ---------------------------------------------------
     def reset_prefix_cache(self) -> None:
-        """Forget every cached prefix (nothing from an earlier run is reused)."""
+        """Forget every cached prefix and earlier requests' outputs kept for drafting (suffix
+        decoding's): nothing from an earlier run is reused."""
         self.block_manager.reset_prefix_cache()
+        if self.spec is not None:
+            self.spec.reset_cache()
 
     def reset_timings(self) -> None:
         self.timings = StepTimings()

@@ -114,6 +114,12 @@ class SpeculativeDecoder:
         if shutdown is not None:
             shutdown()
 
+    def reset_cache(self) -> None:
+        """Forget what finished requests left for drafting (benchmarks start each run cold)."""
+        reset = getattr(self.proposer, "reset_cache", None)
+        if reset is not None:
+            reset()
+
     def forget(self, request_id: str) -> None:
         self.policy.forget(request_id)
         self.proposer.forget(request_id)

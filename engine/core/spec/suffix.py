@@ -73,6 +73,9 @@ class SuffixProposer:
         self._add_new_outputs(tracked)
         self.cache.stop(request_id)
 
+    def reset_cache(self) -> None:
+        self.cache.clear()
+
     def pool_stats(self) -> None:
         return None  # no model, no KV
 

@@ -57,6 +57,11 @@ class SuffixCache:
         if seq_id in self.global_tree:  # an output of no tokens never entered the tree
             self.global_tree.remove(seq_id)
 
+    def clear(self) -> None:
+        """Forget every cached output (running requests' outputs too: they stop being cached)."""
+        self.global_tree = SuffixTree(self.max_tree_depth)
+        self.cached.clear()
+
     def speculate(self, request_id: Hashable, context: list[int], max_spec_tokens: int,
                   max_spec_factor: float, min_token_prob: float) -> Draft:
         """The better (by expected accepted tokens) of the two trees' drafts."""

@@ -6,7 +6,7 @@ tree holds, so long drafts of a length that varies per request are verified and 
 
 import pytest
 
-from kvdeck import LLM
+from kvdeck import LLM, SamplingParams
 from tests.engine.spec.test_spec_greedy import PROMPTS, _exercised, _generate
 
 SUFFIX = {"speculative_config": {"method": "suffix", "num_speculative_tokens": 8,
@@ -50,6 +50,18 @@ def test_forced_preemption(tiny_model_dirs, plain):
     assert stats.num_preemptions > 0
     _exercised(stats)
     _long_drafts(stats)
+
+
+def test_resetting_the_prefix_cache_forgets_cached_outputs(tiny_model_dirs):
+    """Benchmarks reset the prefix cache before each timed run: suffix decoding's cached
+    outputs go with it, so no run drafts from an earlier run's outputs."""
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    with LLM(str(tiny_model_dirs["llama"]), kv_cache_memory_gib=0.01, **SUFFIX) as llm:
+        llm.generate(PROMPTS[:2], params)
+        cache = llm.engine.core.spec.proposer.cache
+        assert cache.global_tree.num_tokens == 16 and len(cache.cached) == 2
+        llm.engine.reset_prefix_cache()
+        assert cache.global_tree.num_tokens == 0 and not cache.cached
 
 
 def test_prefix_cache_hits(tiny_model_dirs, plain):

@@ -69,6 +69,19 @@ def test_a_finished_requests_output_drafts_for_the_next():
     assert draft == call[3:7]  # four matched tokens (9, 100, 101, 102): four drafted
 
 
+def test_clearing_forgets_cached_outputs_and_keeps_running_requests():
+    proposer = SuffixProposer(SpeculativeConfig.from_dict({"method": "suffix"}))
+    done, running = (Request(i, [1, 2], SamplingParams(), set()) for i in "ab")
+    proposer.propose([done, running], [4, 4])
+    done.output_token_ids = [3, 4, 5, 6]
+    proposer.forget("a")
+    assert proposer.cache.global_tree.num_tokens == 4
+    proposer.reset_cache()
+    assert proposer.cache.global_tree.num_tokens == 0 and not proposer.cache.cached
+    running.output_token_ids = [1, 2]
+    assert proposer.propose([running], [4]) == [[1, 2]]  # its own tree still drafts: 1 2 1 2 -> 1 2
+
+
 def test_a_zero_cache_keeps_no_outputs():
     proposer = SuffixProposer(SpeculativeConfig.from_dict(
         {"method": "suffix", "suffix_decoding_max_cached_requests": 0}))
