@@ -4,6 +4,7 @@ A click on the block map, a resize that hides the focused pane, or a table left 
 used to swallow what the user typed (or ran single-letter shortcuts with it). A screen
 calls `stray_text(self, event)` from its on_key: a printable key that no focused widget
 took as text and no binding claims is returned, for the screen to type into its input.
+A paste is the same: `stray_paste` from the screen's on_paste.
 """
 
 from __future__ import annotations
@@ -23,6 +24,14 @@ def stray_text(screen: Screen, event: events.Key) -> str | None:
     if event.key in screen.active_bindings:
         return None  # a shortcut of the focused widget, the screen or the app
     return event.character
+
+
+def stray_paste(screen: Screen, event: events.Paste) -> str | None:
+    """The pasted text when the focused widget does not take text (it bubbled up to the
+    screen unused), else None."""
+    if isinstance(screen.focused, Input | TextArea) or not event.text:
+        return None  # pasted there already (the event bubbles on after it)
+    return event.text
 
 
 def is_shown(widget: Widget) -> bool:

@@ -34,3 +34,8 @@ class LoadBurstStarted(Message):
         super().__init__()
         self.num_requests = num_requests
         self.seed = seed
+
+
+class ChatFocusRequested(Message):
+    """Escape in a table of the deck (the request table): the focus goes back to the chat
+    input, and the chat comes into view if it was hidden."""

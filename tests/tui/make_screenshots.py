@@ -14,12 +14,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from textual.widgets import DataTable, Input
+from textual.widgets import DataTable
 
 from kvdeck.tui.app import KvdeckApp
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.engine_factory import real_client_factory
 from kvdeck.tui.load_generator import LoadSpec
+from kvdeck.tui.widgets.chat_input import ChatInput
 
 REPO = Path(__file__).resolve().parents[2]
 # The TUI's own pool (four full contexts: 128 blocks for the demo model) and its default
@@ -50,7 +51,7 @@ async def shoot(model: str, name: str, out_dir: Path, size: tuple[int, int], pre
             if not await until(pilot, lambda: app.engine_ready, 180):
                 raise RuntimeError(f"the engine did not start: {app.client.health()}")
             chat = app.screen.chat
-            chat.query_one("#prompt", Input).focus()
+            chat.query_one("#prompt", ChatInput).focus()
             await pilot.press(*"What does the block map show?")
             await pilot.press("enter")
             await until(pilot, lambda: not chat.generating, 60)

@@ -9,6 +9,7 @@ from textual.widgets import Input, Markdown
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
 from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_input import ChatInput
 from kvdeck.tui.widgets.chat_message import ChatMessage
 from tests.tui.conftest import wait_for
 from tests.tui.fake_engine import REPLY
@@ -19,7 +20,7 @@ def replies(app) -> list[ChatMessage]:
 
 
 async def send(pilot, text: str) -> None:
-    pilot.app.screen.query_one("#prompt", Input).focus()
+    pilot.app.screen.query_one("#prompt", ChatInput).focus()
     await pilot.press(*text)
     await pilot.press("enter")
 
@@ -234,12 +235,12 @@ async def test_a_message_longer_than_the_context_is_refused_before_sending(make_
         assert await wait_for(pilot, lambda: app.engine_ready)
         chat = app.screen.chat
         long_text = " ".join(f"w{i}" for i in range(70))
-        chat.prompt_input.value = long_text
+        chat.prompt_input.text = long_text
         chat.focus_input()
         await pilot.press("enter")
         await pilot.pause(0.2)
         assert factory.client.sent == [] and not chat.generating and not replies(app)
-        assert chat.prompt_input.value == long_text  # kept, to shorten
+        assert chat.prompt_input.text == long_text  # kept, to shorten
         tokens = len(factory.client.encode(None, [
             {"role": "system", "content": app.chat_settings.system_prompt},
             {"role": "user", "content": long_text}])[1])
@@ -247,7 +248,7 @@ async def test_a_message_longer_than_the_context_is_refused_before_sending(make_
         assert f"not sent: {tokens} tokens" in status
         assert any(f"{tokens} tokens" in n.message and "context is 64" in n.message
                    for n in app._notifications)
-        chat.prompt_input.value = ""
+        chat.prompt_input.text = ""
         await send(pilot, "short one")
         assert await wait_for(pilot, lambda: len(replies(app)) == 1 and not chat.generating)
         prompt, max_tokens = factory.client.sent[0]
@@ -266,7 +267,7 @@ async def test_thirty_turns_on_the_demo_model_stay_within_its_context(make_app):
         assert await wait_for(pilot, lambda: app.engine_ready, timeout=60)
         chat = app.screen.chat
         for turn in range(30):
-            chat.prompt_input.value = f"question {turn}: what does json.dumps do?"
+            chat.prompt_input.text = f"question {turn}: what does json.dumps do?"
             await pilot.press("enter")
             assert await wait_for(pilot, lambda t=turn: len(chat.transcript.turns) == 2 * t + 2
                                   and not chat.generating, timeout=10), f"turn {turn} wedged"

@@ -3,10 +3,9 @@ changes never strand the focus, and quitting asks while something runs."""
 
 from __future__ import annotations
 
-from textual.widgets import Input
-
 from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_input import ChatInput
 from tests.tui.conftest import wait_for
 
 
@@ -19,13 +18,13 @@ async def test_typing_without_focus_reaches_the_chat_after_clicks_and_resizes(ma
         await pilot.click(BlockMap)
         assert isinstance(app.focused, BlockMap)
         await pilot.press(*"hi ")
-        assert chat.prompt_input.value == "hi " and isinstance(app.focused, Input)
+        assert chat.prompt_input.text == "hi " and isinstance(app.focused, ChatInput)
         # Focus on the map, then a narrow terminal hides the map: typing still lands.
         screen.query_one(BlockMap).focus()
         await pilot.resize_terminal(80, 24)
         await pilot.pause(0.2)
         await pilot.press(*"there")
-        assert chat.prompt_input.value == "hi there"
+        assert chat.prompt_input.text == "hi there"
         # The layout toggle keeps a message being typed in view...
         await pilot.press("f2")
         assert chat.display and not screen.has_class("-show-dashboard")
@@ -36,7 +35,7 @@ async def test_typing_without_focus_reaches_the_chat_after_clicks_and_resizes(ma
         await pilot.press("f2")
         assert screen.has_class("-show-dashboard") and not chat.display
         await pilot.press(*"next")
-        assert chat.display and chat.prompt_input.value == "next"
+        assert chat.display and chat.prompt_input.text == "next"
         # Dashboard in a narrow terminal, then wide again: both panes are in view.
         await pilot.press("ctrl+u")  # clear the input (Input's own binding)
         await pilot.press("f2")
@@ -45,7 +44,7 @@ async def test_typing_without_focus_reaches_the_chat_after_clicks_and_resizes(ma
         await pilot.pause(0.2)
         assert chat.display and screen.query_one("#dashboard").display
         await pilot.press(*"ok")
-        assert chat.prompt_input.value == "ok"
+        assert chat.prompt_input.text == "ok"
 
 
 async def test_quit_asks_while_a_reply_or_a_burst_runs(make_app):
@@ -53,7 +52,7 @@ async def test_quit_asks_while_a_reply_or_a_burst_runs(make_app):
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready)
         chat = app.screen.chat
-        chat.prompt_input.value = "a long answer please"
+        chat.prompt_input.text = "a long answer please"
         chat.focus_input()
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: chat.generating)

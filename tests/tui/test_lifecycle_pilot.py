@@ -57,7 +57,7 @@ async def test_quit_stops_the_engine(make_app):
         assert await wait_for(pilot, lambda: app.engine_ready)
         app.screen.query_one("#prompt").focus()
         await pilot.press("q")  # typing q in the input is text, not quit
-        assert app.screen.query_one("#prompt").value == "q"
+        assert app.screen.query_one("#prompt").text == "q"
         await pilot.press("enter")
         chat = app.screen.chat
         assert await wait_for(pilot, lambda: chat.generating)

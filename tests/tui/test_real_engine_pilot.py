@@ -13,6 +13,7 @@ from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.engine_factory import real_client_factory
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_input import ChatInput
 from kvdeck.tui.widgets.chat_message import ChatMessage
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
@@ -41,7 +42,7 @@ async def test_chat_streams_owns_blocks_and_escape_frees_them(tiny_llama_dir, tm
         assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT), (
             f"engine did not start: {app.client.health() if app.client else None}")
         chat = app.screen.chat
-        chat.query_one("#prompt", Input).focus()
+        chat.query_one("#prompt", ChatInput).focus()
         await pilot.press(*"hello there")
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: chat.active_request_id is not None)
@@ -151,7 +152,7 @@ async def test_schema_held_reply_parses_and_the_inspector_says_constrained(tiny_
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready, timeout=START_TIMEOUT)
         chat = app.screen.chat
-        chat.query_one("#prompt", Input).focus()
+        chat.query_one("#prompt", ChatInput).focus()
         await pilot.press(*"verdict?")
         await pilot.press("enter")
         assert await wait_for(pilot, lambda: len(chat.transcript.turns) == 2

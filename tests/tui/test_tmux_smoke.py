@@ -116,12 +116,21 @@ def test_kvdeck_in_tmux_multi_turn_chat_stop_and_quit(tiny_llama_dir, tmp_path):
         assert reply_lines(screen), f"no reply text on screen:\n{screen}"
         # More turns: each one is sent with the history that fits, and answered.
         transcripts = tmp_path / "data" / "kvdeck" / "transcripts"
-        for turn, text in enumerate(("and a second question", "a third one, please"), start=2):
-            tmux("send-keys", "-t", session, "-l", text)
-            tmux("send-keys", "-t", session, "Enter")
-            wait_for_file(transcripts, lambda data, n=turn: len(data["turns"]) == 2 * n
-                          and bool(data["turns"][-1]["stats"]), timeout=60,
-                          what=f"reply {turn} to finish")
+        tmux("send-keys", "-t", session, "-l", "and a second question")
+        tmux("send-keys", "-t", session, "Enter")
+        wait_for_file(transcripts, lambda data: len(data["turns"]) == 4
+                      and bool(data["turns"][-1]["stats"]), timeout=60, what="reply 2 to finish")
+        # A pasted snippet keeps all its lines (a bracketed paste; tmux sends its line feeds
+        # as CR, as many terminals do), ctrl+j adds one, and only Enter sends.
+        tmux("set-buffer", "-b", "snippet", "a third one, please\n    indented line")
+        tmux("paste-buffer", "-p", "-d", "-b", "snippet", "-t", session)
+        tmux("send-keys", "-t", session, "C-j")
+        tmux("send-keys", "-t", session, "-l", "last line")
+        tmux("send-keys", "-t", session, "Enter")
+        data = wait_for_file(transcripts, lambda data: len(data["turns"]) == 6
+                             and bool(data["turns"][-1]["stats"]), timeout=60,
+                             what="reply 3 to finish")
+        assert data["turns"][4]["content"] == "a third one, please\n    indented line\nlast line"
         screen = wait_for_screen(session, lambda s: "max 128 tok · ctx 512" in s, timeout=10,
                                  what="the status line to name the reply budget and context")
         assert "a third one" in screen and "Assistant" in screen

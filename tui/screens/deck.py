@@ -16,16 +16,18 @@ from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_session import EngineSession
-from kvdeck.tui.key_routing import is_shown, stray_text
-from kvdeck.tui.messages import LoadBurstStarted
+from kvdeck.tui.key_routing import is_shown, stray_paste, stray_text
+from kvdeck.tui.messages import ChatFocusRequested, LoadBurstStarted
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
 from kvdeck.tui.settings_store import SettingsStore
 from kvdeck.tui.transcripts import TranscriptStore
+from kvdeck.tui.widgets.chat_input import ChatInput
 from kvdeck.tui.widgets.chat_message import ChatMessage
 from kvdeck.tui.widgets.chat_pane import ChatPane
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.mini_stats import MiniStats
+from kvdeck.tui.widgets.request_table import RequestTable
 
 if TYPE_CHECKING:
     from kvdeck.tui.attached_servers import AttachedServers
@@ -54,7 +56,11 @@ class DeckScreen(Screen[None]):
                 tooltip="Copy the last reply to the clipboard"),
     ]
 
-    HELP_GROUPS = [("A focused chat message", ChatMessage.BINDINGS)]
+    HELP_GROUPS = [
+        ("The chat input (Enter sends)", ChatInput.BINDINGS),
+        ("A focused chat message", ChatMessage.BINDINGS),
+        ("The request table (Tab to it; ↑↓ move)", RequestTable.BINDINGS),
+    ]
 
     def __init__(self, engine: EngineSession, state: DashboardState, settings: SettingsStore,
                  transcripts: TranscriptStore, activity: ActivityTracker,
@@ -100,6 +106,16 @@ class DeckScreen(Screen[None]):
             self.show_pane("chat")
         self.chat.type_into_input(text)
 
+    def on_paste(self, event: events.Paste) -> None:
+        """A paste with the focus on the map or a table is a message too, all its lines."""
+        text = stray_paste(self, event)
+        if text is None:
+            return
+        event.stop()
+        if not is_shown(self.chat.prompt_input):
+            self.show_pane("chat")
+        self.chat.type_into_input(text)
+
     def on_resize(self, event: events.Resize) -> None:
         narrow = event.size.width < NARROW_BELOW
         if self._was_narrow and not narrow:
@@ -131,7 +147,7 @@ class DeckScreen(Screen[None]):
     def action_toggle_pane(self) -> None:
         if self.has_class("-show-dashboard"):
             self.show_pane("chat")
-        elif self.chat.prompt_input.value.strip():
+        elif self.chat.prompt_input.text.strip():
             self.notify("Your message is still in the input: send it (Enter) or clear it "
                         "first.", severity="warning", timeout=4)
         else:
@@ -146,8 +162,12 @@ class DeckScreen(Screen[None]):
         if self.has_class("-narrow") and not self.has_class("-show-dashboard"):
             self.show_pane("dashboard")
 
+    def on_chat_focus_requested(self, message: ChatFocusRequested) -> None:
+        message.stop()
+        self.show_pane("chat")
+
     def on_load_burst_started(self, message: LoadBurstStarted) -> None:
-        if self.has_class("-narrow") and not self.chat.prompt_input.value.strip():
+        if self.has_class("-narrow") and not self.chat.prompt_input.text.strip():
             self.show_pane("dashboard")
 
     async def action_stop_reply(self) -> None:

@@ -14,7 +14,8 @@ from kvdeck.tui.widgets.block_map import legend_text
 
 MAP_HELP = (
     "One cell per physical KV block, row by row. Colour = the request that owns it. "
-    "Select a request in the inspector (or click a block) to highlight its blocks; "
+    "Select a request in the inspector (Tab to its table, ↑↓ or j/k, Enter) or click a "
+    "block to highlight its blocks; "
     "hover a block for its id, state and reference count."
 )
 

@@ -1,4 +1,8 @@
-"""One chat message: role, Markdown body (streamed for replies), and the reply's figures."""
+"""One chat message: role, body, and the reply's figures.
+
+A reply's body is Markdown (streamed as it arrives). The user's message is shown as typed,
+line for line: Markdown would join its lines into one paragraph and eat the indentation of
+pasted code."""
 
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ class ChatMessage(Vertical, can_focus=True):
     ChatMessage { height: auto; padding: 0 1; margin: 0 0 1 0; }
     ChatMessage .role { text-style: bold; height: 1; }
     ChatMessage Markdown { margin: 0; padding: 0; }
+    ChatMessage .user-text { height: auto; }
     ChatMessage .reply-stats { color: $text-muted; height: auto; }
     ChatMessage.-error .reply-stats { color: $error; }
     """
@@ -40,7 +45,10 @@ class ChatMessage(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         label = {"user": "You", "assistant": "Assistant"}.get(self.role, self.role)
         yield Static(label, classes="role")
-        yield Markdown(displayable(self.content))
+        if self.role == "user":
+            yield Static(displayable(self.content), markup=False, classes="user-text")
+        else:
+            yield Markdown(displayable(self.content))
         yield Static(self.stats, classes="reply-stats")
 
     @property

@@ -1,4 +1,4 @@
-"""The chat: messages streamed as Markdown, an input line, the transcript saved as it grows.
+"""The chat: messages streamed as Markdown, a multi-line input, the transcript saved as it grows.
 
 Its services come in through the constructor: the engine session (the current client),
 the dashboard state (it records each reply's latencies), the settings and transcript
@@ -16,7 +16,7 @@ from pathlib import Path
 from textual import work
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
-from textual.widgets import Input, Markdown, Static
+from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
@@ -29,16 +29,27 @@ from kvdeck.tui.messages import EngineHealthCheck
 from kvdeck.tui.reply_meter import ReplyMeter
 from kvdeck.tui.settings_store import SettingsStore
 from kvdeck.tui.transcripts import ChatTurn, Transcript, TranscriptStore
+from kvdeck.tui.widgets.chat_input import ChatInput
 from kvdeck.tui.widgets.chat_message import ChatMessage, displayable
 
 SAVE_EVERY_S = 2.0  # how often a streaming reply is saved to the transcript
 REPLY_ACTIVITY = "chat-reply"
 
 WELCOME = (
-    "Type a message and press Enter. Esc stops a reply; ctrl+s sets the system prompt and "
+    "Type a message and press Enter (ctrl+j starts a new line; pasted text keeps all its "
+    "lines). Esc stops a reply; ctrl+s sets the system prompt and "
     "sampling; ctrl+l fires a load burst to watch the KV blocks on the right (f2 in a narrow "
     "terminal). F1 lists every key."
 )
+
+
+def without_blank_edges(text: str) -> str:
+    """The message as sent: every line, its indentation kept (pasted code), without the
+    blank lines around it or trailing spaces."""
+    lines = text.splitlines()
+    while lines and not lines[0].strip():
+        lines.pop(0)
+    return "\n".join(lines).rstrip()
 
 
 class ChatPane(Vertical):
@@ -70,9 +81,8 @@ class ChatPane(Vertical):
         with VerticalScroll(id="messages"):
             yield Static(WELCOME, id="chat-welcome")
         yield Static(id="chat-status")
-        # No select-on-focus: keys typed elsewhere are appended here, never a selection.
-        yield Input(placeholder="Message · Enter sends · Esc stops", id="prompt",
-                    select_on_focus=False)
+        yield ChatInput(placeholder="Message · Enter sends · ctrl+j new line · Esc stops",
+                        id="prompt")
 
     def on_mount(self) -> None:
         self.transcript.system_prompt = self.settings.current.system_prompt
@@ -93,13 +103,13 @@ class ChatPane(Vertical):
         return self.active_request_id is not None
 
     @property
-    def prompt_input(self) -> Input:
-        return self.query_one("#prompt", Input)
+    def prompt_input(self) -> ChatInput:
+        return self.query_one("#prompt", ChatInput)
 
     @property
     def has_draft(self) -> bool:
         """A message is being typed or a reply is streaming: the chat must stay in view."""
-        return bool(self.prompt_input.value.strip()) or self.generating
+        return bool(self.prompt_input.text.strip()) or self.generating
 
     def update_status(self, note: str = "") -> None:
         self._note = note
@@ -131,9 +141,9 @@ class ChatPane(Vertical):
         except OSError as exc:
             self.notify(f"Could not save the chat: {exc}", severity="error")
 
-    async def on_input_submitted(self, event: Input.Submitted) -> None:
+    async def on_chat_input_submitted(self, event: ChatInput.Submitted) -> None:
         event.stop()
-        text = event.value.strip()
+        text = without_blank_edges(event.text)
         if not text:
             return
         if self.generating:
@@ -162,7 +172,7 @@ class ChatPane(Vertical):
             return
         finally:
             self._fitting = False
-        event.input.value = ""
+        event.chat_input.clear()  # back to one line
         await self.send(text, client, fitted)
 
     def _fit(self, client: EngineClientProtocol, text: str) -> FittedRequest:
@@ -289,4 +299,4 @@ class ChatPane(Vertical):
     def type_into_input(self, text: str) -> None:
         """Keys typed while nothing that takes text had focus: they belong to the message."""
         self.prompt_input.focus()
-        self.prompt_input.insert_text_at_cursor(text)
+        self.prompt_input.type_text(text)

@@ -2,7 +2,8 @@
 
 Requests that finished stay listed (dimmed, newest first among them) for a while, so one
 that ended between two looks can still be selected; the detail gives the block table all
-the lines it needs (it scrolls beyond that).
+the lines it needs (it scrolls beyond that). The table works from the keyboard (Tab to
+it, ↑↓ or j/k, Enter, Escape: see RequestTable) as well as with the mouse.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvdeck.tui.request_colours import RequestColours
+from kvdeck.tui.widgets.request_table import RequestTable
 
 if TYPE_CHECKING:
     from kvdeck.engine.types.spec_stats import RequestSpecStats
@@ -26,6 +28,8 @@ COLUMNS = (("id", "request", None), ("state", "state", 10), ("prompt", "prompt",
            ("blocks", "blocks", None))
 KEEP_FINISHED = 6  # finished requests still listed
 FINISHED = "finished"
+NOTHING_SELECTED = ("Select a request to see its block table: Tab to the table, ↑↓ or j/k, "
+                    "Enter; or click a block in the map.")
 
 
 def block_table_text(request: RequestStats, colour: str, finished: bool = False) -> Text:
@@ -90,15 +94,20 @@ class RequestInspector(Vertical):
         self._rows: dict[str, tuple] = {}  # the values drawn per row: redraw only what changed
 
     def compose(self) -> ComposeResult:
-        table: DataTable = DataTable(cursor_type="row", zebra_stripes=True, id="request-table")
+        table = RequestTable(id="request-table")
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
         yield table
         with VerticalScroll(id="request-detail-scroll"):
-            yield Static("Select a request to see its block table.", id="request-detail")
+            yield Static(NOTHING_SELECTED, id="request-detail")
+
+    @property
+    def table(self) -> RequestTable:
+        return self.query_one(RequestTable)
 
     def show(self, stats: EngineStats) -> None:
-        table = self.query_one(DataTable)
+        table = self.table
+        under_cursor = table.cursor_request  # rows move below: the cursor stays on it
         current = {r.request_id: r for r in stats.requests}
         for rid, request in self._requests.items():  # just finished: kept, dimmed
             if rid not in current:
@@ -119,6 +128,7 @@ class RequestInspector(Vertical):
             self._draw_row(table, rid, request, finished=True)
         if added or table.row_count != rows_before:  # running requests above finished ones
             table.sort("state", key=lambda state: str(state) == FINISHED)
+        table.keep_cursor_on(under_cursor)
         self._requests = current
         self._show_detail()
 
@@ -145,7 +155,7 @@ class RequestInspector(Vertical):
 
     def select(self, request_id: str | None) -> None:
         """Select a request (e.g. clicked in the map); None clears the selection."""
-        table = self.query_one(DataTable)
+        table = self.table
         if request_id is not None and request_id in self._rows:
             table.move_cursor(row=table.get_row_index(request_id))
         self._set_selected(request_id)
@@ -160,7 +170,7 @@ class RequestInspector(Vertical):
         detail = self.query_one("#request-detail", Static)
         rid = self.selected_id
         if rid is None:
-            detail.update("Select a request to see its block table.")
+            detail.update(NOTHING_SELECTED)
             return
         request = self._requests.get(rid)
         if request is not None:
@@ -176,5 +186,5 @@ class RequestInspector(Vertical):
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         event.stop()
-        if self.query_one(DataTable).has_focus:
+        if self.table.has_focus:  # moved by the keys: the inspector follows
             self._set_selected(event.row_key.value)
