@@ -29,7 +29,7 @@ def tiny_llama_dir(tiny_model_dirs) -> Path:
 @pytest.fixture
 def no_decoder_stack(monkeypatch):
     """Every model on its per-layer forward: the native decoder stack (which takes CPU
-    decode steps of up to 4 rows, ahead of any decode graph) is not bound, so a test of the
+    decode steps of up to 8 rows in bf16, ahead of any decode graph) is not bound, so a test of the
     graph machinery sees its small steps."""
     from kvdeck.engine.runner.models import native_decode
 

@@ -35,6 +35,15 @@ __all__ = ["available"]  # with the wrappers below
 # weights, plus a horizontal sum per output) is the limit and oneDNN wins (0.7x).
 # Figures: benchmarks/results/cpu_gemv_smollm2.json, cpu_gemv_demo.json.
 GEMV_MAX_ROWS = 4
+# A bf16 model's steps of up to this many rows go through its decoder stack and its output
+# head's GEMV, one pass each (kernels/cpu/decode_stack.py): a speculative verify of up to
+# seven draft tokens then computes every row with a one-row decode step's very operations,
+# so greedy output with speculation is plain greedy's, bit for bit, where the Python
+# forward's oneDNN and SDPA would round a five-row verify differently. Past GEMV_MAX_ROWS a
+# projection alone is slower than oneDNN's, but the stack saves the forward's per-layer
+# Python work: SmolLM2's steps of 5 and 8 rows ran 1.29x and 1.07x faster through it
+# (benchmarks/results/cpu_bf16_stack_rows.json).
+BF16_STACK_MAX_ROWS = 8
 # The fp32 GEMV's rows in one pass of its band (the weights read once): it beat aten's fp32
 # matmul over the demo's projections at 1-32 rows (1.3x at 1, 2.1x at 4, 1.5x at 8, 1.05x at
 # 32) and lost from 64 (0.94x); each pass past the first reads the weights again.

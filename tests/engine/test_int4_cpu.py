@@ -12,6 +12,7 @@ from kvdeck.engine.runner.models.linear import Int8OutputHead
 from kvdeck.kernels.cpu import build
 from kvdeck.kernels.cpu import int4 as cpu_int4
 from kvdeck.kernels.cpu import int8 as cpu_int8
+from kvdeck.kernels.cpu import native as cpu_native
 from kvdeck.kernels.cpu.decode_stack import DecoderStack
 from kvdeck.kernels.cpu.int4 import Int4Weight
 from kvdeck.kernels.reference.w4a16_gemm import quantize_activations_q8
@@ -52,7 +53,8 @@ def test_the_stack_gives_the_python_forwards_tokens(tmp_path, monkeypatch, famil
     native = LLM(model, dtype=dtype, **OPTIONS)
     stack = _runner(native).model.model.decoder_stack
     assert isinstance(stack.layers[0].qkv, Int4Weight) and isinstance(stack.layers[0].down, Int4Weight)
-    assert stack.max_rows == (native_decode.INT4_MAX_ROWS if dtype == "float32" else 4)
+    bf16_rows = cpu_native.BF16_STACK_MAX_ROWS
+    assert stack.max_rows == (native_decode.INT4_MAX_ROWS if dtype == "float32" else bf16_rows)
     assert isinstance(_runner(native).model.lm_head, Int8OutputHead)
     tokens = _generate(native)
     assert 3 in rows  # the three decoding requests in one native step

@@ -75,7 +75,7 @@ def test_the_row_limit_follows_the_dtype_and_the_cache(tiny_llama_dir, monkeypat
     assert native_decode.stack_max_rows(layers) == cpu_native.F32_GEMV_MAX_ROWS  # one pass of the GEMV
     assert not native_decode.stack_in_passes(layers)
     bf16 = _stack(LLM(str(tiny_llama_dir), dtype="bfloat16", kv_cache_memory_gib=0.01)).layers
-    assert native_decode.stack_max_rows(bf16) == cpu_native.GEMV_MAX_ROWS
+    assert native_decode.stack_max_rows(bf16) == cpu_native.BF16_STACK_MAX_ROWS
     assert not native_decode.stack_in_passes(bf16)
 
 

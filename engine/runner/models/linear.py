@@ -166,9 +166,11 @@ class PackedOutputHead(nn.Module):
         super().__init__()
         self.weight, self.packed_number = pack_bf16_weight(weight.data)
         self.dense_weight = weight.data if keep_dense else None
+        # as many rows as the decoder stack takes: each row's logits are a one-row step's
+        self.gemv_max_rows = cpu_native.BF16_STACK_MAX_ROWS
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.dense_weight is not None and cpu_native.gemv_takes(hidden):
+        if self.dense_weight is not None and cpu_native.gemv_takes(hidden, self.gemv_max_rows):
             return cpu_native.small_batch_linear(hidden, self.dense_weight, None)
         return packed_linear(hidden, self.packed_number, self.weight.shape[0])
 

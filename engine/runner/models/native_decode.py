@@ -76,14 +76,14 @@ def unbind_decoder_stack(model: nn.Module) -> None:
 
 
 def stack_max_rows(layers: list[DecoderLayerWeights]) -> int:
-    """The most tokens a step through these layers may have. bf16: GEMV_MAX_ROWS (its GEMV
-    beats oneDNN up to there, and a longer prompt chunk keeps the Python forward's SDPA
-    attention and so its bits). fp32: INT4_MAX_ROWS where every projection is INT4; else
+    """The most tokens a step through these layers may have. bf16: BF16_STACK_MAX_ROWS (a
+    speculative verify's rows get a one-row step's bits; a prompt chunk keeps the Python
+    forward's oneDNN and SDPA). fp32: INT4_MAX_ROWS where every projection is INT4; else
     F32_GEMV_MAX_ROWS in one pass of its GEMV, and up to FP32_CACHED_MAX_ROWS where the
     projections' weights fit in the last-level cache (the demo's 19 MB in this CPU's 32)."""
     first = layers[0]
     if first.input_norm.dtype != torch.float32:
-        return cpu_native.GEMV_MAX_ROWS
+        return cpu_native.BF16_STACK_MAX_ROWS
     projections = [getattr(layer, name) for layer in layers for name in PROJECTIONS]
     if all(isinstance(weight, Int4Weight) for weight in projections):
         return INT4_MAX_ROWS

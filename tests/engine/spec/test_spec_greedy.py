@@ -5,6 +5,8 @@ forced preemption; and nothing leaks in either KV pool."""
 import pytest
 
 from kvdeck import LLM, SamplingParams
+from kvdeck.kernels.cpu import native as cpu_native
+from kvdeck.kernels.cpu.linear import bf16_packing_supported
 
 MAX_NEW = 24
 PROMPTS = [
@@ -113,3 +115,38 @@ def test_batch_size_threshold_turns_speculation_off(tiny_model_dirs, tiny_draft_
             seen.append((running, spec.last_step_disabled, spec.last_step_draft_tokens))
     assert all(disabled and drafts == 0 for running, disabled, drafts in seen if running > 2)
     assert any(drafts > 0 for running, disabled, drafts in seen if running <= 2)
+
+
+
+@pytest.fixture(scope="module")
+def smollm2_shaped_dir(tmp_path_factory):
+    """A random llama of SmolLM2-135M's widths (576 hidden, 1536 intermediate, 9 heads over 3
+    kv heads of 64) and four of its thirty layers: sums as long as the real model's, whose
+    order shows in bf16 where a tiny model's 64-wide sums round alike either way."""
+    from tests.model_factory import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("smollm2_shaped") / "llama", "llama", hidden_size=576,
+                            intermediate_size=1536, num_hidden_layers=4, num_attention_heads=9,
+                            num_key_value_heads=3, initializer_range=0.04)
+
+
+@pytest.mark.skipif(not (cpu_native.available() and bf16_packing_supported()),
+                    reason="needs the native CPU kernels and a CPU with bf16")
+def test_bfloat16_greedy_is_plain_greedy_bit_for_bit(smollm2_shaped_dir):
+    """In bf16 (the CPU's default dtype where it has bf16) a verify step of k + 1 rows takes a
+    one-row decode step's kernels (the decoder stack, the output head's GEMV), so a chat's
+    speculative greedy output is its plain greedy output: with five drafts, six rows, past the
+    four at which the Python forward's oneDNN and SDPA would take the step and round
+    differently. Every token speculation emits comes from a verify row, accepted or not."""
+    config = {**NGRAM, "num_speculative_tokens": 5}
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+    def one_request_at_a_time(**engine) -> tuple[list[list[int]], object]:
+        with LLM(str(smollm2_shaped_dir), dtype="bfloat16", kv_cache_memory_gib=0.05, **engine) as llm:
+            outputs = [llm.generate([prompt], params)[0].outputs[0].token_ids for prompt in PROMPTS]
+            return outputs, llm.stats()
+
+    plain_outputs, _ = one_request_at_a_time()
+    spec_outputs, stats = one_request_at_a_time(speculative_config=config)
+    assert stats.spec.num_drafts > 0
+    assert spec_outputs == plain_outputs
