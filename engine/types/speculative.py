@@ -3,7 +3,7 @@
 Three proposers: n-gram prompt lookup (`{"method": "ngram", "num_speculative_tokens": 4,
 "prompt_lookup_min": 2, "prompt_lookup_max": 5}`), suffix decoding (`{"method": "suffix"}`,
 its `suffix_decoding_*` keys as vLLM's; num_speculative_tokens, the longest draft, defaults
-to the tree depth within MAX_SPECULATIVE_TOKENS) and a draft model (`{"model": DIR,
+to SUFFIX_DEFAULT_DRAFT within the tree depth) and a draft model (`{"model": DIR,
 "num_speculative_tokens": 4}`, method "draft_model" implied). `disable_by_batch_size` turns
 speculation off for a step whose running batch has more requests than that, as vLLM's. The
 per-request policy (kvdeck's own keys) pauses a request whose recent acceptance is poor.
@@ -17,6 +17,12 @@ METHODS = ("ngram", "suffix", "draft_model")
 _DRAFT_ALIASES = ("draft_model", "model")
 MAX_SPECULATIVE_TOKENS = 16
 SUFFIX_TREE_DEPTH = 24  # vLLM's default suffix_decoding_max_tree_depth
+# The longest suffix draft unless configured (vLLM: the tree depth). Seven drafts make a verify
+# of eight rows, the most a bf16 CPU model's decoder stack takes, so each verified token is
+# plain greedy's bit for bit; longer drafts verify on the Python forward, which rounds
+# otherwise, and on SmolLM2's agentic workload k=7 ran 2.59x against 2.42x for k=16
+# (benchmarks/results/spec_decode_suffix_agentic_smollm2.json).
+SUFFIX_DEFAULT_DRAFT = 7
 MAX_SUFFIX_TREE_DEPTH = 1024  # each token appended costs a step per depth
 # vLLM caches 10000 outputs; kvdeck's trees are Python objects, about 600 bytes per cached
 # token, so it keeps 1000 (about 600 MB for outputs of 1000 tokens).
@@ -83,7 +89,7 @@ class SpeculativeConfig:
             # The longest draft; each step's length follows the match (vLLM: the tree depth).
             depth = fields.get("suffix_decoding_max_tree_depth", SUFFIX_TREE_DEPTH)
             _int_in("suffix_decoding_max_tree_depth", depth, 1, MAX_SUFFIX_TREE_DEPTH)
-            fields["num_speculative_tokens"] = min(depth, MAX_SPECULATIVE_TOKENS)
+            fields["num_speculative_tokens"] = min(depth, SUFFIX_DEFAULT_DRAFT)
         if "num_speculative_tokens" not in fields:
             raise ValueError("speculative_config.num_speculative_tokens is required")
         config = cls(method=method, **fields)
