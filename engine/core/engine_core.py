@@ -18,6 +18,7 @@ from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
 from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus, token_output
+from kvdeck.engine.core.request_reason import add_extras, describe_requests
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
 from kvdeck.engine.runner.batch import TokenMasks
@@ -301,6 +302,10 @@ class EngineCore:
         return outputs
 
     def _forget(self, request: Request) -> None:
+        if request.metrics.timeline is not None:  # its final output's: what only the core knew
+            add_extras(request.metrics.timeline,
+                       self.spec.request_stats(request.request_id) if self.spec is not None else None,
+                       request.grammar.compile_s if request.grammar is not None else None)
         self.requests.pop(request.request_id, None)
         self._needs_host_tokens.discard(request.request_id)
         self.runner.forget(request.request_id)
@@ -351,11 +356,12 @@ class EngineCore:
     def stats(self) -> EngineStats:
         bm = self.block_manager
         sched = self.scheduler
-        requests = [_request_stats(r) for r in sched.running]
-        requests += [_request_stats(r) for r in sched.waiting]
+        described = [*sched.running, *sched.waiting]
+        requests = [_request_stats(r) for r in described]
         if self.spec is not None:
             for entry in requests:
                 entry.spec = self.spec.request_stats(entry.request_id)
+        describe_requests(requests, described, sched)
         last = self.last_step
         return EngineStats(
             timestamp=time.time(),

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvdeck.engine.core.request_timeline import RequestTimeline
 from kvdeck.engine.types.outputs import RequestMetrics
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.wire import EngineCoreOutput, RequestStatus
@@ -54,9 +55,12 @@ class Request:
     stop_ids: frozenset[int] = frozenset()
     length_limit: int = 0
     metrics: RequestMetrics = field(init=False)
+    timeline: RequestTimeline = field(init=False)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        # Its arrival on the monotonic clock (the front-end stamps arrival_time with time.time()).
+        self.timeline = RequestTimeline(time.monotonic() - max(0.0, time.time() - self.arrival_time))
 
     @property
     def block_table(self) -> list[int]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.runner.batch import PLACEHOLDER
+from kvdeck.engine.types.request_timeline import PREFILL
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class ScheduledBatch:
     # The requests whose block tables changed since the last batch (the block manager's
     # list): the runner's persistent rows look at these only. None: look at every row.
     changed_tables: list[Request] | None = None
+    step: int = 0  # the scheduler's count of schedules when it was made (request timelines)
 
     @property
     def empty(self) -> bool:
@@ -89,6 +91,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.num_schedules = 0  # the "step" of request timelines
         self.rolled_back_blocks: list[int] = []  # blocks the last update gave back (rejected drafts)
 
     def add_request(self, request: Request) -> None:
@@ -107,7 +110,8 @@ class Scheduler:
         """The next batch. `pipelined` (async scheduling): the step in flight was taken as done
         (`advance_inflight`); a request whose output already reaches its length limit there
         finishes when its samples arrive, and is not scheduled again."""
-        batch = ScheduledBatch()
+        self.num_schedules += 1
+        batch = ScheduledBatch(step=self.num_schedules)
         budget = self.max_num_batched_tokens
         prefills: list[Request] = []
         # A copy: scheduling a decode may preempt later requests (they are skipped).
@@ -165,9 +169,12 @@ class Scheduler:
             victim = self.running[-1]
             if batch.holds(victim):
                 budget += batch.remove(victim)
-            self._preempt(victim, batch)
+            self._preempt(victim, batch, "" if victim is request else request.request_id)
             if victim is request:
                 return budget
+        if request.is_prefilling:
+            request.timeline.prefill_chunk(time.monotonic(), batch.step, num_tokens, 0,
+                                           request.num_computed_tokens + num_tokens >= request.num_tokens)
         num_tokens += len(request.spec_token_ids)
         batch.add(request, num_tokens)
         return budget - num_tokens
@@ -193,6 +200,10 @@ class Scheduler:
                 request.num_cached_tokens = num_cached
                 request.metrics.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
+            mono = time.monotonic()
+            request.timeline.admitted(mono, num_cached)
+            request.timeline.prefill_chunk(mono, batch.step, num_tokens, num_cached,
+                                           num_cached + num_tokens >= request.num_tokens)
             self.running.append(request)
             batch.add(request, num_tokens)
             budget -= num_tokens
@@ -209,7 +220,10 @@ class Scheduler:
             self.block_manager.free(request)
             request.num_computed_tokens = 0
 
-    def _preempt(self, request: Request, batch: ScheduledBatch) -> None:
+    def _preempt(self, request: Request, batch: ScheduledBatch, needed_by: str) -> None:
+        """`needed_by`: the request whose blocks it gave up ("": its own, it was the newest)."""
+        request.timeline.preempted(time.monotonic(), batch.step, needed_by,
+                                   len(request.output_token_ids))
         self.running.remove(request)
         self.block_manager.free(request)
         request.num_computed_tokens = 0
@@ -257,6 +271,8 @@ class Scheduler:
                 if request.metrics.first_token_time is None:
                     request.metrics.first_token_time = now
                 request.metrics.last_token_time = now
+                if request.timeline.phase == PREFILL:  # its prefill (or recompute) is done
+                    request.timeline.decoding(time.monotonic(), batch.step, len(request.output_token_ids))
             if num_drafts:  # blocks holding only rejected drafts go back now
                 self.rolled_back_blocks += manager.free_beyond(request, request.num_computed_tokens)
                 request.spec_token_ids = []
@@ -333,6 +349,8 @@ class Scheduler:
                 if request.metrics.first_token_time is None:
                     request.metrics.first_token_time = now
                 request.metrics.last_token_time = now
+                if request.timeline.phase == PREFILL:
+                    request.timeline.decoding(time.monotonic(), batch.step, len(output))
             if request.status is running:  # not preempted by the schedule after it
                 if manager.enable_prefix_caching:
                     manager.cache_full_blocks(request)
@@ -377,3 +395,9 @@ class Scheduler:
             self.waiting.remove(request)
         self.block_manager.free(request)
         request.metrics.finished_time = now
+        # Its timeline travels with its final output (the server keeps the last ones).
+        timeline = request.timeline
+        timeline.finished(time.monotonic(), self.num_schedules, request.status.value,
+                          len(request.output_token_ids))
+        request.metrics.timeline = timeline.snapshot(timeline.phases[-1][0], self.num_schedules,
+                                                     len(request.output_token_ids))

@@ -128,6 +128,7 @@ class OutputProcessor:
             metrics.last_token_time = m.last_token_time
             metrics.finished_time = m.finished_time
             metrics.grammar_compile_s = m.grammar_compile_s
+            metrics.timeline = m.timeline
         new_ids = core_output.new_token_ids
         params = state.params
         detok = state.detokenizer

@@ -2,6 +2,8 @@
 
 from dataclasses import dataclass, field
 
+from kvdeck.engine.types.request_timeline import TimelineSnapshot
+
 
 @dataclass(slots=True)
 class RequestMetrics:
@@ -13,6 +15,7 @@ class RequestMetrics:
     last_token_time: float | None = None
     finished_time: float | None = None
     grammar_compile_s: float | None = None  # structured outputs: compiling its grammar took
+    timeline: TimelineSnapshot | None = None  # set when it finishes (request_timeline.py)
 
     @property
     def time_to_first_token(self) -> float | None:

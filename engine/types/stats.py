@@ -6,6 +6,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass, field
 
+from kvdeck.engine.types.request_timeline import TimelineSnapshot, timeline_from_dict
 from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
 
 
@@ -26,6 +27,10 @@ class RequestStats:
     # Hybrid models (several KV groups, see kv_group_windows): every group's table, in
     # group order (block_tables[0] is block_table); empty for one group.
     block_tables: list[list[int]] = field(default_factory=list)
+    # Why it is where it is ("waiting: needs 12 blocks, 4 free; 3 requests ahead") and what
+    # happened to it so far (engine/core/request_reason.py).
+    reason: str = ""
+    timeline: TimelineSnapshot | None = None
 
 
 @dataclass(slots=True)
@@ -180,6 +185,8 @@ def _request_stats(data: dict) -> RequestStats:
     values = _known(RequestStats, data)
     if values.get("spec") is not None:
         values["spec"] = RequestSpecStats(**_known(RequestSpecStats, values["spec"]))
+    if values.get("timeline") is not None:
+        values["timeline"] = timeline_from_dict(values["timeline"])
     return RequestStats(**values)
 
 
