@@ -44,6 +44,7 @@ from kvdeck.app.serve.protocol import (
     DetokenizeRequest,
     TokenizeRequest,
 )
+from kvdeck.app.serve.request_timelines import RequestTimelines
 from kvdeck.app.serve.served_name import served_names
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
@@ -77,6 +78,8 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     client.add_output_listener(metrics.observe_output)
     latencies = LatencyFeed()
     client.add_output_listener(latencies.observe)
+    timelines = RequestTimelines(lambda: client.last_stats)
+    client.add_output_listener(timelines.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
                        engine_restart_delay, tool_call_parser, names.aliases)
     created = int(time.time())
@@ -125,6 +128,11 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         return StreamingResponse(stats_events(client, latencies, model_name, raw),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    @app.get("/kvdeck/v1/requests/{request_id}", responses=errors(401, 404))
+    async def kvdeck_request(request_id: str) -> JSONResponse:
+        """One request's timeline, TTFT parts and reason line (request_timelines.py)."""
+        return JSONResponse(timelines.describe(request_id))
 
     @app.get("/v1/models", responses=errors(401))
     async def list_models() -> JSONResponse:

@@ -111,3 +111,20 @@ def test_speculative_request_counts_verify_steps(tiny_llama_dir):
     assert 0 <= timeline.spec_accepted <= timeline.spec_drafted
     # Tokens of the decode runs: everything but the prefill's first token.
     assert sum(tokens for *_, tokens in timeline.decode_runs) == 23
+
+
+def test_the_stats_stream_form_keeps_timeline_and_reason(tiny_llama_dir):
+    import json
+
+    from kvdeck.engine.types.stats import stats_from_dict, stats_to_dict
+
+    llm = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, max_num_batched_tokens=16)
+    engine = llm.engine
+    engine.add_request("a", list(range(10, 10 + 40)), GREEDY)
+    engine.step()
+    stats = engine.stats()
+    back = stats_from_dict(json.loads(json.dumps(stats_to_dict(stats))))
+    (before,), (after,) = stats.requests, back.requests
+    assert after.reason == before.reason == "prefill: chunk 1 of 3 (16 of 40 tokens, 0 from cache)"
+    assert after.timeline == before.timeline
+    _run(engine)
