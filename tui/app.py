@@ -295,7 +295,8 @@ class KvdeckApp(App[int]):
             current = EngineSettings.from_engine_options(self.engine_options)
         except ValueError:  # flags the engine refused: start the form from the defaults
             current = EngineSettings()
-        self.push_screen(EngineSettingsScreen(current), self._apply_engine_settings)
+        self.push_screen(EngineSettingsScreen(current, self.engine.model, self.engine.info),
+                         self._apply_engine_settings)
 
     def _apply_engine_settings(self, settings: EngineSettings | None) -> None:
         if settings is None or self.factory_for_model is None:

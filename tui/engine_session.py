@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvdeck.engine.types.wire import EngineInfo
 from kvdeck.tui.engine_protocol import EngineClientProtocol
 
 DEMO_MODEL_NAME = "kvdeck-demo"  # the engine client's name for the bundled model
@@ -33,6 +34,13 @@ class EngineSession:
     client: EngineClientProtocol | None = None
     ready: bool = False
     _live_dirs: dict[int, Path] = field(default_factory=dict)  # client id -> its model dir
+
+    @property
+    def info(self) -> EngineInfo | None:
+        """What the running engine is (its device, dtype, ...); None until it is ready, or
+        for a client that does not say (an attached server's info is its JSON)."""
+        info = getattr(self.client, "info", None) if self.ready else None
+        return info if isinstance(info, EngineInfo) else None
 
     @property
     def usable(self) -> EngineClientProtocol | None:

@@ -9,6 +9,14 @@ from kvdeck.assets import demo_model_dir
 DEMO_MODEL_NAME = "demo"  # as a model name: the bundled demo model
 
 
+def is_demo_model(model: str | None) -> bool:
+    """Whether `model` is the bundled demo model: None, "demo", or its folder."""
+    if model is None or model == DEMO_MODEL_NAME:
+        return True
+    path = Path(os.path.expanduser(model))
+    return path.is_dir() and path.resolve() == demo_model_dir().resolve()
+
+
 def resolve_model_path(model: str | None) -> Path:
     """A local directory, or a hub id found in the Hugging Face cache; None or "demo": the
     bundled demo model."""

@@ -12,17 +12,23 @@ per-request policy (kvdeck's own keys) pauses a request whose recent acceptance 
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from kvdeck.engine.types.model_path import is_demo_model
+
 METHODS = ("ngram", "suffix", "draft_model")
 # vLLM accepts these spellings for a draft model; kvdeck knows one.
 _DRAFT_ALIASES = ("draft_model", "model")
 MAX_SPECULATIVE_TOKENS = 16
+DEMO_DRAFT = "demo-draft"  # as the draft's "model": the bundled draft of the bundled demo model
 SUFFIX_TREE_DEPTH = 24  # vLLM's default suffix_decoding_max_tree_depth
-# The longest suffix draft unless configured (vLLM: the tree depth). Seven drafts make a verify
-# of eight rows, the most a bf16 CPU model's decoder stack takes, so each verified token is
-# plain greedy's bit for bit; longer drafts verify on the Python forward, which rounds
-# otherwise, and on SmolLM2's agentic workload k=7 ran 2.59x against 2.42x for k=16
+# The longest draft a bf16 CPU model verifies bit for bit: seven drafts make a verify of eight
+# rows, the most its decoder stack takes (kernels/cpu/native.py BF16_STACK_MAX_ROWS), so each
+# verified token is plain greedy's; longer drafts, or several requests' verifies past eight
+# rows in all, run the Python forward, whose matmuls round otherwise.
+CPU_BF16_EXACT_MAX_DRAFT = 7
+# The longest suffix draft unless configured (vLLM: the tree depth): on SmolLM2's agentic
+# workload k=7 ran 2.59x against 2.42x for k=16
 # (benchmarks/results/spec_decode_suffix_agentic_smollm2.json).
-SUFFIX_DEFAULT_DRAFT = 7
+SUFFIX_DEFAULT_DRAFT = CPU_BF16_EXACT_MAX_DRAFT
 MAX_SUFFIX_TREE_DEPTH = 1024  # each token appended costs a step per depth
 # vLLM caches 10000 outputs; kvdeck's trees are Python objects, about 600 bytes per cached
 # token, so it keeps 1000 (about 600 MB for outputs of 1000 tokens).
@@ -135,6 +141,12 @@ class SpeculativeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def bundled_drafts(model: str | None) -> tuple[str, ...]:
+    """The bundled drafts that share `model`'s tokenizer (None: the demo model): demo-draft
+    for the demo model, none for any other."""
+    return (DEMO_DRAFT,) if is_demo_model(model) else ()
 
 
 def _int_in(name: str, value: object, low: int, high: int) -> None:

@@ -9,9 +9,11 @@ import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Input, Select, Static
 
+from kvdeck.assets import demo_model_dir
 from kvdeck.engine.types.spec_stats import SpecDecodeStats
+from kvdeck.engine.types.wire import EngineInfo
 from kvdeck.tui.dashboard_state import DashboardState
-from kvdeck.tui.engine_settings import EngineSettings
+from kvdeck.tui.engine_settings import EngineSettings, speculation_choices
 from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
@@ -50,6 +52,109 @@ def test_bad_fields_are_named(fields, message):
         EngineSettings.parse(*fields)
 
 
+SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+@pytest.mark.parametrize("model", [None, "demo", str(demo_model_dir())])
+def test_the_demo_model_is_offered_its_bundled_draft(model):
+    assert [value for _, value in speculation_choices(model)] \
+        == ["off", "ngram", "suffix", "bundled:demo-draft", "draft_model"]
+
+
+@pytest.mark.parametrize("model", [SMOLLM2, "/no/such/model"])
+def test_another_model_is_not_offered_the_demo_draft(model):
+    # n-gram, suffix and a draft of the user's own (checked when the engine loads it) stay
+    assert [value for _, value in speculation_choices(model)] == ["off", "ngram", "suffix", "draft_model"]
+
+
+def test_the_bundled_choice_is_the_demo_draft_and_a_custom_draft_is_kept():
+    bundled = EngineSettings.parse("bundled:demo-draft", "3", "ignored", "auto")
+    assert (bundled.speculation, bundled.draft_model) == ("draft_model", "demo-draft")
+    assert bundled.speculative_config() == {"model": "demo-draft", "num_speculative_tokens": 3}
+    custom = EngineSettings.parse("draft_model", "3", " ~/models/my-draft ", "auto")
+    assert custom.speculative_config() == {"model": "~/models/my-draft", "num_speculative_tokens": 3}
+    with pytest.raises(ValueError, match="unknown choice 'bundled:other-draft'"):
+        EngineSettings.parse("bundled:other-draft", "3", "", "auto")
+
+
+def engine_info(device: str, dtype: str) -> EngineInfo:
+    return EngineInfo(model_dir="/m", max_model_len=512, vocab_size=4096, num_blocks=64,
+                      block_size=16, device=device, dtype=dtype, kv_bytes_per_token=1024,
+                      kv_cache_dtype=dtype, enable_prefix_caching=True,
+                      weight_bytes_per_token=1 << 20, cuda_graphs=False)
+
+
+class FormApp(App):
+    def __init__(self, settings: EngineSettings, model: str | None, info: EngineInfo | None) -> None:
+        super().__init__()
+        self.form = EngineSettingsScreen(settings, model, info)
+
+    def on_mount(self) -> None:
+        self.push_screen(self.form)
+
+
+def options(form: EngineSettingsScreen) -> list[str]:
+    return [str(value) for _, value in form.query_one("#speculation", Select)._options]
+
+
+async def test_the_form_offers_demo_draft_only_beside_the_demo_model():
+    demo_draft = EngineSettings("draft_model", 3, "demo-draft")
+    app = FormApp(demo_draft, None, None)
+    async with app.run_test(size=(100, 30)) as pilot:
+        form = app.form
+        await pilot.pause()
+        assert "bundled:demo-draft" in options(form)
+        assert form.query_one("#speculation", Select).value == "bundled:demo-draft"
+        draft = form.query_one("#draft-model", Input)
+        assert draft.disabled and draft.value == ""  # the bundled draft is a choice of its own
+        form.action_save()
+        assert await wait_for(pilot, lambda: form.is_attached is False)
+    app = FormApp(demo_draft, SMOLLM2, None)  # e.g. demo-draft given on the command line
+    async with app.run_test(size=(100, 30)) as pilot:
+        form = app.form
+        await pilot.pause()
+        assert options(form) == ["off", "ngram", "suffix", "draft_model"]
+        # shown as the user's own draft: saving it lets the engine say why it does not fit
+        assert form.query_one("#speculation", Select).value == "draft_model"
+        draft = form.query_one("#draft-model", Input)
+        assert not draft.disabled and draft.value == "demo-draft"
+        form.query_one("#speculation", Select).value = "suffix"
+        await pilot.pause()
+        assert draft.disabled
+
+
+def hint_text(form: EngineSettingsScreen) -> str:
+    hint = form.query_one("#spec-exactness-hint", Static)
+    return str(hint.render()) if hint.display else ""
+
+
+async def test_the_hint_says_where_greedy_output_may_part_from_plain_decoding():
+    app = FormApp(EngineSettings("ngram", 7), SMOLLM2, engine_info("cpu", "bfloat16"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        form = app.form
+        await pilot.pause()
+        assert hint_text(form) == ""  # seven drafts: a verify of 8 rows, plain greedy's bits
+        k = form.query_one("#num-speculative-tokens", Input)
+        k.value = "8"
+        await pilot.pause()
+        assert "k > 7 on a bf16 CPU" in hint_text(form)
+        assert "last bits" in hint_text(form)
+        form.query_one("#speculation", Select).value = "off"
+        await pilot.pause()
+        assert hint_text(form) == ""  # nothing verified
+        form.query_one("#speculation", Select).value = "suffix"
+        await pilot.pause()
+        assert "k > 7" in hint_text(form)
+        k.value = "7"
+        await pilot.pause()
+        assert hint_text(form) == ""
+    for info in (engine_info("cpu", "float32"), engine_info("cuda:0", "bfloat16"), None):
+        app = FormApp(EngineSettings("ngram", 12), SMOLLM2, info)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await pilot.pause()
+            assert hint_text(app.form) == "", info  # only said of a bf16 CPU engine
+
+
 def test_acceptance_is_computed_between_snapshots():
     state = DashboardState()
     counters = [(0, 0, 0), (10, 40, 20), (10, 40, 20), (14, 56, 32), (2, 8, 8)]
@@ -83,6 +188,7 @@ async def test_ctrl_e_restarts_the_engine_with_speculation(tmp_path):
         assert await wait_for(pilot, lambda: isinstance(app.screen, EngineSettingsScreen))
         form = app.screen
         assert form.query_one("#draft-model", Input).disabled  # speculation is off
+        assert "bundled:demo-draft" in options(form)  # the app runs the demo model (model=None)
         form.query_one("#speculation", Select).value = "ngram"
         form.query_one("#num-speculative-tokens", Input).value = "0"
         form.action_save()

@@ -1,6 +1,6 @@
 """Loading a draft model: the same ModelRunner class as the target, its own config and KV
 pool. A draft must share the target's vocabulary (its tokens are the target's tokens); a
-mismatch is refused at start-up with both sizes named."""
+mismatch is refused at start-up naming both models and their sizes."""
 
 import dataclasses
 import json
@@ -13,11 +13,10 @@ from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
 from kvdeck.engine.runner.step_state import KVCachePlan
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
-from kvdeck.engine.types.model_path import resolve_model_path
-from kvdeck.engine.types.speculative import SpeculativeConfig
+from kvdeck.engine.types.model_path import is_demo_model, resolve_model_path
+from kvdeck.engine.types.speculative import DEMO_DRAFT, SpeculativeConfig
 
 logger = logging.getLogger(__name__)
-DEMO_DRAFT = "demo-draft"  # the bundled draft of the bundled demo model
 
 
 @dataclasses.dataclass(slots=True)
@@ -31,7 +30,8 @@ class DraftModel:
              target_model: ModelConfig, progress: ProgressCallback) -> "DraftModel":
         path = demo_draft_dir() if spec.model == DEMO_DRAFT else resolve_model_path(spec.model)
         model_config = read_model_config(path)
-        check_same_vocabulary(path, model_config, target_dir, target_model)
+        names = (_draft_name(spec.model), _target_name(target.model))
+        check_same_vocabulary(path, model_config, target_dir, target_model, names)
         config = dataclasses.replace(target, model=str(path), tokenizer=None, quantization=spec.quantization,
                                      speculative_config=None)
         config = with_checkpoint_quantization(config, model_config)
@@ -55,21 +55,34 @@ class DraftModel:
         return self.model_config.max_position_embeddings
 
 
-def check_same_vocabulary(draft_dir: Path, draft: ModelConfig, target_dir: Path, target: ModelConfig) -> None:
+def check_same_vocabulary(draft_dir: Path, draft: ModelConfig, target_dir: Path, target: ModelConfig,
+                          names: tuple[str, str] | None = None) -> None:
     """ValueError unless the draft's vocabulary is the target's: the same size and, where both
-    ship a tokenizer.json, the same token for every id."""
+    ship a tokenizer.json, the same token for every id. `names`: how the user named the draft
+    and the target (default: their folders)."""
+    draft_name, target_name = names or (str(draft_dir), str(target_dir))
     if draft.vocab_size != target.vocab_size:
         raise ValueError(
-            f"speculative_config.model: the draft's vocabulary has {draft.vocab_size} tokens "
-            f"({draft_dir}) and the target's {target.vocab_size} ({target_dir}); a draft model "
-            "must share the target's tokenizer")
+            f"speculative_config.model: the draft {draft_name} does not fit the target "
+            f"{target_name}: the draft's vocabulary has {draft.vocab_size} tokens ({draft_dir}) "
+            f"and the target's {target.vocab_size} ({target_dir}); a draft model must share "
+            "the target's tokenizer")
     mine, theirs = _vocabulary(draft_dir), _vocabulary(target_dir)
     if mine is not None and theirs is not None and mine != theirs:
         differing = sorted(set(mine.items()) ^ set(theirs.items()), key=lambda kv: kv[1])[:3]
         raise ValueError(
-            f"speculative_config.model: the draft's tokenizer ({draft_dir}) maps tokens to other ids "
-            f"than the target's ({target_dir}), e.g. {differing}; a draft model must share the "
+            f"speculative_config.model: the draft {draft_name} does not fit the target "
+            f"{target_name}: the draft's tokenizer ({draft_dir}) maps tokens to other ids than "
+            f"the target's ({target_dir}), e.g. {differing}; a draft model must share the "
             "target's tokenizer")
+
+
+def _draft_name(model: str | None) -> str:
+    return f"{model} (the bundled demo model's draft)" if model == DEMO_DRAFT else str(model)
+
+
+def _target_name(model: str | None) -> str:
+    return "the bundled demo model" if is_demo_model(model) else str(model)
 
 
 def _vocabulary(model_dir: Path) -> dict[str, int] | None:

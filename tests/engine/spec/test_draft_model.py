@@ -5,6 +5,7 @@ import pytest
 
 from kvdeck import LLM, SamplingParams
 from kvdeck.app.cli import main as kvdeck
+from kvdeck.engine.types.speculative import bundled_drafts
 from tests.model_factory import build_tiny_model
 from tests.quant.conftest import build_group128_llama
 
@@ -22,6 +23,18 @@ def test_a_draft_with_another_vocabulary_is_refused(tiny_model_dirs, tmp_path):
     with pytest.raises(ValueError, match="draft's vocabulary has 300 tokens .* must share the target's"):
         LLM(str(tiny_model_dirs["llama"]), kv_cache_memory_gib=0.01,
             speculative_config={"model": str(other), "num_speculative_tokens": 2})
+
+
+def test_the_demo_draft_for_another_model_is_refused_naming_both(tiny_model_dirs):
+    target = str(tiny_model_dirs["llama"])  # a vocabulary of 400 tokens, the demo's has 4096
+    with pytest.raises(ValueError) as refused:
+        LLM(target, kv_cache_memory_gib=0.01,
+            speculative_config={"model": "demo-draft", "num_speculative_tokens": 3})
+    message = str(refused.value)
+    assert (f"the draft demo-draft (the bundled demo model's draft) does not fit the target {target}: "
+            "the draft's vocabulary has 4096 tokens") in message
+    assert "the target's 400" in message and "must share the target's tokenizer" in message
+    assert bundled_drafts(target) == () and bundled_drafts(None) == bundled_drafts("demo") == ("demo-draft",)
 
 
 def test_awq_draft_gives_the_targets_greedy_output(tmp_path):

@@ -4,7 +4,7 @@ import pytest
 
 from kvdeck.app.cli import build_parser, engine_kwargs_from_args
 from kvdeck.engine.types.config import EngineConfig
-from kvdeck.engine.types.speculative import SUFFIX_DEFAULT_DRAFT, SpeculativeConfig
+from kvdeck.engine.types.speculative import CPU_BF16_EXACT_MAX_DRAFT, SUFFIX_DEFAULT_DRAFT, SpeculativeConfig
 from kvdeck.kernels.cpu.native import BF16_STACK_MAX_ROWS
 
 
@@ -48,7 +48,8 @@ def test_suffix_defaults_are_vllms_but_the_cache_size_and_the_draft_length():
             suffix.suffix_decoding_max_spec_factor,
             suffix.suffix_decoding_min_token_prob) == (24, 1000, 1.0, 0.1)
     # seven drafts: the most a bf16 CPU decoder stack verifies bit for bit (vLLM: the depth)
-    assert suffix.num_speculative_tokens == SUFFIX_DEFAULT_DRAFT == BF16_STACK_MAX_ROWS - 1
+    assert suffix.num_speculative_tokens == SUFFIX_DEFAULT_DRAFT == CPU_BF16_EXACT_MAX_DRAFT \
+        == BF16_STACK_MAX_ROWS - 1
     longest = SpeculativeConfig.from_dict({"method": "suffix", "num_speculative_tokens": 16})
     assert longest.num_speculative_tokens == 16
     shallow = SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 6})
