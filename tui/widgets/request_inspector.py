@@ -1,9 +1,11 @@
 """The request inspector: the engine's requests in a table; the selected one in detail.
 
-Requests that finished stay listed (dimmed, newest first among them) for a while, so one
-that ended between two looks can still be selected; the detail gives the block table all
-the lines it needs (it scrolls beyond that). The table works from the keyboard (Tab to
-it, ↑↓ or j/k, Enter, Escape: see RequestTable) as well as with the mouse.
+The selected request's reason line, timeline bar and TTFT parts sit above its detail
+(request_timeline_bar.py). Requests that finished stay listed (dimmed, newest first among
+them) for a while, so one that ended between two looks can still be selected; the detail
+gives the block table all the lines it needs (it scrolls beyond that). The table works
+from the keyboard (Tab to it, ↑↓ or j/k, Enter, Escape: see RequestTable) as well as with
+the mouse.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from textual.widgets import DataTable, Static
 
 from kvdeck.tui.request_colours import RequestColours
 from kvdeck.tui.widgets.request_table import RequestTable
+from kvdeck.tui.widgets.request_timeline_bar import RequestTimelineBar
 
 if TYPE_CHECKING:
     from kvdeck.engine.types.spec_stats import RequestSpecStats
@@ -98,6 +101,7 @@ class RequestInspector(Vertical):
         for key, label, width in COLUMNS:
             table.add_column(label, key=key, width=width)
         yield table
+        yield RequestTimelineBar(id="request-timeline")
         with VerticalScroll(id="request-detail-scroll"):
             yield Static(NOTHING_SELECTED, id="request-detail")
 
@@ -168,16 +172,21 @@ class RequestInspector(Vertical):
 
     def _show_detail(self) -> None:
         detail = self.query_one("#request-detail", Static)
+        timeline = self.query_one(RequestTimelineBar)
         rid = self.selected_id
         if rid is None:
+            timeline.show(None)
             detail.update(NOTHING_SELECTED)
             return
         request = self._requests.get(rid)
         if request is not None:
+            timeline.show(request)
             detail.update(block_table_text(request, self.colours.colour(rid)))
         elif rid in self._finished:
+            timeline.show(self._finished[rid], finished=True)
             detail.update(block_table_text(self._finished[rid], self.colours.colour(rid), True))
         else:
+            timeline.show(None)
             detail.update(Text(f"{rid} has finished.", style="italic"))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
