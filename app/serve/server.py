@@ -4,8 +4,9 @@ The server listens at once and starts the engine in the background: /health answ
 503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
 engine is started again after `engine_restart_delay` seconds (doubling while restarts
 keep failing, up to a minute), so the server keeps serving. Routes:
-/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, and Ollama's
-/api/* (ollama_routes.py) (these need the API key when one is set), /health, /metrics and
+/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /kvdeck/v1/*
+(info, stats, requests/{id}) and Ollama's /api/* (ollama_routes.py) (these need the API key
+when one is set), /health, /metrics and
 `GET /` (open, for probes and Prometheus).
 Bodies over the limit get 413 before they are parsed; SIGTERM drains (shutdown.py).
 """
