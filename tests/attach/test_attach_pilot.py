@@ -19,6 +19,7 @@ from kvdeck.tui.load_generator import LoadSpec
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.widgets.block_map import BlockMap
+from kvdeck.tui.widgets.chat_input import ChatInput
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.server_table import SUM_KEY, ServerTable
 from tests.attach import fake_vllm
@@ -57,7 +58,7 @@ def histogram_quantile(samples: list[float], bounds: list[float], q: float) -> f
 
 async def send_chat(pilot, app: KvdeckApp, text: str) -> None:
     chat = app.screen.chat
-    chat.query_one("#prompt", Input).focus()
+    chat.query_one("#prompt", ChatInput).focus()
     await pilot.press(*text)
     await pilot.press("enter")
 
