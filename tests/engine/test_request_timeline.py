@@ -128,3 +128,27 @@ def test_the_stats_stream_form_keeps_timeline_and_reason(tiny_llama_dir):
     assert after.reason == before.reason == "prefill: chunk 1 of 3 (16 of 40 tokens, 0 from cache)"
     assert after.timeline == before.timeline
     _run(engine)
+
+
+def test_structured_request_records_its_grammar_compile_time(tiny_llama_dir):
+    from kvdeck.engine.types.structured import StructuredOutputsParams
+
+    params = SamplingParams(temperature=0, max_tokens=8,
+                            structured_outputs=StructuredOutputsParams(choice=["north", "south"]))
+    with LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01) as llm:
+        output = llm.generate(["Which way?"], params)[0]
+    timeline = output.metrics.timeline
+    assert timeline.grammar_compile_s is not None and timeline.grammar_compile_s > 0
+    assert timeline.grammar_compile_s == output.metrics.grammar_compile_s
+    assert timeline.finish_reason == "stop"  # the grammar was complete
+
+
+def test_async_scheduling_records_the_same_timeline(tiny_llama_dir):
+    with LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, max_num_batched_tokens=16,
+             async_scheduling=True) as llm:
+        output = llm.generate([{"prompt_token_ids": list(range(10, 50))}], GREEDY)[0]
+    timeline = output.metrics.timeline
+    assert _phases(timeline) == [QUEUED, PREFILL, DECODE, FINISHED]
+    assert [tokens for _, tokens, _ in timeline.prefill_chunks] == [16, 16, 8]
+    assert sum(tokens for *_, tokens in timeline.decode_runs) == 5
+    assert timeline.ttft.total_s > 0
