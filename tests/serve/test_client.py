@@ -67,9 +67,10 @@ async def test_client_lifecycle(serve_model_dir):
         chat = [out async for out in client.generate(None, greedy, messages=messages)]
         assert chat[-1].outputs[0].text == chat_want
 
-        # a stop string ends the request and frees its blocks in the core
+        # a stop string ends the request and frees its blocks in the core (max_tokens far past
+        # the stop: the core must not reach the length limit before the front-end's abort)
         stop = want.text[4:7]
-        params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop])
+        params = SamplingParams(temperature=0, max_tokens=400, ignore_eos=True, stop=[stop])
         outs = [out async for out in client.generate("Paged attention", params)]
         assert outs[-1].outputs[0].text == want.text[: want.text.index(stop)]
         assert outs[-1].outputs[0].finish_reason == "stop"
