@@ -4,6 +4,7 @@ on the tiny Llama)."""
 
 from __future__ import annotations
 
+from rich.console import Console
 from textual.app import App, ComposeResult
 
 from kvdeck import LLM, SamplingParams
@@ -18,7 +19,12 @@ class InspectorApp(App):
 
 
 def _timeline_text(app: App) -> str:
-    return str(app.query_one("#request-timeline").render())
+    """What the widget draws, as plain text at its width."""
+    widget = app.query_one("#request-timeline")
+    console = Console(width=widget.content_region.width or 80, color_system=None)
+    with console.capture() as capture:
+        console.print(widget.content)
+    return capture.get()
 
 
 async def test_reason_line_for_a_queued_request_and_bar_for_a_finished_one(tiny_llama_dir):
@@ -45,9 +51,11 @@ async def test_reason_line_for_a_queued_request_and_bar_for_a_finished_one(tiny_
         inspector.show(engine.stats())
         inspector.select("big")
         assert await wait_for(pilot, lambda: _timeline_text(app).startswith("finished"))
+        await pilot.pause()  # laid out at its width
         text = _timeline_text(app)
         lines = text.splitlines()
-        assert lines[1] and set(lines[1]) == {BAR}  # the bar, as wide as the widget allows
+        width = app.query_one("#request-timeline").content_region.width
+        assert lines[1] == BAR * width  # the bar, as wide as the widget
         assert "queued" in lines[2] and "prefill" in lines[2] and "decode" in lines[2]
         assert lines[3].startswith("TTFT ") and "queue" in lines[3] and "first step" in lines[3]
 

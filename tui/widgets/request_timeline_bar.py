@@ -4,6 +4,7 @@ time in each phase, and its time to first token in parts."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -12,6 +13,8 @@ from textual.widgets import Static
 from kvdeck.engine.types.request_timeline import DECODE, PREEMPTED, PREFILL, QUEUED
 
 if TYPE_CHECKING:
+    from rich.console import Console, ConsoleOptions, RenderResult
+
     from kvdeck.engine.types.request_timeline import TimelineSnapshot, TTFTParts
     from kvdeck.engine.types.stats import RequestStats
 
@@ -90,6 +93,17 @@ def timeline_text(request: RequestStats, width: int, finished: bool = False) -> 
     return text
 
 
+@dataclass(slots=True)
+class TimelineRenderable:
+    """timeline_text at the width it is drawn at (the pane may change width between snapshots)."""
+
+    request: RequestStats
+    finished: bool = False
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield timeline_text(self.request, options.max_width or DEFAULT_WIDTH, self.finished)
+
+
 class RequestTimelineBar(Static):
     """The selected request's reason line, bar and TTFT parts (hidden with none selected)."""
 
@@ -99,5 +113,4 @@ class RequestTimelineBar(Static):
         """Hidden, too, for a request the engine told nothing about (an older server's)."""
         self.display = request is not None and (request.timeline is not None or bool(request.reason))
         if self.display:
-            width = self.content_region.width or DEFAULT_WIDTH
-            self.update(timeline_text(request, width, finished))
+            self.update(TimelineRenderable(request, finished))
