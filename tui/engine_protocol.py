@@ -2,7 +2,7 @@
 
 The TUI is written against this protocol so it runs against the real client (engine in a
 background process) or the deterministic fake in tests/tui, and so that importing the TUI
-does not import torch: the real client is imported lazily in `tui.app.run_tui`.
+does not import torch: the real client is imported lazily in `tui.launch.run_tui`.
 """
 
 from __future__ import annotations

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             from kvdeck.app.serve.server import run_server
 
             return run_server(args, engine_kwargs, requested_model)
-        from kvdeck.tui.app import run_tui
+        from kvdeck.tui.launch import run_tui
 
         return run_tui(args.model, engine_kwargs)
     except ValueError as exc:

@@ -4,7 +4,7 @@ The chat talks to the first server through its OpenAI API (f6: the next one); th
 draws a kvdeck server's own snapshots (block map, requests, latencies), or what a vLLM
 server's /metrics say; with several URLs, a Servers tab shows each and their sum. No engine
 is started and no model is loaded here, so it runs on a laptop watching a workstation.
-The app itself is kvdeck.tui.app's (`run_attached`).
+The app itself is kvdeck.tui.app's, opened by kvdeck.tui.launch's `run_attached`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run_attach(args: argparse.Namespace) -> int:
     from kvdeck.app.attach.connection import normalise_url
-    from kvdeck.tui.app import run_attached
+    from kvdeck.tui.launch import run_attached
 
     try:
         urls = [normalise_url(url) for url in args.urls]

@@ -22,12 +22,12 @@ def fails(argv: list[str], capsys) -> list[str]:
 def no_tui(monkeypatch):
     """Opening the TUI (or the server) would be the bug: fail loudly instead."""
     import kvdeck.app.serve.server
-    import kvdeck.tui.app
+    import kvdeck.tui.launch
 
     def opened(*args, **kwargs):
         raise AssertionError("opened despite a command-line error")
 
-    monkeypatch.setattr(kvdeck.tui.app, "run_tui", opened)
+    monkeypatch.setattr(kvdeck.tui.launch, "run_tui", opened)
     monkeypatch.setattr(kvdeck.app.serve.server, "run_server", opened)
 
 
