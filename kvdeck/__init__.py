@@ -22,6 +22,7 @@ _EXPORTS = {
     "BeamSearchParams": "kvdeck.engine.types.beam_search",
     "BeamSearchOutput": "kvdeck.engine.types.beam_search",
     "BeamSearchSequence": "kvdeck.engine.types.beam_search",
+    "LoRARequest": "kvdeck.engine.types.lora",
     "TextPrompt": "kvdeck.engine.types.prompts",
     "TokensPrompt": "kvdeck.engine.types.prompts",
     "EngineStats": "kvdeck.engine.types.stats",

@@ -32,6 +32,7 @@ from kvdeck.engine.core_client.supervisor import (
 from kvdeck.engine.frontend.frontend import Admit, Frontend, Prompt, checked_grammar
 from kvdeck.engine.frontend.tokenizer import load_tokenizer
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.lora import LoRARequest, check_lora_request
 from kvdeck.engine.types.model_path import resolve_model_path
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.request_limits import RequestLimits
@@ -166,14 +167,18 @@ class AsyncLLM:
 
     async def add_request(self, request_id: str | None, prompt: Prompt | None,
                           params: SamplingParams, *, messages: list[dict] | None = None,
-                          tools: list[dict] | None = None, admit: Admit | None = None) -> RequestStream:
+                          tools: list[dict] | None = None, admit: Admit | None = None,
+                          lora_request: LoRARequest | None = None) -> RequestStream:
         """Hand one request (its n choices) to the engine; its stream (closing the stream
         early aborts every choice). Tokenising, the chat template (with `tools`) and the
         grammar check run off the event loop; ValueError (PromptError, GrammarError), with
         nothing queued, for bad input. `admit(prompt_ids, params)`: the caller's last word,
         called after the engine's checks with no await before the request is queued (a
-        server's queue limit); it may set params.max_tokens, or raise to refuse."""
+        server's queue limit); it may set params.max_tokens, or raise to refuse.
+        `lora_request`: the adapter it runs under (ValueError with LoRA off; the core loads an
+        adapter it does not hold, and refuses a bad one: the stream raises ValueError)."""
         self._supervisor.require_ready()
+        check_lora_request(lora_request, self.config.enable_lora)
         loop = asyncio.get_running_loop()
         prompt_text, prompt_ids = await loop.run_in_executor(
             self._tokenize_pool, _tokenize, self._frontend, prompt, messages, tools, params)
@@ -182,19 +187,36 @@ class AsyncLLM:
         assert frontend is not None
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         frontend.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=time.time(),
-                              admit=admit)
+                              admit=admit, lora_request=lora_request)
         return RequestStream(request_id, prompt_ids, self._streams.open(request_id), self._cancel)
 
     async def generate(self, prompt: Prompt | None, params: SamplingParams,
-                       request_id: str | None = None,
-                       messages: list[dict] | None = None) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, messages: list[dict] | None = None,
+                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; leaving the loop early aborts the request."""
-        stream = await self.add_request(request_id, prompt, params, messages=messages)
+        stream = await self.add_request(request_id, prompt, params, messages=messages,
+                                        lora_request=lora_request)
         try:
             async for out in stream:
                 yield out
         finally:
             await stream.aclose()
+
+    # ---- LoRA adapters (vLLM's names) ------------------------------------------------
+    async def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the engine now (checked first: ValueError naming the problem,
+        nothing loaded); False if it holds it already."""
+        check_lora_request(lora_request, self.config.enable_lora)
+        return await asyncio.wrap_future(self._supervisor.require_ready().call("add_lora", lora_request))
+
+    async def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter's copies; False if the engine did not hold it. Requests still
+        running under it go on (it is reloaded from its folder if they need it again)."""
+        return await asyncio.wrap_future(self._supervisor.require_ready().call("remove_lora", lora_int_id))
+
+    async def list_loras(self) -> list[int]:
+        """The ids of the adapters the engine holds (host copies), ascending."""
+        return await asyncio.wrap_future(self._supervisor.require_ready().call("list_loras"))
 
     async def abort(self, request_id: str) -> None:
         """Stop a request now; its blocks are freed and its stream ends with "abort"."""

@@ -8,6 +8,7 @@ from kvdeck.engine.api.llm_engine import LLMEngine
 from kvdeck.engine.frontend.parent_request import merge_choices
 from kvdeck.engine.types.beam_search import BeamSearchOutput, BeamSearchParams
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.lora import LoRARequest, lora_requests_per_prompt
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.prompts import PromptType, batch_prompts
 from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
@@ -40,12 +41,27 @@ class LLM:
         self,
         prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt to completion with continuous batching; outputs in prompt order.
-        A prompt is a string, a list of token ids, a TextPrompt or a TokensPrompt."""
+        A prompt is a string, a list of token ids, a TextPrompt or a TokensPrompt.
+        `lora_request`: the adapter for every prompt, or one (or None: the base) per prompt."""
         prompts = batch_prompts(prompts)
         params = self._params_per_prompt(sampling_params, len(prompts))
-        return self._run([(prompt, None) for prompt in prompts], params)
+        loras = lora_requests_per_prompt(lora_request, len(prompts))
+        return self._run([(prompt, None) for prompt in prompts], params, loras)
+
+    # ---- LoRA adapters (vLLM's names) ------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter ahead of its first request (checked first: ValueError naming the
+        problem); False if the engine holds it already."""
+        return self.engine.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.engine.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self.engine.list_loras()
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams,
                     concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
@@ -73,17 +89,18 @@ class LLM:
             raise ValueError(f"got {len(params)} sampling params for {count} prompts")
         return list(params)
 
-    def _run(self, prompts: list[tuple[object, list[dict] | None]],
-             params: list[SamplingParams]) -> list[RequestOutput]:
+    def _run(self, prompts: list[tuple[object, list[dict] | None]], params: list[SamplingParams],
+             loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
         """Queue each (prompt, messages) and run them to the end; one output per prompt, its
         choices merged."""
         request_ids: list[str] = []
         # Only the final outputs are kept: the front-end builds no output before those.
         final_only = {id(p): replace(p, output_kind=RequestOutputKind.FINAL_ONLY) for p in params}
         try:
-            for (prompt, messages), prompt_params in zip(prompts, params):
+            for i, ((prompt, messages), prompt_params) in enumerate(zip(prompts, params)):
                 request_ids.append(self.engine.add_request(None, prompt, final_only[id(prompt_params)],
-                                                           messages=messages))
+                                                           messages=messages,
+                                                           lora_request=loras[i] if loras else None))
             finals: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in request_ids}
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():

@@ -14,6 +14,7 @@ from kvdeck.engine.frontend.frontend import Frontend, Prompt
 from kvdeck.engine.frontend.tokenizer import load_tokenizer
 from kvdeck.engine.runner.model_runner import ProgressCallback
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.lora import LoRARequest, check_lora_request
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.request_limits import RequestLimits
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -62,13 +63,26 @@ class LLMEngine:
 
     def add_request(self, request_id: str | None, prompt: Prompt | None,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
-                    *, messages: list[dict] | None = None) -> str:
+                    *, messages: list[dict] | None = None,
+                    lora_request: LoRARequest | None = None) -> str:
         """Queue one request (its n choices); its id. `messages`: a conversation instead of a
-        prompt (the chat template is applied). ValueError, with nothing queued, on bad input."""
+        prompt (the chat template is applied); `lora_request`: the adapter it runs under.
+        ValueError, with nothing queued, on bad input (a bad adapter included)."""
+        check_lora_request(lora_request, self.config.enable_lora)
         request_id = request_id if request_id is not None else self.next_request_id()
         self.frontend.add_request(request_id, prompt, params or SamplingParams(), messages=messages,
-                                  arrival_time=arrival_time)
+                                  arrival_time=arrival_time, lora_request=lora_request)
         return request_id
+
+    # ---- LoRA adapters (vLLM's LLMEngine names) -------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        return self.core_client.add_lora(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.core_client.remove_lora(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self.core_client.list_loras()
 
     def abort_request(self, request_ids: str | list[str]) -> list[RequestOutput]:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)

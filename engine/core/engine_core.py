@@ -26,6 +26,7 @@ from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
 from kvdeck.engine.runner.step_state import KVCachePlan, StepResult
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.kv_groups import KVCacheGroup, peak_blocks
+from kvdeck.engine.types.lora import LoRARequest, check_lora_request
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
 from kvdeck.engine.types.model_path import resolve_model_path
 from kvdeck.engine.types.request_limits import RequestLimits
@@ -124,12 +125,16 @@ class EngineCore:
         if request.params.n != 1:
             raise ValueError(f"n={request.params.n}: the core runs one choice per request; the "
                              "front-end sends a request's choices as requests of their own")
+        if request.lora_request is not None:  # checked and loaded to the host now, not in a step
+            check_lora_request(request.lora_request, self.config.enable_lora)
+            self._lora().add(request.lora_request)
         core_request = Request(
             request_id=request.request_id,
             prompt_token_ids=list(request.prompt_token_ids),
             params=request.params,
             eos_token_ids=self.default_eos_token_ids | set(request.eos_token_ids),
             arrival_time=request.arrival_time,
+            lora_request=request.lora_request,
         )
         if request.params.structured_outputs is not None:
             core_request.grammar = self._grammar_manager().start(request.params.structured_outputs)
@@ -138,6 +143,39 @@ class EngineCore:
             self._needs_host_tokens.add(request.request_id)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)
+
+    # ---- LoRA adapters (vLLM's names) ---------------------------------------------------
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Check and load an adapter's host copy; False if it is held already. ValueError,
+        nothing loaded, for a bad one (or with LoRA off)."""
+        check_lora_request(lora_request, self.config.enable_lora)
+        return self._lora().add(lora_request)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter's copies (requests still using it reload it from its folder)."""
+        if not self.config.enable_lora:
+            return False
+        return self._lora().remove(lora_int_id)
+
+    def list_loras(self) -> list[int]:
+        return self._lora().list() if self.config.enable_lora else []
+
+    def _lora(self):
+        lora = getattr(self.runner, "lora", None)
+        if lora is None:
+            raise ValueError("LoRA adapters are not available in this build of the engine yet")
+        return lora
+
+    def call_utility(self, method: str, args: tuple) -> object:
+        """A client's UtilityCall (engine/types/wire.py), by name."""
+        match method:
+            case "add_lora":
+                return self.add_lora(*args)
+            case "remove_lora":
+                return self.remove_lora(*args)
+            case "list_loras":
+                return self.list_loras()
+        raise ValueError(f"unknown engine method {method!r}")
 
     def _grammar_manager(self) -> "GrammarManager":
         if self._grammars is None:
@@ -450,6 +488,7 @@ def _request_stats(request: Request) -> RequestStats:
         grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
     )
 
+        lora_name=request.lora_request.lora_name if request.lora_request is not None else None,
 
 def _generation_eos(model_dir: Path) -> set[int]:
     path = model_dir / "generation_config.json"

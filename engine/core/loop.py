@@ -32,6 +32,8 @@ from kvdeck.engine.types.wire import (
     StartupFailed,
     StartupProgress,
     StepOutputs,
+    UtilityCall,
+    UtilityResult,
 )
 
 STATS_HZ = 15.0
@@ -162,6 +164,13 @@ class EngineCoreLoop:
                     self.output_conn.send(RequestRejected(request.request_id, str(exc)))
             case AbortRequests(request_ids, status):
                 self.core.abort_requests(request_ids, status)
+            case UtilityCall(call_id, method, args):
+                try:
+                    result = self.core.call_utility(method, args)
+                except ValueError as exc:
+                    self.output_conn.send(UtilityResult(call_id, error=str(exc)))
+                else:
+                    self.output_conn.send(UtilityResult(call_id, result))
             case Shutdown():
                 return False
             case _:

@@ -14,6 +14,7 @@ from kvdeck.engine.types.wire import EngineCoreOutput, RequestStatus
 
 if TYPE_CHECKING:
     from kvdeck.engine.grammar.matchers import GrammarState
+    from kvdeck.engine.types.lora import LoRARequest
 
 # A block-table entry that holds no block: released after sliding out of its group's
 # window, or never needed there (below the window of a prefix-cache hit).
@@ -50,6 +51,9 @@ class Request:
     long_rope: bool = False
     stop_reason: int | str | None = None
     grammar: "GrammarState | None" = None  # structured outputs: its matcher, once compiled
+    # The LoRA adapter it runs under (None: the base model). Its blocks are cached under the
+    # adapter (block_manager's root hash), and a step holds at most max_loras adapters.
+    lora_request: "LoRARequest | None" = None
     # A sampled token not in stop_ids, with the output shorter than length_limit, cannot stop
     # it (Scheduler.add_request sets both; 0 means: always check).
     stop_ids: frozenset[int] = frozenset()

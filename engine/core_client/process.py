@@ -11,16 +11,30 @@ and exits; if the core dies, the reader sees EOF.
 """
 
 import atexit
+import itertools
 import queue
 import threading
 import weakref
 from collections.abc import Callable
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 
 from kvdeck.engine.core_client.spawn import SPAWN, start_process
 from kvdeck.engine.types.config import EngineConfig
-from kvdeck.engine.types.wire import AbortRequests, AddRequest, EngineCoreRequest, RequestStatus, Shutdown
+from kvdeck.engine.types.lora import LoRARequest
+from kvdeck.engine.types.wire import (
+    UTILITY_METHODS,
+    AbortRequests,
+    AddRequest,
+    EngineCoreRequest,
+    RequestStatus,
+    Shutdown,
+    UtilityCall,
+    UtilityResult,
+)
+
+UTILITY_TIMEOUT_S = 120.0  # a blocking call's longest wait (loading an adapter reads its file)
 
 # The child's entry point, named rather than imported: it imports torch and the model code.
 ENGINE_CORE_TARGET = "kvdeck.engine.core.loop:run_engine_core"
@@ -39,6 +53,9 @@ class CoreProcess:
         self._process: BaseProcess | None = None
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._call_ids = itertools.count(1)
+        self._calls: dict[int, Future] = {}  # utility calls waiting for their answer
+        self._calls_lock = threading.Lock()
 
     @property
     def pid(self) -> int | None:
@@ -58,6 +75,44 @@ class CoreProcess:
     def abort_requests(self, request_ids: list[str],
                        status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         self.send(AbortRequests(list(request_ids), status))
+
+    def call(self, method: str, *args: object) -> Future:
+        """Call one of the core's utility methods (UTILITY_METHODS); a future of its result
+        (ValueError with the core's reason if it failed, RuntimeError if the core is gone)."""
+        if method not in UTILITY_METHODS:
+            raise ValueError(f"unknown engine method {method!r}")
+        future: Future = Future()
+        with self._calls_lock:
+            call_id = next(self._call_ids)
+            self._calls[call_id] = future
+        self.send(UtilityCall(call_id, method, args))
+        return future
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the engine (blocking; AsyncLLM awaits `call` instead)."""
+        return self.call("add_lora", lora_request).result(UTILITY_TIMEOUT_S)
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        return self.call("remove_lora", lora_int_id).result(UTILITY_TIMEOUT_S)
+
+    def list_loras(self) -> list[int]:
+        return self.call("list_loras").result(UTILITY_TIMEOUT_S)
+
+    def _answer(self, message: UtilityResult) -> None:
+        with self._calls_lock:
+            future = self._calls.pop(message.call_id, None)
+        if future is None:
+            return
+        if message.error is not None:
+            future.set_exception(ValueError(message.error))
+        else:
+            future.set_result(message.result)
+
+    def _fail_calls(self) -> None:
+        with self._calls_lock:
+            calls, self._calls = self._calls, {}
+        for future in calls.values():
+            future.set_exception(RuntimeError("the engine process is gone"))
 
     # ---- the process ----------------------------------------------------------------
     def start(self) -> None:
@@ -117,11 +172,16 @@ class CoreProcess:
     def _read_loop(self, conn: Connection) -> None:
         try:
             while True:
-                self._on_message(self, conn.recv())
+                message = conn.recv()
+                if isinstance(message, UtilityResult):
+                    self._answer(message)
+                else:
+                    self._on_message(self, message)
         except (EOFError, OSError):
             pass
         finally:
             conn.close()
+            self._fail_calls()
             self._outbox.put(_STOP_WRITER)
             if self._process is not None:
                 self._process.join(2.0)  # reap it, so the exit code is known

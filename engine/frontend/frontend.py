@@ -20,6 +20,7 @@ from kvdeck.engine.frontend.tokenizer import encode_prompt, max_chars_per_token,
 from kvdeck.engine.grammar.compile import check_grammar
 from kvdeck.engine.types.core_client import CoreClient
 from kvdeck.engine.types.errors import GrammarError, PromptError
+from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.prompts import PromptType, parse_prompt
 from kvdeck.engine.types.request_limits import RequestLimits
@@ -99,18 +100,21 @@ class Frontend:
                               f"({self.limits.max_model_len} tokens) can hold")
 
     def add_request(self, request_id: str, prompt: Prompt | None, params: SamplingParams, *,
-                    messages: list[dict] | None = None, arrival_time: float | None = None) -> None:
+                    messages: list[dict] | None = None, arrival_time: float | None = None,
+                    lora_request: LoRARequest | None = None) -> None:
         """Tokenise, check and send one request; ValueError (nothing sent) on bad input."""
         prompt_text, prompt_ids = self.encode(prompt, messages)
-        self.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=arrival_time)
+        self.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=arrival_time,
+                         lora_request=lora_request)
 
     def add_encoded(self, request_id: str, prompt_text: str | None, prompt_ids: list[int],
                     params: SamplingParams, *, arrival_time: float | None = None,
-                    admit: Admit | None = None) -> None:
+                    admit: Admit | None = None, lora_request: LoRARequest | None = None) -> None:
         """Check a request already tokenised (by `encode`, perhaps off the loop) and send its
         choices; ValueError, with nothing sent, on bad input. `admit(prompt_ids, params)`
         runs after these checks, right before sending (a server's queue limit): it may set
-        params.max_tokens, or raise to refuse."""
+        params.max_tokens, or raise to refuse. `lora_request`: the adapter its choices run
+        under (the caller checked that LoRA is on)."""
         self.limits.check(prompt_ids, params)
         request = ParentRequest.of(request_id, params)
         if request_id in self.requests or any(c in self._choices for c in request.child_ids):
@@ -130,7 +134,8 @@ class Frontend:
                 self._choices[child_id] = (request, index, len(request.child_ids) == 1)
                 registered.append(child_id)
                 self.core_client.add_request(EngineCoreRequest(child_id, prompt_ids, child_params,
-                                                               arrival_time, list(self.eos_token_ids)))
+                                                               arrival_time, list(self.eos_token_ids),
+                                                               lora_request))
                 num_sent += 1
         except BaseException:  # all choices or none
             if num_sent:

@@ -55,6 +55,12 @@ class EngineConfig:
     # vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}
     speculative_config: dict | None = None
     # CPU threads of the kernels. None: adaptive, up to torch's thread count (OMP_NUM_THREADS pins
+    # Multi-LoRA (vLLM's knobs; engine/runner/lora/): adapters in `max_loras` device slots of
+    # rank up to `max_lora_rank`, host copies of `max_cpu_loras` (None: as many as max_loras).
+    enable_lora: bool = False
+    max_loras: int = 4
+    max_lora_rank: int = 64
+    max_cpu_loras: int | None = None
     # it), fewer while other processes keep cores busy (engine/runner/cpu_threads.py); N: N always.
     cpu_threads: int | None = None
     # The host schedules and prepares step N+1 while the device runs step N (engine/core/
@@ -113,6 +119,7 @@ class EngineConfig:
         if self.trust_remote_code:
             raise ValueError(
                 "trust_remote_code is not supported: kvdeck runs only its own model implementations"
+        _check_lora_knobs(self)
             )
 
     @property
@@ -134,7 +141,24 @@ class EngineConfig:
         return cls(model=model, **kwargs)
 
 
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters kept in host memory (max_cpu_loras, or max_loras when unset)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
+
 def _positive_int(name: str, value: object) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+def _check_lora_knobs(config: EngineConfig) -> None:
+    if not isinstance(config.enable_lora, bool):
+        raise ValueError(f"enable_lora must be True or False, got {config.enable_lora!r}")
+    _positive_int("max_loras", config.max_loras)
+    _positive_int("max_lora_rank", config.max_lora_rank)
+    if config.max_cpu_loras is not None:
+        _positive_int("max_cpu_loras", config.max_cpu_loras)
+        if config.max_cpu_loras < config.max_loras:
+            raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras "
+                             f"({config.max_loras})")
+
 

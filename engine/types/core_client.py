@@ -8,6 +8,7 @@ server). Requests go in as `EngineCoreRequest`s; outputs come back from
 
 from typing import Protocol
 
+from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.wire import EngineCoreRequest, RequestStatus
 
 
@@ -19,3 +20,14 @@ class CoreClient(Protocol):
     def abort_requests(self, request_ids: list[str],
                        status: RequestStatus = RequestStatus.FINISHED_ABORTED) -> None:
         """Finish requests now and free their blocks (FINISHED_STOPPED: a stop string)."""
+
+    def add_lora(self, lora_request: LoRARequest) -> bool:
+        """Load an adapter into the engine (vLLM's name); False if it holds it already.
+        ValueError naming the problem for a bad adapter. (The subprocess client blocks; its
+        `call("add_lora", ...)` returns a future instead.)"""
+
+    def remove_lora(self, lora_int_id: int) -> bool:
+        """Drop an adapter's copies; False if the engine did not hold it."""
+
+    def list_loras(self) -> list[int]:
+        """The ids of the adapters the engine holds."""

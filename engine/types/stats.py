@@ -31,6 +31,7 @@ class RequestStats:
     # happened to it so far (engine/core/request_reason.py).
     reason: str = ""
     timeline: TimelineSnapshot | None = None
+    lora_name: str | None = None  # the LoRA adapter it runs under (None: the base model)
 
 
 @dataclass(slots=True)

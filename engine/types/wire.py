@@ -2,7 +2,8 @@
 stats out. Plain dataclasses with no torch, pickled over the process pipes by the
 subprocess client and passed as they are by the in-process one.
 
-Front-end -> core: AddRequest, AbortRequests, Shutdown.
+Front-end -> core: AddRequest, AbortRequests, UtilityCall (add_lora, remove_lora,
+list_loras: answered by a UtilityResult), Shutdown.
 Core -> front-end: StartupProgress (while loading), EngineReady or StartupFailed (once),
 then StepOutputs (per step; stats throttled), RequestRejected (a request the core refused)
 and, if the loop breaks, EngineCrashed.
@@ -12,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from enum import Enum
 
+from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.outputs import Logprob, RequestMetrics
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.stats import EngineStats
@@ -23,6 +25,7 @@ class RequestStatus(Enum):
     WAITING = "waiting"
     RUNNING = "running"
     PREEMPTED = "preempted"
+    SWAPPED = "swapped"  # preempted, its K/V in host swap space (resumes without recompute)
     FINISHED_STOPPED = "stop"
     FINISHED_LENGTH = "length"
     FINISHED_ABORTED = "abort"
@@ -40,6 +43,7 @@ class EngineCoreRequest:
     params: SamplingParams
     arrival_time: float = field(default_factory=time.time)
     eos_token_ids: list[int] = field(default_factory=list)
+    lora_request: LoRARequest | None = None  # the adapter it runs under (None: the base model)
 
 
 @dataclass(slots=True)
@@ -100,6 +104,17 @@ class Shutdown:
     pass
 
 
+# The core's methods a client may call and wait on (vLLM's "utility" calls), by name.
+UTILITY_METHODS = ("add_lora", "remove_lora", "list_loras")
+
+
+@dataclass(slots=True)
+class UtilityCall:
+    call_id: int
+    method: str  # one of UTILITY_METHODS
+    args: tuple = ()
+
+
 # ---- core -> front-end -----------------------------------------------------------------
 @dataclass(slots=True)
 class StartupProgress:
@@ -134,6 +149,15 @@ class StepOutputs:
     stats: EngineStats | None  # throttled: most steps carry none
     # Tokens computed by each step since the previous message (vllm:iteration_tokens_total).
     iteration_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class UtilityResult:
+    """The answer to a UtilityCall: its result, or why it failed (a ValueError's text)."""
+
+    call_id: int
+    result: object = None
+    error: str | None = None
 
 
 @dataclass(slots=True)
