@@ -485,10 +485,10 @@ def _request_stats(request: Request) -> RequestStats:
         block_tables=[list(t) for t in request.block_tables] if len(request.block_tables) > 1 else [],
         num_cached_tokens=request.num_cached_tokens,
         constrained=request.grammar is not None,
+        lora_name=request.lora_request.lora_name if request.lora_request is not None else None,
         grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
     )
 
-        lora_name=request.lora_request.lora_name if request.lora_request is not None else None,
 
 def _generation_eos(model_dir: Path) -> set[int]:
     path = model_dir / "generation_config.json"
