@@ -197,6 +197,11 @@ class ModelRunner:
         native_decode.bind_decoder_stack(self.model)
         self.num_blocks = num_blocks
 
+    def decoder_stack_rows(self) -> int | None:
+        """The most rows a step may have and keep to the CPU decoder stack's arithmetic (a
+        speculative verify within it gets a one-row step's bits); None: no such limit."""
+        return native_decode.decoder_stack_rows(self.model)
+
     def release_kv_cache(self) -> None:
         native_decode.unbind_decoder_stack(self.model)  # it holds the caches' addresses
         self.kv_pool.release(self.attention_layers)

@@ -15,6 +15,8 @@ class RequestSpecStats:
     # The draft model's blocks for this request (ids in the draft's own pool); [] for n-gram.
     draft_block_table: list[int] = field(default_factory=list)
     draft_num_computed_tokens: int = 0
+    # The gain policy's last decision for this request, in words ("" under the fixed policy).
+    decision: str = ""
 
     @property
     def acceptance_rate(self) -> float:
@@ -28,7 +30,7 @@ class RequestSpecStats:
 
 @dataclass(slots=True)
 class SpecDecodeStats:
-    method: str  # "ngram" | "suffix" | "draft_model"
+    method: str  # "ngram" | "suffix" | "draft_model" | "auto"
     num_speculative_tokens: int
     disable_by_batch_size: int | None
     # Counters since start (vllm:spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
@@ -44,6 +46,11 @@ class SpecDecodeStats:
     slots_written_last_step: list[int] = field(default_factory=list)  # received draft K/V
     slots_rolled_back_last_step: list[int] = field(default_factory=list)  # held rejected drafts
     blocks_rolled_back_last_step: list[int] = field(default_factory=list)  # given back for them
+    # The gain policy's last step: the speed-up it expected from the drafts it kept (1.0: it
+    # kept none) and what a step's extra row costs, relative to a one-row step.
+    draft_policy: str = "fixed"
+    last_step_expected_speedup: float = 1.0
+    extra_row_cost: float = 0.0
     # The draft model's own KV pool (method draft_model; same block size as the target's).
     draft_num_blocks: int = 0
     draft_block_ref_counts: list[int] = field(default_factory=list)

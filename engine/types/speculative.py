@@ -4,9 +4,13 @@ Three proposers: n-gram prompt lookup (`{"method": "ngram", "num_speculative_tok
 "prompt_lookup_min": 2, "prompt_lookup_max": 5}`), suffix decoding (`{"method": "suffix"}`,
 its `suffix_decoding_*` keys as vLLM's; num_speculative_tokens, the longest draft, defaults
 to SUFFIX_DEFAULT_DRAFT within the tree depth) and a draft model (`{"model": DIR,
-"num_speculative_tokens": 4}`, method "draft_model" implied). `disable_by_batch_size` turns
-speculation off for a step whose running batch has more requests than that, as vLLM's. The
-per-request policy (kvdeck's own keys) pauses a request whose recent acceptance is poor.
+"num_speculative_tokens": 4}`, method "draft_model" implied). `{"method": "auto"}` is suffix
+decoding under the gain policy (`"draft_policy": "gain"`, engine/core/spec/draft_budget.py):
+each step verifies only the drafts whose expected acceptance pays for their rows, so
+speculation turns itself on where it helps and off where it does not; any method may take it.
+`disable_by_batch_size` turns speculation off for a step whose running batch has more
+requests than that, as vLLM's. The fixed policy (kvdeck's own keys) pauses a request whose
+recent acceptance is poor.
 """
 
 from dataclasses import asdict, dataclass
@@ -14,7 +18,10 @@ from typing import Any
 
 from kvdeck.engine.types.model_path import is_demo_model
 
-METHODS = ("ngram", "suffix", "draft_model")
+METHODS = ("ngram", "suffix", "draft_model", "auto")
+# "fixed": verify every draft the proposer makes (pausing a request whose acceptance is poor);
+# "gain": verify those whose expected acceptance beats their cost (the default of "auto").
+DRAFT_POLICIES = ("fixed", "gain")
 # vLLM accepts these spellings for a draft model; kvdeck knows one.
 _DRAFT_ALIASES = ("draft_model", "model")
 MAX_SPECULATIVE_TOKENS = 16
@@ -40,13 +47,13 @@ DEFAULT_DISABLE_BY_BATCH_SIZE = 16
 _KEYS = {"method", "model", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
          "disable_by_batch_size", "min_acceptance_rate", "acceptance_window", "pause_steps",
          "quantization", "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests",
-         "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"}
+         "suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob", "draft_policy"}
 _SUFFIX_KEYS = {k for k in _KEYS if k.startswith("suffix_decoding_")}
 
 
 @dataclass(slots=True, frozen=True)
 class SpeculativeConfig:
-    method: str  # "ngram" | "suffix" | "draft_model"
+    method: str  # "ngram" | "suffix" | "draft_model" | "auto"
     num_speculative_tokens: int
     model: str | None = None  # the draft: a directory or hub id ("demo-draft": the bundled one)
     prompt_lookup_min: int = 1
@@ -67,6 +74,11 @@ class SpeculativeConfig:
     suffix_decoding_max_cached_requests: int = SUFFIX_CACHED_REQUESTS
     suffix_decoding_max_spec_factor: float = 1.0
     suffix_decoding_min_token_prob: float = 0.1
+    draft_policy: str = "fixed"
+
+    @property
+    def uses_suffix_trees(self) -> bool:
+        return self.method in ("suffix", "auto")
 
     @classmethod
     def from_dict(cls, raw: Any) -> "SpeculativeConfig":
@@ -88,10 +100,12 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.method must be one of {METHODS} (or give a "
                              f"draft 'model'), got {raw.get('method')!r}")
         fields = {k: v for k, v in raw.items() if k != "method"}
-        if method != "suffix" and (stray := sorted(_SUFFIX_KEYS & set(fields))):
-            raise ValueError(f"speculative_config: {', '.join(stray)} belong(s) to method 'suffix', "
-                             f"not {method!r}")
-        if method == "suffix" and "num_speculative_tokens" not in fields:
+        if method == "auto":
+            fields.setdefault("draft_policy", "gain")
+        if method not in ("suffix", "auto") and (stray := sorted(_SUFFIX_KEYS & set(fields))):
+            raise ValueError(f"speculative_config: {', '.join(stray)} belong(s) to methods 'suffix' "
+                             f"and 'auto', not {method!r}")
+        if method in ("suffix", "auto") and "num_speculative_tokens" not in fields:
             # The longest draft; each step's length follows the match (vLLM: the tree depth).
             depth = fields.get("suffix_decoding_max_tree_depth", SUFFIX_TREE_DEPTH)
             _int_in("suffix_decoding_max_tree_depth", depth, 1, MAX_SUFFIX_TREE_DEPTH)
@@ -110,7 +124,7 @@ class SpeculativeConfig:
                 raise ValueError("speculative_config: method 'ngram' takes no 'model'")
             _int_in("prompt_lookup_min", self.prompt_lookup_min, 1, 64)
             _int_in("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, 64)
-        elif self.method == "suffix":
+        elif self.method in ("suffix", "auto"):
             self._validate_suffix()
         elif not isinstance(self.model, str) or not self.model:
             raise ValueError("speculative_config: a draft model needs 'model' (a directory or hub id)")
@@ -121,12 +135,15 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config.min_acceptance_rate must be in [0, 1], got {rate!r}")
         _int_in("acceptance_window", self.acceptance_window, 1, 1 << 16)
         _int_in("pause_steps", self.pause_steps, 0, 1 << 16)
+        if self.draft_policy not in DRAFT_POLICIES:
+            raise ValueError(f"speculative_config.draft_policy must be one of {DRAFT_POLICIES}, "
+                             f"got {self.draft_policy!r}")
         if self.quantization is not None and not isinstance(self.quantization, str):
             raise ValueError(f"speculative_config.quantization must be a string, got {self.quantization!r}")
 
     def _validate_suffix(self) -> None:
         if self.model is not None:
-            raise ValueError("speculative_config: method 'suffix' takes no 'model'")
+            raise ValueError(f"speculative_config: method {self.method!r} takes no 'model'")
         depth = self.suffix_decoding_max_tree_depth
         _int_in("suffix_decoding_max_tree_depth", depth, 1, MAX_SUFFIX_TREE_DEPTH)
         _int_in("suffix_decoding_max_cached_requests", self.suffix_decoding_max_cached_requests, 0, 1 << 31)

@@ -3,13 +3,16 @@
 Per request: never draft past `max_tokens` or `max_model_len` (a verified chunk emits up to
 k + 1 tokens); when the acceptance rate of its last `acceptance_window` draft tokens is
 below `min_acceptance_rate`, decode without drafts for `pause_steps` steps, then try again
-(verifying drafts that are mostly rejected costs more than it saves).
+(verifying drafts that are mostly rejected costs more than it saves). Under the gain policy
+(draft_budget.py) there is no pause: each step keeps the drafts whose expected acceptance
+pays for their rows, from the record kept here.
 """
 
 from collections import deque
 from dataclasses import dataclass, field
 
 from kvdeck.engine.core.request import Request
+from kvdeck.engine.core.spec.draft_budget import AcceptanceRecord
 from kvdeck.engine.types.speculative import SpeculativeConfig
 
 HISTORY = 32  # accepted lengths kept per request (the request inspector's per-step view)
@@ -23,6 +26,11 @@ class RequestSpecState:
     recent: deque[bool] = field(default_factory=deque)  # the last window's drafts: accepted?
     paused_steps: int = 0  # steps left without drafts
     accepted_history: deque[int] = field(default_factory=lambda: deque(maxlen=HISTORY))
+    # The gain policy's: recent verifies, the accepted tokens it predicted for the drafts it
+    # kept this step, and its decision in words.
+    acceptance: AcceptanceRecord = field(default_factory=AcceptanceRecord)
+    predicted: float = 0.0
+    decision: str = ""
 
 
 class SpecPolicy:
@@ -56,6 +64,9 @@ class SpecPolicy:
         state.num_draft_tokens += drafted
         state.num_accepted_tokens += accepted
         state.accepted_history.append(accepted)
+        if self.config.draft_policy == "gain":
+            state.acceptance.verifies.append((drafted, accepted, state.predicted))
+            return
         window = self.config.acceptance_window
         state.recent.extend([True] * accepted + [False] * (drafted - accepted))
         while len(state.recent) > window:

@@ -52,11 +52,12 @@ class SpeculativeSetup:
         rows = speculating * (1 + self.spec.num_speculative_tokens)
         return max(max_num_seqs, min(rows, MAX_CAPTURED_BATCH))
 
-    def build_decoder(self, plan: KVCachePlan, max_model_len: int) -> SpeculativeDecoder | None:
+    def build_decoder(self, plan: KVCachePlan, max_model_len: int,
+                      exact_max_rows: int | None = None) -> SpeculativeDecoder | None:
         if self.spec is None:
             return None
         proposer: Proposer
-        if self.spec.method == "suffix":
+        if self.spec.uses_suffix_trees:
             proposer = SuffixProposer(self.spec)
         elif self.draft is None:
             proposer = NgramProposer(self.spec.prompt_lookup_min, self.spec.prompt_lookup_max)
@@ -67,4 +68,4 @@ class SpeculativeSetup:
                 # Drafts 2..k are one-token forwards of every speculating request: decode graphs.
                 runner.capture_decode_graphs(max_model_len, self.progress)
             proposer = DraftModelProposer(self.draft, plan.num_blocks, plan.block_size)
-        return SpeculativeDecoder(self.spec, proposer, max_model_len, plan.block_size)
+        return SpeculativeDecoder(self.spec, proposer, max_model_len, plan.block_size, exact_max_rows)

@@ -30,10 +30,14 @@ class SuffixProposer:
         self.min_token_prob = config.suffix_decoding_min_token_prob
         self.cache = SuffixCache(self.max_tree_depth, config.suffix_decoding_max_cached_requests)
         self.tracked: dict[str, _Tracked] = {}
+        # The last proposals' estimated acceptance per draft token, by request id (the gain
+        # policy weighs each token by it).
+        self.last_probs: dict[str, list[float]] = {}
 
     def propose(self, requests: Sequence[Request], num_drafts: Sequence[int]) -> list[list[int]]:
         """Up to num_drafts[i] tokens for requests[i] ([] where nothing matches)."""
         out = []
+        self.last_probs = {}
         for request, k in zip(requests, num_drafts):
             self._sync(request)
             start = max(0, request.num_tokens - self.max_tree_depth)
@@ -41,7 +45,11 @@ class SuffixProposer:
             draft = self.cache.speculate(request.request_id, context, k, self.max_spec_factor,
                                          self.min_token_prob)
             out.append(draft.token_ids)
+            self.last_probs[request.request_id] = draft.probs
         return out
+
+    def draft_estimates(self) -> dict[str, list[float]]:
+        return self.last_probs
 
     def _sync(self, request: Request) -> None:
         tracked = self.tracked.get(request.request_id)

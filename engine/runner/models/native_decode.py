@@ -107,6 +107,14 @@ def decoder_stack_takes(model: nn.Module, input_ids: torch.Tensor) -> bool:
         inner.decoder_stack.takes(input_ids))
 
 
+def decoder_stack_rows(model: nn.Module) -> int | None:
+    """The most rows a step may have and still take `model`'s decoder stack (None: no stack,
+    or one that takes steps of any size in passes)."""
+    inner = getattr(model, "model", None)
+    stack = inner.decoder_stack if isinstance(inner, LlamaModel) else None
+    return None if stack is None or stack.in_passes else stack.max_rows
+
+
 def _why_not(model: LlamaModel) -> str | None:
     """Why the stack cannot run this model's decode steps, or None when it can (the build
     of the native kernels is asked about last: only a bf16 or fp32 CPU model gets that far)."""
