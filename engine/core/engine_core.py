@@ -74,7 +74,7 @@ class EngineCore:
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
-        self.spec = speculation.build_decoder(plan, self.max_model_len)
+        self.spec = speculation.build_decoder(plan, self.max_model_len, self.runner.decoder_stack_rows())
         self._grammars: GrammarManager | None = None  # built with the first structured request
         self.requests: dict[str, Request] = {}
         self._needs_host_tokens: set[str] = set()  # grammars, penalties: no async step with them
@@ -234,9 +234,12 @@ class EngineCore:
         outputs = failed_grammars + self._fail(batch, result.failures) + outputs
         for request in finished:
             self._forget(request)
+        finished_at = time.perf_counter()
         self.timings.add(schedule=scheduled - started, prepare=result.prepare_s,
-                         model=executed - scheduled - result.prepare_s,
-                         update=time.perf_counter() - executed)
+                         model=executed - scheduled - result.prepare_s, update=finished_at - executed)
+        if self.spec is not None:
+            self.spec.observe_step(batch.num_prefill_tokens, batch.num_decode_tokens,
+                                   finished_at - started)
         return outputs
 
     def _update_single(self, batch: ScheduledBatch, result: StepResult,
