@@ -54,13 +54,13 @@ class EngineConfig:
     allow_pickle: bool = False  # allow loading .bin/.pt checkpoints (pickle) when no safetensors
     # vLLM's JSON: {"method": "ngram", "num_speculative_tokens": 4, ...} or {"model": DIR, ...}
     speculative_config: dict | None = None
-    # CPU threads of the kernels. None: adaptive, up to torch's thread count (OMP_NUM_THREADS pins
     # Multi-LoRA (vLLM's knobs; engine/runner/lora/): adapters in `max_loras` device slots of
     # rank up to `max_lora_rank`, host copies of `max_cpu_loras` (None: as many as max_loras).
     enable_lora: bool = False
     max_loras: int = 4
     max_lora_rank: int = 64
     max_cpu_loras: int | None = None
+    # CPU threads of the kernels. None: adaptive, up to torch's thread count (OMP_NUM_THREADS pins
     # it), fewer while other processes keep cores busy (engine/runner/cpu_threads.py); N: N always.
     cpu_threads: int | None = None
     # The host schedules and prepares step N+1 while the device runs step N (engine/core/
@@ -112,6 +112,7 @@ class EngineConfig:
             )
         if self.cpu_threads is not None:
             _positive_int("cpu_threads", self.cpu_threads)
+        _check_lora_knobs(self)
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.speculative_config is not None:
@@ -119,7 +120,6 @@ class EngineConfig:
         if self.trust_remote_code:
             raise ValueError(
                 "trust_remote_code is not supported: kvdeck runs only its own model implementations"
-        _check_lora_knobs(self)
             )
 
     @property
@@ -128,6 +128,11 @@ class EngineConfig:
         if self.speculative_config is None:
             return None
         return SpeculativeConfig.from_dict(self.speculative_config)
+
+    @property
+    def cpu_loras(self) -> int:
+        """Adapters kept in host memory (max_cpu_loras, or max_loras when unset)."""
+        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -141,15 +146,6 @@ class EngineConfig:
         return cls(model=model, **kwargs)
 
 
-    @property
-    def cpu_loras(self) -> int:
-        """Adapters kept in host memory (max_cpu_loras, or max_loras when unset)."""
-        return self.max_cpu_loras if self.max_cpu_loras is not None else self.max_loras
-
-def _positive_int(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
 def _check_lora_knobs(config: EngineConfig) -> None:
     if not isinstance(config.enable_lora, bool):
         raise ValueError(f"enable_lora must be True or False, got {config.enable_lora!r}")
@@ -161,4 +157,8 @@ def _check_lora_knobs(config: EngineConfig) -> None:
             raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras "
                              f"({config.max_loras})")
 
+
+def _positive_int(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
