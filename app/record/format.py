@@ -1,0 +1,151 @@
+"""The recording file's format: one SQLite database (stdlib sqlite3) of zlib-compressed chunks.
+
+Tables:
+  meta(key, value)  -- "format" = FORMAT_NAME, "version" = FORMAT_VERSION, "codec" = "zlib",
+                       "info" = the engine's description (JSON), "started_at", "ended_at",
+                       "dropped" (records the writer could not keep up with), "trimmed_before"
+  chunks(seq, t0, t1, keyframe, n_stats, nbytes, data) -- ~CHUNK_S of records each, in time
+                       order, indexed by t0; `keyframe` = 1 when its first stats record is a
+                       full snapshot (decoding may start there).
+
+A chunk's data is zlib(JSON list of records), each record [t, kind, payload]:
+  "K" a full stats snapshot (encoded_stats), "D" a delta against the previous snapshot,
+  "L" a latency [kind "ttft"|"itl", seconds], "F" a finished request (dict),
+  "S" a step [step, tokens, prefill_tokens, decode_tokens, num_seqs, duration_s] (None where
+  the source did not say), "I" the engine's description changed (a restarted engine).
+t is wall-clock seconds (time.time(), the stats' own clock).
+
+Snapshots are stored in stats_to_dict's form (read back with stats_from_dict, which ignores
+fields it does not know, so recordings from a newer engine still open), with the requests
+keyed by id and the two per-block lists as plain lists, so a delta carries only what changed:
+changed fields, nested dicts field by field, and the per-block lists as (index, value) pairs.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+
+from kvdeck.engine.types.stats import EngineStats, stats_from_dict, stats_to_dict
+
+FORMAT_NAME = "kvdeck-recording"
+FORMAT_VERSION = 1
+CODEC = "zlib"
+ZLIB_LEVEL = 6
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    seq INTEGER PRIMARY KEY, t0 REAL NOT NULL, t1 REAL NOT NULL, keyframe INTEGER NOT NULL,
+    n_stats INTEGER NOT NULL, nbytes INTEGER NOT NULL, data BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS chunks_t0 ON chunks (t0);
+"""
+
+KEYFRAME, DELTA, LATENCY, FINISHED, STEP, INFO = "K", "D", "L", "F", "S", "I"
+ORDER = "_order"  # the requests' ids in the snapshot's order
+SPARSE_KEYS = ("block_ref_counts", "block_is_cached")  # per-block: diffed element-wise
+SPARSE_MAX_SHARE = 0.25  # more changed than this: the whole list is stored
+
+
+class RecordingError(ValueError):
+    """A recording cannot be written or read: the message names the file and the problem."""
+
+
+def encoded_stats(stats: EngineStats) -> dict:
+    """A snapshot as the file stores it (lists shared with `stats`, never mutated)."""
+    data = stats_to_dict(stats)
+    data["block_ref_counts"] = stats.block_ref_counts  # a list diffs; base64 would not
+    requests = data.pop("requests")
+    data["requests"] = {r["request_id"]: r for r in requests}
+    data[ORDER] = list(data["requests"])
+    return data
+
+
+def decoded_stats(state: dict) -> EngineStats:
+    data = dict(state)
+    requests = data.pop("requests", {})
+    data["requests"] = [requests[rid] for rid in data.pop(ORDER, requests)]
+    return stats_from_dict(data)
+
+
+def stats_delta(prev: dict, new: dict) -> dict:
+    """What turns `prev` into `new` (apply_delta): see _dict_delta; the per-block lists as
+    {"x": {key: [[index, value], ...]}} while few of them changed."""
+    sparse = {}
+    plain_prev, plain_new = prev, new
+    for key in SPARSE_KEYS:
+        before, after = prev.get(key), new.get(key)
+        if before is None or after is None or before is after or len(before) != len(after):
+            continue
+        changed = [[i, b] for i, (a, b) in enumerate(zip(before, after)) if a != b] \
+            if before != after else []
+        if len(changed) <= SPARSE_MAX_SHARE * len(after):
+            if plain_prev is prev:
+                plain_prev, plain_new = dict(prev), dict(new)
+            del plain_prev[key], plain_new[key]
+            if changed:
+                sparse[key] = changed
+    delta = _dict_delta(plain_prev, plain_new)
+    if sparse:
+        delta["x"] = sparse
+    return delta
+
+
+def _gone(prev: dict, new: dict) -> list:
+    return [key for key in prev if key not in new]
+
+
+def _dict_delta(prev: dict, new: dict) -> dict:
+    """{"s": changed or new keys' values, "d": nested dicts' deltas, "g": removed keys}."""
+    changed, nested = {}, {}
+    for key, value in new.items():
+        if key not in prev:
+            changed[key] = value
+            continue
+        old = prev[key]
+        if old is value or old == value:
+            continue
+        if isinstance(value, dict) and isinstance(old, dict):
+            nested[key] = _dict_delta(old, value)
+        else:
+            changed[key] = value
+    delta: dict = {}
+    if changed:
+        delta["s"] = changed
+    if nested:
+        delta["d"] = nested
+    gone = _gone(prev, new)
+    if gone:
+        delta["g"] = gone
+    return delta
+
+
+def apply_delta(prev: dict, delta: dict) -> dict:
+    """A new state: `prev` is left as it was (states already handed out stay valid)."""
+    out = dict(prev)
+    out.update(delta.get("s", {}))
+    for key, nested in delta.get("d", {}).items():
+        out[key] = apply_delta(prev[key], nested)
+    for key in delta.get("g", ()):
+        out.pop(key, None)
+    for key, changes in delta.get("x", {}).items():
+        values = prev[key]
+        if isinstance(values, str):
+            chars = bytearray(values.encode())
+            for index, value in changes:
+                chars[index] = ord(value)
+            out[key] = chars.decode()
+        else:
+            values = list(values)
+            for index, value in changes:
+                values[index] = value
+            out[key] = values
+    return out
+
+
+def pack_records(records: list) -> bytes:
+    return zlib.compress(json.dumps(records, separators=(",", ":")).encode(), ZLIB_LEVEL)
+
+
+def unpack_records(data: bytes) -> list:
+    return json.loads(zlib.decompress(data))

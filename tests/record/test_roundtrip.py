@@ -1,0 +1,96 @@
+"""A recording reads back every moment exactly as it was written."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvdeck.app.record.reader import open_recording
+from kvdeck.app.record.writer import RecordingWriter
+from tests.record.synthetic import DT, ENGINE_INFO, T0, session_stats
+
+
+def write_session(path, stats, *, keyframe_s=1.0, chunk_s=0.35, **kwargs):
+    writer = RecordingWriter(path, ENGINE_INFO, keyframe_s=keyframe_s, chunk_s=chunk_s, **kwargs)
+    writer.steps_start(0)
+    for i, snapshot in enumerate(stats):
+        writer.add_stats(snapshot)
+        writer.add_latency("ttft" if i % 5 == 0 else "itl", snapshot.timestamp, 0.01 * (i % 7))
+        writer.add_steps(snapshot.timestamp, [5, 6, 7])
+    writer.add_finished(stats[-1].timestamp, {
+        "request_id": "req-2", "source": "output", "arrival_time": T0 + 10 * DT,
+        "prompt_tokens": 64, "output_tokens": 17, "cached_tokens": 16, "finish_reason": "length",
+        "timeline": None})
+    writer.close()
+    return writer
+
+
+def test_every_snapshot_reads_back_exactly(tmp_path):
+    stats = session_stats(60)
+    path = tmp_path / "s.kvrec"
+    writer = write_session(path, stats)
+    assert writer.counters.chunks > 10 and writer.counters.dropped == 0
+    with open_recording(path) as rec:
+        assert rec.complete
+        assert rec.start == stats[0].timestamp and rec.end == pytest.approx(stats[-1].timestamp)
+        assert [s for _, s in rec.snapshots()] == stats
+        # Seeking anywhere (backwards too) gives the snapshot at or before that time.
+        for i in (59, 3, 31, 0, 17, 44):
+            assert rec.stats_at(stats[i].timestamp) == stats[i]
+            assert rec.stats_at(stats[i].timestamp + DT / 2) == stats[i]
+        assert rec.stats_at(T0 - 1) is None
+        assert rec.engine.block_size == 16 and rec.engine.max_num_seqs == 8
+        assert rec.engine.enable_prefix_caching is True and rec.engine.model == "synthetic"
+        latencies = rec.latencies()
+        assert len(latencies) == 60 and latencies[5] == ("ttft", stats[5].timestamp, 0.05)
+
+
+def test_finished_requests_steps_and_window(tmp_path):
+    stats = session_stats(60)
+    path = tmp_path / "s.kvrec"
+    write_session(path, stats)
+    with open_recording(path) as rec:
+        finished = rec.finished_requests()
+        # req-r lives snapshots 5r..5r+19: r = 0..7 vanish before the end.
+        assert [f.request_id for f in finished] == [f"req-{r}" for r in (0, 1, 3, 4, 5, 6, 7, 2)]
+        req2 = finished[-1]
+        assert req2.source == "output" and req2.output_tokens == 17  # the final output wins
+        req0 = finished[0]
+        assert req0.source == "snapshot" and req0.finished_at == stats[20].timestamp
+        assert req0.timeline is not None and req0.timeline.decode_runs
+        assert req0.arrival_time == pytest.approx(T0)
+        steps = rec.steps()
+        numbers = [s.step for s in steps]
+        assert numbers == sorted(set(numbers)) and numbers[0] == 1
+        described = {s.step: s for s in steps if s.duration_s is not None}
+        assert described[3 * 7].duration_s == stats[7].last_step_duration_s
+        assert described[3 * 7].num_seqs == stats[7].last_step_num_seqs
+        window = list(rec.snapshots(stats[10].timestamp, stats[12].timestamp))
+        assert [s for _, s in window] == stats[10:13]
+
+
+def test_a_newer_engines_fields_are_ignored(tmp_path):
+    """Fields this kvdeck does not know (a newer engine's) are stored and skipped on reading."""
+    stats = session_stats(12)
+    path = tmp_path / "s.kvrec"
+    writer = RecordingWriter(path, ENGINE_INFO, keyframe_s=1.0, chunk_s=0.35)
+    from kvdeck.app.record import format as fmt
+
+    original = fmt.encoded_stats
+
+    def with_extra(snapshot):
+        data = original(snapshot)
+        data["kv_host_tier_blocks"] = 7
+        return data
+
+    import kvdeck.app.record.writer as writer_module
+
+    writer_module.encoded_stats, saved = with_extra, writer_module.encoded_stats
+    try:
+        for snapshot in stats:
+            writer.add_stats(snapshot)
+        writer.close()
+    finally:
+        writer_module.encoded_stats = saved
+    with open_recording(path) as rec:
+        assert all("kv_host_tier_blocks" in state for _, state in rec._stats_records(None, None))
+        assert [s for _, s in rec.snapshots()] == stats
