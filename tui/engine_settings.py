@@ -21,8 +21,12 @@ from kvdeck.engine.types.speculative import (
     bundled_drafts,
 )
 
-SPECULATION_CHOICES = (("off", "off"), ("n-gram prompt lookup", "ngram"),
-                       ("suffix decoding", "suffix"))
+SPECULATION_CHOICES = (("off", "off"), ("automatic: suffix drafts where they pay", "auto"),
+                       ("n-gram prompt lookup", "ngram"), ("suffix decoding", "suffix"))
+# What the TUI starts with unless --speculative-config says otherwise: the gain policy keeps a
+# draft only where its expected acceptance pays for its row, so it costs nothing where
+# nothing repeats (docs/guide/speculative-decoding.md).
+TUI_DEFAULT_SPECULATION = {"method": "auto"}
 CUSTOM_DRAFT_CHOICE = ("draft model: your own", "draft_model")  # its folder or hub id below
 BUNDLED_PREFIX = "bundled:"  # the form's value for a bundled draft: "bundled:demo-draft"
 BUNDLED_DRAFTS = (DEMO_DRAFT,)
@@ -33,7 +37,7 @@ NGRAM_LOOKUP = {"prompt_lookup_min": 2, "prompt_lookup_max": 5}
 
 @dataclass(slots=True)
 class EngineSettings:
-    speculation: str = "off"  # "off" | "ngram" | "suffix" | "draft_model"
+    speculation: str = "off"  # "off" | "auto" | "ngram" | "suffix" | "draft_model"
     num_speculative_tokens: int = DEFAULT_NUM_SPECULATIVE_TOKENS
     draft_model: str = ""  # the draft's folder, hub id or bundled name
     kv_cache_dtype: str = "auto"
@@ -83,9 +87,9 @@ class EngineSettings:
         if self.speculation == "ngram":
             raw = {"method": "ngram", "num_speculative_tokens": self.num_speculative_tokens,
                    **NGRAM_LOOKUP}
-        elif self.speculation == "suffix":
+        elif self.speculation in ("suffix", "auto"):
             # k is the longest draft; suffix decoding's own keys keep their defaults.
-            raw = {"method": "suffix", "num_speculative_tokens": self.num_speculative_tokens}
+            raw = {"method": self.speculation, "num_speculative_tokens": self.num_speculative_tokens}
         else:
             raw = {"model": self.draft_model, "num_speculative_tokens": self.num_speculative_tokens}
         SpeculativeConfig.from_dict(raw)
@@ -108,6 +112,9 @@ class EngineSettings:
             spec = f"n-gram speculation, k={self.num_speculative_tokens}"
         elif self.speculation == "suffix":
             spec = f"suffix decoding, up to k={self.num_speculative_tokens}"
+        elif self.speculation == "auto":
+            spec = ("automatic speculation (suffix drafts where they pay), "
+                    f"up to k={self.num_speculative_tokens}")
         elif self.speculation == "draft_model":
             spec = f"draft {self.draft_model}, k={self.num_speculative_tokens}"
         else:

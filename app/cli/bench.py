@@ -11,11 +11,12 @@ from kvdeck.app.cli.bench_runs import run_decode, run_throughput
 from kvdeck.app.cli.engine_flags import add_engine_arguments
 from kvdeck.app.cli.parse_errors import CliParser
 
-WORKLOADS = ("random", "grounded", "agentic")
+WORKLOADS = ("random", "grounded", "agentic", "chat")
 WORKLOAD_HELP = ("random: random token ids; grounded: continue a passage of the bundled docs text that "
                  "is in the prompt (app/bench/grounded.py; what speculative decoding predicts); "
                  "agentic: continue a coding agent's transcript of repetitive JSON tool calls and "
-                 "edits (app/bench/agentic.py; what suffix decoding predicts)")
+                 "edits (app/bench/agentic.py; what suffix decoding predicts); chat: answer ordinary "
+                 "questions in the chat template (app/bench/chat.py; nothing to copy)")
 SPEC_HELP = ("with --speculative-config, both sides run in this process: the engine with and without "
              "speculative decoding, alternating, and the JSON holds the speedup and acceptance")
 

@@ -21,8 +21,14 @@ def _agentic_prompts():
     return agentic_prompts
 
 
+def _chat_prompts():
+    from kvdeck.app.bench.chat import chat_prompts
+
+    return chat_prompts
+
+
 # The workloads of token prompts made from text: (tokenizer, num, input_len, seed) -> prompts.
-TEXT_WORKLOADS = {"grounded": _grounded_prompts, "agentic": _agentic_prompts}
+TEXT_WORKLOADS = {"grounded": _grounded_prompts, "agentic": _agentic_prompts, "chat": _chat_prompts}
 
 
 def run_throughput(args: argparse.Namespace) -> int:

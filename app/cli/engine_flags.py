@@ -35,7 +35,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 _FLAG_HELP = {  # the flags whose value a name alone does not explain
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}', '{\"method\": \"suffix\"}' or "
-                          "'{\"model\": \"demo-draft\", \"num_speculative_tokens\": 3}' ",
+                          "'{\"model\": \"demo-draft\", \"num_speculative_tokens\": 3}'; '{\"method\": "
+                          "\"auto\"}' keeps suffix drafts only where they pay (the TUI's default); "
+                          "'off': none ",
     "cpu_threads": "threads of the CPU kernels; unset: adaptive, up to torch's count (OMP_NUM_THREADS), "
                    "fewer while other processes keep cores busy ",
     "async_scheduling": "schedule and prepare the next step while the device runs this one; unset: "
@@ -54,8 +56,13 @@ def _flag_type(annotation: object) -> Callable[[str], object]:
     return str
 
 
-def _json_object(text: str) -> dict:
-    """A JSON-typed flag (--speculative-config '{...}'); argparse reports the error."""
+OFF = "off"  # a JSON-typed flag's value that asks for none (where a default would apply)
+
+
+def _json_object(text: str) -> dict | str:
+    """A JSON-typed flag (--speculative-config '{...}', or 'off'); argparse reports the error."""
+    if text.strip().lower() == OFF:
+        return OFF
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -72,6 +79,11 @@ def engine_kwargs_from_args(args: argparse.Namespace) -> dict[str, object]:
         if f.name in _HIDDEN_ENGINE_FIELDS:
             continue
         value = getattr(args, f.name, None)
-        if value is not None:
+        if value is not None and value != OFF:
             kwargs[f.name] = value
     return kwargs
+
+
+def speculation_turned_off(args: argparse.Namespace) -> bool:
+    """`--speculative-config off`: no speculation, not even the TUI's default."""
+    return getattr(args, "speculative_config", None) == OFF

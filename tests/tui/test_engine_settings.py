@@ -13,7 +13,7 @@ from kvdeck.assets import demo_model_dir
 from kvdeck.engine.types.spec_stats import SpecDecodeStats
 from kvdeck.engine.types.wire import EngineInfo
 from kvdeck.tui.dashboard_state import DashboardState
-from kvdeck.tui.engine_settings import EngineSettings, speculation_choices
+from kvdeck.tui.engine_settings import TUI_DEFAULT_SPECULATION, EngineSettings, speculation_choices
 from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
@@ -38,6 +38,11 @@ def test_settings_round_trip_through_the_engine_options():
     assert suffix.apply(options)["speculative_config"] == {"method": "suffix", "num_speculative_tokens": 12}
     assert EngineSettings.from_engine_options(suffix.apply(options)) == suffix
     assert suffix.describe().startswith("suffix decoding, up to k=12")
+    # The TUI's default: suffix drafts under the gain policy, seven at most on this CPU.
+    auto = EngineSettings.from_engine_options({"speculative_config": TUI_DEFAULT_SPECULATION})
+    assert (auto.speculation, auto.num_speculative_tokens) == ("auto", 7)
+    assert auto.apply({})["speculative_config"] == {"method": "auto", "num_speculative_tokens": 7}
+    assert auto.describe().startswith("automatic speculation (suffix drafts where they pay)")
 
 
 @pytest.mark.parametrize(("fields", "message"), [
@@ -58,13 +63,14 @@ SMOLLM2 = "HuggingFaceTB/SmolLM2-135M-Instruct"
 @pytest.mark.parametrize("model", [None, "demo", str(demo_model_dir())])
 def test_the_demo_model_is_offered_its_bundled_draft(model):
     assert [value for _, value in speculation_choices(model)] \
-        == ["off", "ngram", "suffix", "bundled:demo-draft", "draft_model"]
+        == ["off", "auto", "ngram", "suffix", "bundled:demo-draft", "draft_model"]
 
 
 @pytest.mark.parametrize("model", [SMOLLM2, "/no/such/model"])
 def test_another_model_is_not_offered_the_demo_draft(model):
     # n-gram, suffix and a draft of the user's own (checked when the engine loads it) stay
-    assert [value for _, value in speculation_choices(model)] == ["off", "ngram", "suffix", "draft_model"]
+    assert [value for _, value in speculation_choices(model)] \
+        == ["off", "auto", "ngram", "suffix", "draft_model"]
 
 
 def test_the_bundled_choice_is_the_demo_draft_and_a_custom_draft_is_kept():
@@ -113,7 +119,7 @@ async def test_the_form_offers_demo_draft_only_beside_the_demo_model():
     async with app.run_test(size=(100, 30)) as pilot:
         form = app.form
         await pilot.pause()
-        assert options(form) == ["off", "ngram", "suffix", "draft_model"]
+        assert options(form) == ["off", "auto", "ngram", "suffix", "draft_model"]
         # shown as the user's own draft: saving it lets the engine say why it does not fit
         assert form.query_one("#speculation", Select).value == "draft_model"
         draft = form.query_one("#draft-model", Input)
@@ -238,3 +244,21 @@ async def test_speculation_tab_graphs_acceptance_or_says_it_is_off():
         assert await wait_for(pilot, lambda: len(acceptance._points) == 4)
         assert {round(v, 6) for _, v in acceptance._points} == {75.0}
         assert {round(v, 6) for _, v in per_step._points} == {3.0}
+        policy = dashboard.query_one("#spec-policy", Static)
+        assert "every one verified" in str(policy.render())
+        gain = SpecDecodeStats("auto", 7, 16, num_drafts=60, num_draft_tokens=240,
+                               num_accepted_tokens=180, draft_policy="gain",
+                               last_step_expected_speedup=1.8, extra_row_cost=0.125)
+        state.add_stats(dataclasses.replace(demo_stats(6), spec=gain))
+        assert await wait_for(pilot, lambda: "expecting 1.80x" in str(policy.render()))
+        assert "extra row costs +12%" in str(policy.render())
+
+
+def test_the_inspector_says_what_the_gain_policy_decided():
+    from kvdeck.engine.types.spec_stats import RequestSpecStats
+    from kvdeck.tui.widgets.request_inspector import speculation_text
+
+    spec = RequestSpecStats(num_drafts=3, num_draft_tokens=9, num_accepted_tokens=6,
+                            decision="verifying 2 of 5 drafts: expects 1.4 accepted")
+    assert "policy: verifying 2 of 5 drafts: expects 1.4 accepted" in speculation_text(spec).plain
+    assert "policy:" not in speculation_text(RequestSpecStats(num_drafts=1)).plain

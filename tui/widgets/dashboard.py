@@ -24,18 +24,30 @@ from kvdeck.tui.widgets.request_inspector import RequestInspector
 from kvdeck.tui.widgets.server_table import ServerTable
 
 if TYPE_CHECKING:
+    from kvdeck.engine.types.spec_stats import SpecDecodeStats
     from kvdeck.tui.attached_servers import AttachedServers
 
 REFRESH_HZ = 12
 PLOT_REFRESH_S = 0.5  # plots are costlier to draw and change slowly
 
 
-SPEC_OFF = ("Speculative decoding is off. Turn it on in the engine settings (ctrl+e: n-gram "
-            "lookup or a draft model) or with --speculative-config; the acceptance rate and "
-            "the drafts accepted per step are graphed here.")
+SPEC_OFF = ("Speculative decoding is off. Turn it on in the engine settings (ctrl+e: automatic, "
+            "n-gram lookup, suffix decoding or a draft model) or with --speculative-config; the "
+            "acceptance rate and the drafts accepted per step are graphed here.")
 NO_BLOCK_MAP = ("{label} exports no block table: the block map and the request inspector "
                 "need a kvdeck engine (kvdeck --serve, or kvdeck itself). What its /metrics "
                 "say is above, in the Latency tab and in the Servers tab.")
+
+
+def spec_policy_text(spec: SpecDecodeStats) -> str:
+    """One line on what speculation does and, under the gain policy, what it last decided."""
+    if spec.draft_policy != "gain":
+        return (f"{spec.method}: up to {spec.num_speculative_tokens} drafts a step, every one "
+                "verified (a request pauses while its acceptance is poor)")
+    last = (f"last step: drafts kept, expecting {spec.last_step_expected_speedup:.2f}x plain decoding"
+            if spec.last_step_expected_speedup > 1.0 else "last step: no draft worth its row")
+    return (f"{spec.method}: drafts kept only where they pay · a step's extra row costs "
+            f"+{spec.extra_row_cost:.0%} of a one-row step · {last}")
 
 
 class Dashboard(Vertical):
@@ -48,6 +60,8 @@ class Dashboard(Vertical):
     Dashboard.-speculating #spec-off { display: none; }
     Dashboard #spec-plots { display: none; grid-size: 1 2; height: 1fr; }
     Dashboard.-speculating #spec-plots { display: block; }
+    Dashboard #spec-policy { display: none; height: auto; padding: 0 1; }
+    Dashboard.-speculating #spec-policy { display: block; }
     Dashboard.-disconnected EngineSummary, Dashboard.-disconnected #block-map,
     Dashboard.-disconnected #inspector, Dashboard.-disconnected #plots { text-opacity: 45%; }
     """
@@ -84,6 +98,7 @@ class Dashboard(Vertical):
                                          id="plot-kv")
             with TabPane("Speculation", id="tab-spec"):
                 yield Static(SPEC_OFF, id="spec-off")
+                yield Static("", id="spec-policy")
                 with Grid(id="spec-plots"):
                     yield TimeSeriesPlot("Draft acceptance", "%", lines=True, y_max=100.0,
                                          id="plot-acceptance")
@@ -115,6 +130,8 @@ class Dashboard(Vertical):
             self.query_one(EngineSummary).show(state)
             self.set_class(state.stats is not None and state.stats.spec is not None,
                            "-speculating")
+            if state.stats is not None and state.stats.spec is not None:
+                self.query_one("#spec-policy", Static).update(spec_policy_text(state.stats.spec))
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(RequestInspector).show(state.stats)

@@ -47,7 +47,7 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
                     else f"compiled in {request.grammar_compile_s * 1000:.1f} ms")
         text.append(f" · constrained, grammar {compiled}", style="bold #911eb4")
     text.append("\n")
-    if request.spec is not None and request.spec.num_drafts:
+    if request.spec is not None and (request.spec.num_drafts or request.spec.decision):
         text.append(speculation_text(request.spec))
     if finished:
         text.append("finished: its blocks were freed (full ones stay in the prefix cache); "
@@ -69,6 +69,9 @@ def speculation_text(spec: RequestSpecStats) -> Text:
                 f"{spec.mean_accepted_length:.2f} per step over {spec.num_drafts} steps")
     if spec.paused:
         text.append(" · paused (poor recent acceptance)", style="italic")
+    if spec.decision:  # the gain policy's, this step
+        text.append("\npolicy: ", style="bold")
+        text.append(spec.decision)
     text.append("\naccepted per step: ")
     text.append(" ".join(str(n) for n in spec.accepted_history[-24:]))
     text.append("\n")

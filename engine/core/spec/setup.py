@@ -28,9 +28,17 @@ class SpeculativeSetup:
         if self.spec is not None and model_config.long_rope_from is not None:
             # Switching a request to the long factors recomputes its cache; drafts in flight
             # would be verified against the old rotation.
-            raise ValueError("speculative decoding does not support LongRoPE models (Phi-3) yet")
+            if self.spec.method == "auto":
+                self.spec = None  # "where it pays" includes "where it works"
+                progress("loading", "speculation off: LongRoPE models (Phi-3) cannot speculate yet")
+            else:
+                raise ValueError("speculative decoding does not support LongRoPE models (Phi-3) yet")
         if self.spec is not None and self.spec.method == "draft_model":
             self.draft = DraftModel.load(self.spec, config, model_dir, model_config, progress)
+
+    @property
+    def enabled(self) -> bool:
+        return self.spec is not None
 
     def share_kv_plan(self, plan: KVCachePlan) -> KVCachePlan:
         return plan if self.draft is None else self.draft.share_kv_plan(plan)

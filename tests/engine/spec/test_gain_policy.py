@@ -10,6 +10,7 @@ from kvdeck.engine.core.spec.draft_budget import AcceptanceRecord, best_draft_le
 from kvdeck.engine.core.spec.step_cost import MIN_SAMPLES, StepCostModel
 from kvdeck.engine.types.speculative import SpeculativeConfig
 from tests.engine.spec.test_spec_greedy import PROMPTS, _generate
+from tests.model_factory import build_tiny_model
 
 AUTO = {"speculative_config": {"method": "auto", "num_speculative_tokens": 6}}
 
@@ -109,3 +110,16 @@ def test_requests_report_what_the_policy_decided(tiny_model_dirs):
         llm.generate(PROMPTS[:2], params)  # drafts from the first round's cached outputs
     assert len(decisions) == 4 and all(decisions), decisions
     assert any(d.startswith("verifying") for d in decisions[2:]), decisions
+
+
+def test_auto_stays_off_where_speculation_cannot_run(tmp_path):
+    """A LongRoPE model (Phi-3) cannot speculate: asked for, that is an error; by default
+    ("auto", the TUI's), the engine starts without it."""
+    model_dir = build_tiny_model(tmp_path / "phi3", "phi3")
+    with LLM(str(model_dir), kv_cache_memory_gib=0.01, **AUTO) as llm:
+        assert llm.engine.core.spec is None and llm.engine.core.scheduler is not None
+        (out,) = llm.generate(["Hi"], SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+        assert len(out.outputs[0].token_ids) == 4
+    with pytest.raises(ValueError, match="LongRoPE"):
+        LLM(str(model_dir), kv_cache_memory_gib=0.01,
+            speculative_config={"method": "suffix", "num_speculative_tokens": 4})
