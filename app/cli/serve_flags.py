@@ -3,6 +3,8 @@ without --serve (the TUI and the subcommands would silently ignore them)."""
 
 import argparse
 
+from kvdeck.app.serve.lora_adapters import parse_lora_module
+
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> frozenset[str]:
     """The server's flags, in their own --help group; returns their dests."""
@@ -35,6 +37,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> frozenset[str]:
         serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                            help="browser origins allowed by CORS, e.g. http://localhost:3000 or "
                                 "'*' (default: none)"),
+        serve.add_argument("--lora-modules", nargs="+", type=parse_lora_module, default=None,
+                           metavar="NAME=DIR",
+                           help="LoRA adapters (PEFT folders) served by name, with --enable-lora; "
+                                "also vLLM's JSON form '{\"name\": .., \"path\": ..}'"),
+        serve.add_argument("--allow-runtime-lora", action="store_true",
+                           help="enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter "
+                                "(vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=True)"),
     ]
     return frozenset(action.dest for action in actions)
 

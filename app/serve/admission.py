@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 from kvdeck.app.serve.errors import OpenAIError, bad_request
+from kvdeck.app.serve.lora_adapters import AdapterRegistry
 from kvdeck.app.serve.metrics import EngineMetrics
 from kvdeck.app.serve.protocol import SamplingRequest
 from kvdeck.app.serve.shutdown import Drain
@@ -23,6 +24,7 @@ from kvdeck.engine.api.async_llm import (
     RequestStream,
 )
 from kvdeck.engine.types.errors import GrammarError, PromptError
+from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.structured import StructuredOutputsParams
 
@@ -43,6 +45,7 @@ class ServeState:
     restart_delay: float | None = 1.0  # None: a dead engine stays down
     tool_call_parser: str | None = None  # the tool-call format, when not read from the template
     model_aliases: frozenset[str] = frozenset()  # other names of the model requests may give
+    adapters: AdapterRegistry | None = None  # LoRA adapters served by name (lora_adapters.py)
 
 
 
@@ -56,11 +59,18 @@ class Fields:
 
 
 
-def check_model(state: ServeState, model: str | None) -> None:
-    """404 unless `model` is None, the served name or one of its aliases (served_name.py)."""
-    if model is not None and model != state.model_name and model not in state.model_aliases:
-        raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
-                               f"{state.model_name!r}", param="model", code="model_not_found")
+def check_model(state: ServeState, model: str | None) -> LoRARequest | None:
+    """404 unless `model` is None, the served name or one of its aliases (served_name.py), or
+    a LoRA adapter's name (then its LoRARequest)."""
+    if model is None or model == state.model_name or model in state.model_aliases:
+        return None
+    lora = state.adapters.get(model) if state.adapters is not None else None
+    if lora is not None:
+        return lora
+    adapters = [a.name for a in state.adapters.served()] if state.adapters is not None else []
+    also = f" and the LoRA adapters {', '.join(map(repr, adapters))}" if adapters else ""
+    raise OpenAIError(404, f"the model {model!r} does not exist; this server serves "
+                           f"{state.model_name!r}{also}", param="model", code="model_not_found")
 
 
 
@@ -124,18 +134,24 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
 
 async def submit(state: ServeState, prompts: list[tuple[str, object]], params: SamplingParams,
                  fields: Fields, messages: list[dict] | None = None,
-                 tools: list[dict] | None = None) -> list[RequestStream]:
+                 tools: list[dict] | None = None,
+                 lora_request: LoRARequest | None = None) -> list[RequestStream]:
     """Hand each (request id, prompt) to the engine, one call each, all or none; a stream
-    each, its outputs by choice index."""
+    each, its outputs by choice index. `lora_request`: the adapter they run under."""
     streams: list[RequestStream] = []
+    tracked: list[str] = []  # engine request ids running under the adapter
     try:
         for request_id, prompt in prompts:
+            if lora_request is not None and state.adapters is not None:
+                tracked += state.adapters.track(request_id, params, lora_request)
             streams.append(await state.engine.add_request(
                 request_id, prompt, replace(params), messages=messages, tools=tools,
-                admit=partial(_admit, state, fields.max_tokens_given)))
+                admit=partial(_admit, state, fields.max_tokens_given), lora_request=lora_request))
     except BaseException as exc:
         for stream in streams:
             stream.cancel()
+        if tracked and state.adapters is not None:
+            state.adapters.untrack(tracked[len(streams) * params.n:])  # the ones never queued
         if not isinstance(exc, GrammarError):
             _observe_constrained(state, params)  # the engine checks the grammar first
         error = _refusal(exc, fields)

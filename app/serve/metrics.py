@@ -10,6 +10,7 @@ Three sources feed one private registry:
 Nothing is kept per request once it has finished. No `_created` series (as vLLM).
 """
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
@@ -56,7 +57,8 @@ class MetricsSource(Protocol):
 
 class EngineMetrics:
     def __init__(self, model_name: str, stats_source: StatsSource,
-                 engine: MetricsSource | None = None) -> None:
+                 engine: MetricsSource | None = None, max_loras: int | None = None) -> None:
+        """`max_loras`: the engine's, when LoRA is on (vllm:lora_requests_info is exported)."""
         self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
         reg, name = self.registry, ["model_name"]
@@ -116,7 +118,7 @@ class EngineMetrics:
             metric.labels(model_name)
         for reason in FINISH_REASONS:
             self.request_success.labels(model_name, reason)
-        reg.register(_EngineStatsCollector(model_name, stats_source, engine))
+        reg.register(_EngineStatsCollector(model_name, stats_source, engine, max_loras))
         if engine is not None:
             engine.add_step_listener(self.observe_steps)
         # request id -> (tokens seen, time of the newest token), while the request runs
@@ -192,10 +194,11 @@ class _EngineStatsCollector(Collector):
     """Gauges and the core's own counters, from the newest stats snapshot at scrape time."""
 
     def __init__(self, model_name: str, stats_source: StatsSource,
-                 engine: MetricsSource | None) -> None:
+                 engine: MetricsSource | None, max_loras: int | None = None) -> None:
         self.model_name = model_name
         self.stats_source = stats_source
         self.engine = engine
+        self.max_loras = max_loras
 
     def describe(self) -> Iterator:
         return iter(())  # families vary with the snapshot; nothing to pre-register
@@ -227,6 +230,8 @@ class _EngineStatsCollector(Collector):
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled.", waiting)
         yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0-1).",
                     stats.kv_cache_usage if stats else 0.0)
+        if self.max_loras is not None:
+            yield lora_requests_info(stats, self.max_loras)
         if stats is None:
             return
         yield gauge("kvdeck:num_kv_blocks", "KV cache blocks in the pool.", stats.num_blocks)
@@ -268,6 +273,25 @@ def _spec_decode_families(stats: EngineStats, labels: list[str], values: list[st
     for position, value in enumerate(spec.num_accepted_tokens_per_pos):
         per_pos.add_metric([*values, str(position)], value)
     yield per_pos
+
+
+_RUNNING_STATES = ("prefilling", "decoding")
+
+
+def lora_requests_info(stats: EngineStats | None, max_loras: int) -> GaugeMetricFamily:
+    """vLLM's `vllm:lora_requests_info`: the adapters with requests running and waiting (names,
+    comma-separated) and max_lora as labels; the value is when that was true (the snapshot's
+    wall-clock time), as vLLM sets it. No model_name label, as vLLM's."""
+    running: set[str] = set()
+    waiting: set[str] = set()
+    for request in stats.requests if stats is not None else ():
+        if request.lora_name is not None:
+            (running if request.state in _RUNNING_STATES else waiting).add(request.lora_name)
+    family = GaugeMetricFamily("vllm:lora_requests_info", "Running stats on lora requests.",
+                               labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"])
+    family.add_metric([",".join(sorted(running)), ",".join(sorted(waiting)), str(max_loras)],
+                      stats.timestamp if stats is not None else time.time())
+    return family
 
 
 # vLLM's labels, then kvdeck's: bytes per block and the tokens the pool holds (what an 8-bit

@@ -17,6 +17,7 @@ from kvdeck.app.serve.admission import ServeState
 from kvdeck.app.serve.errors import OpenAIError
 from kvdeck.app.store.inspect import InvalidModelError, describe_model, weight_files
 from kvdeck.app.store.recommended import format_params
+from kvdeck.engine.types.lora import LoRARequest
 
 LATEST = ":latest"
 _DTYPE_LEVELS = {"bfloat16": "BF16", "float16": "F16", "float32": "F32"}
@@ -37,12 +38,17 @@ def tagged_name(served: str) -> str:
     return served if ":" in served.rsplit("/", 1)[-1] else served + LATEST
 
 
-def check_ollama_model(state: ServeState, model: str) -> None:
-    """404, in Ollama's words but naming the model served, unless `model` names it."""
+def check_ollama_model(state: ServeState, model: str) -> LoRARequest | None:
+    """404, in Ollama's words but naming the model served, unless `model` names it or a LoRA
+    adapter (with or without `:latest`; then the adapter's LoRARequest)."""
     untagged = model.removesuffix(LATEST)
     names = {state.model_name, *state.model_aliases}
     if model in names or untagged in names or model == tagged_name(state.model_name):
-        return
+        return None
+    if state.adapters is not None:
+        lora = state.adapters.get(model) or state.adapters.get(untagged)
+        if lora is not None:
+            return lora
     raise OpenAIError(404, f"model \"{model}\" not found: this server serves "
                            f"\"{tagged_name(state.model_name)}\" (or \"{state.model_name}\")",
                       param="model")

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from kvdeck.app.serve.admission import Fields, ServeState, check_engine, submit
 from kvdeck.app.serve.errors import OpenAIError
-from kvdeck.app.serve.ollama_models import ModelCard, check_ollama_model, model_card
+from kvdeck.app.serve.ollama_models import ModelCard, check_ollama_model, model_card, tagged_name
 from kvdeck.app.serve.ollama_protocol import (
     OllamaChatRequest,
     OllamaGenerateRequest,
@@ -37,6 +37,7 @@ from kvdeck.app.serve.ollama_replies import (
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
 from kvdeck.app.serve.structured import plan_tool_use
 from kvdeck.engine.api.async_llm import RequestStream
+from kvdeck.engine.types.lora import LoRARequest
 
 NDJSON = "application/x-ndjson"
 OLLAMA_API_VERSION = "0.6.4"  # the Ollama release whose API this follows (clients gate on it)
@@ -57,7 +58,8 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
 
     @app.get("/api/tags", include_in_schema=False)
     async def tags() -> JSONResponse:
-        return JSONResponse({"models": [model_card(state, cards).listing()]})
+        card = model_card(state, cards)
+        return JSONResponse({"models": [card.listing(), *adapter_listings(state, card)]})
 
     @app.get("/api/ps", include_in_schema=False)
     async def running() -> JSONResponse:
@@ -76,11 +78,12 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
         req = await parse_body(raw, OllamaShowRequest)
         if not req.model:
             raise OpenAIError(400, "model is required", param="model")
-        check_ollama_model(state, req.model)
+        lora = check_ollama_model(state, req.model)
         card = model_card(state, cards)
+        adapter = f"ADAPTER {lora.lora_path}\n" if lora is not None else ""  # Modelfile's word
         template = getattr(state.engine.tokenizer, "chat_template", None) or ""
         return JSONResponse({
-            "modelfile": f"# kvdeck serves {card.model_dir}\nFROM {card.model_dir}\n",
+            "modelfile": f"# kvdeck serves {card.model_dir}\nFROM {card.model_dir}\n{adapter}",
             "parameters": card.parameters, "template": template, "details": card.details,
             "model_info": card.model_info, "capabilities": ["completion", "tools"],
             "modified_at": card.modified_at})
@@ -102,7 +105,7 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
 
 async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
     started = time.time()
-    check_ollama_model(state, req.model)
+    lora = check_ollama_model(state, req.model)
     refuse_unsupported(req, any(m.images for m in req.messages))
     check_engine(state)
     if not req.messages:  # Ollama's "load the model" call: it is loaded
@@ -118,7 +121,7 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
         structured, field = plan.constraint, field if plan.holds_answer else "tools"
     messages = plan.messages([m.for_template(i) for i, m in enumerate(req.messages)])
     streams = await _submit(state, req, structured, Fields("messages", field),
-                            messages=messages, tools=plan.template_tools)
+                            messages=messages, tools=plan.template_tools, lora=lora)
     reader = OllamaCallReader(plan.call_format) if plan.call_format is not None else None
     if req.stream:
         return EventStreamResponse(_chat_lines(state, streams, req.model, started, reader),
@@ -135,7 +138,7 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
 
 async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Request):
     started = time.time()
-    check_ollama_model(state, req.model)
+    lora = check_ollama_model(state, req.model)
     refuse_unsupported(req, bool(req.images))
     for name, given in (("suffix", req.suffix), ("template", req.template),
                         ("context", req.context)):
@@ -150,11 +153,13 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
     structured = format_spec(req.format)
     field = "format" if structured is not None else None
     if req.raw:  # the prompt as written, no template (Ollama ignores `system` then too)
-        streams = await _submit(state, req, structured, Fields("prompt", field), prompt=req.prompt)
+        streams = await _submit(state, req, structured, Fields("prompt", field), prompt=req.prompt,
+                                lora=lora)
     else:
         messages = ([{"role": "system", "content": req.system}] if req.system else []) + \
             [{"role": "user", "content": req.prompt}]
-        streams = await _submit(state, req, structured, Fields("prompt", field), messages=messages)
+        streams = await _submit(state, req, structured, Fields("prompt", field), messages=messages,
+                                lora=lora)
     if req.stream:
         return EventStreamResponse(_generate_lines(state, streams, req.model, started),
                                    streams, media_type=NDJSON)
@@ -165,12 +170,24 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
 
 async def _submit(state: ServeState, req: OllamaRequest, structured, fields: Fields,
                   prompt: str | None = None, messages: list[dict] | None = None,
-                  tools: list[dict] | None = None) -> list[RequestStream]:
+                  tools: list[dict] | None = None,
+                  lora: LoRARequest | None = None) -> list[RequestStream]:
     params = req.options.sampling_params(structured)
     state.metrics.observe_request_params(1, params.max_tokens)
     # Ollama runs num_predict to the context's end instead of refusing: never a 400 for it.
     return await submit(state, [(f"ollama-{uuid.uuid4().hex}", prompt)], params, fields,
-                        messages=messages, tools=tools)
+                        messages=messages, tools=tools, lora_request=lora)
+
+
+def adapter_listings(state: ServeState, base: ModelCard) -> list[dict]:
+    """/api/tags' entries for the LoRA adapters: the base's card under the adapter's name,
+    the base as `details.parent_model` (as Ollama lists a model made with ADAPTER)."""
+    if state.adapters is None:
+        return []
+    listing = base.listing()
+    return [{**listing, "name": tagged_name(a.name), "model": tagged_name(a.name),
+             "details": {**listing["details"], "parent_model": base.name}}
+            for a in state.adapters.served()]
 
 
 async def _chat_lines(state: ServeState, streams: list[RequestStream], model: str, started: float,

@@ -49,7 +49,8 @@ COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
 
 async def create_completion(state: ServeState, req: CompletionRequest, raw: Request):
-    check_model(state, req.model)
+    lora = check_model(state, req.model)
+    model_name = lora.lora_name if lora is not None else state.model_name  # as vLLM echoes it
     check_engine(state)
     check_unsupported(req)
     for name, bad in (("echo", req.echo), ("suffix", req.suffix is not None),
@@ -65,13 +66,14 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     params = sampling_params(req, req.max_tokens if req.max_tokens is not None
                              else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs, structured)
     streams = await submit(state, [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)], params,
-                           Fields("prompt", field, req.max_tokens is not None))
+                           Fields("prompt", field, req.max_tokens is not None), lora_request=lora)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         prompt_ids = ([s.prompt_token_ids for s in streams for _ in range(req.n)]
                       if req.return_token_ids else None)
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
-                                                      req.logprobs, req.n, prompt_ids), streams)
+                                                      req.logprobs, req.n, prompt_ids, model_name),
+                                   streams)
     finals = [out for outs in await run_to_end(streams, raw, state.drain) for out in outs]
     choices = [{"index": i, "text": out.outputs[0].text,
                 "logprobs": completion_logprobs(out, 0, req.logprobs),
@@ -82,13 +84,14 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
             choice["prompt_token_ids"] = out.prompt_token_ids
             choice["token_ids"] = out.outputs[0].token_ids
     return JSONResponse({"id": request_id, "object": "text_completion", "created": int(time.time()),
-                         "model": state.model_name, "choices": choices,
+                         "model": model_name, "choices": choices,
                          "usage": usage(finals, req.n)})
 
 
 async def _completion_stream(state: ServeState, streams: list[RequestStream], request_id: str,
                              include_usage: bool, logprobs: int | None, choices_per_prompt: int,
-                             prompt_ids: list[list[int]] | None) -> AsyncIterator[str]:
+                             prompt_ids: list[list[int]] | None,
+                             model_name: str) -> AsyncIterator[str]:
     """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
     prompt's ids on a choice's first chunk, each chunk's new token ids on it)."""
     created = int(time.time())
@@ -113,13 +116,13 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
                     choice["token_ids"] = completion.token_ids[sent_tokens[index]:]
                 sent_tokens[index] = len(completion.token_ids)
                 chunk = {"id": request_id, "object": "text_completion", "created": created,
-                         "model": state.model_name, "choices": [choice]}
+                         "model": model_name, "choices": [choice]}
                 if include_usage:
                     chunk["usage"] = None
                 yield sse_event(chunk)
         if include_usage:
             yield sse_event({"id": request_id, "object": "text_completion", "created": created,
-                        "model": state.model_name, "choices": [],
+                        "model": model_name, "choices": [],
                         "usage": usage(finals, choices_per_prompt)})
     except Exception as exc:  # every stream ends with an error event and [DONE], never cut
         yield sse_error(stream_error(exc))
@@ -127,7 +130,8 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
 
 
 async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, raw: Request):
-    check_model(state, req.model)
+    lora = check_model(state, req.model)
+    model_name = lora.lora_name if lora is not None else state.model_name
     check_engine(state)
     check_unsupported(req)
     if req.top_logprobs is not None and not req.logprobs:
@@ -149,12 +153,12 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     streams = await submit(state, [(request_id, None)], params,
                            Fields("messages", field, max_tokens is not None),
                            messages=tools.messages([m.for_template() for m in req.messages]),
-                           tools=tools.template_tools)
+                           tools=tools.template_tools, lora_request=lora)
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(
             state, streams, request_id, include_usage, logprobs, req.n, tools.call_format,
-            req.parallel_tool_calls, req.return_token_ids), streams)
+            req.parallel_tool_calls, req.return_token_ids, model_name), streams)
     (finals,) = await run_to_end(streams, raw, state.drain)
     choices = []
     for i, out in enumerate(finals):
@@ -169,7 +173,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         if req.return_token_ids:
             choices[-1]["token_ids"] = completion.token_ids
     body = {"id": request_id, "object": "chat.completion", "created": int(time.time()),
-            "model": state.model_name, "choices": choices, "usage": usage(finals, len(finals))}
+            "model": model_name, "choices": choices, "usage": usage(finals, len(finals))}
     if req.return_token_ids:
         body["prompt_token_ids"] = streams[0].prompt_token_ids
     return JSONResponse(body)
@@ -192,13 +196,14 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                        include_usage: bool, logprobs: int | None, n: int,
                        tool_format: CallFormat | None = None,
                        parallel_tool_calls: bool = True,
-                       return_token_ids: bool = False) -> AsyncIterator[str]:
+                       return_token_ids: bool = False,
+                       model_name: str | None = None) -> AsyncIterator[str]:
     """return_token_ids: vLLM's shape (the prompt's ids on the first chunk, each chunk's new
     token ids on its choice)."""
     prompt_ids = streams[0].prompt_token_ids if return_token_ids else None
     created = int(time.time())
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
-            "model": state.model_name}
+            "model": model_name or state.model_name}
 
     def chunk(index: int, delta: dict, finish_reason=None, chunk_logprobs=None,
               stop_reason=None, token_ids: list[int] | None = None, **top) -> str:

@@ -55,9 +55,10 @@ METRICS_RESPONSES = {200: {"content": {"text/plain": {"schema": {"type": "string
                            "description": "Prometheus text exposition"}}
 
 
-def install_openapi(app: FastAPI, model_names: list[str]) -> None:
+def install_openapi(app: FastAPI, model_names: list[str], lora_enabled: bool = False) -> None:
     """Generate the document once, without the 422s FastAPI adds to routes with a body;
-    `model_names`: the served name and its aliases, the names a request's model may be."""
+    `model_names`: the served name and its aliases, the names a request's model may be
+    (`lora_enabled`: or a LoRA adapter's, which may change while the server runs)."""
 
     def openapi() -> dict:
         if app.openapi_schema is None:
@@ -70,7 +71,10 @@ def install_openapi(app: FastAPI, model_names: list[str]) -> None:
                 components.pop(unused, None)
             for body in components.values():
                 if "model" in body.get("properties", {}):  # another name is a 404
-                    body["properties"]["model"] = {"anyOf": [{"enum": model_names}, {"type": "null"}],
+                    names = {"type": "string", "description": "the base model's name (" + ", ".join(
+                        model_names) + ") or a LoRA adapter's (GET /v1/models)"} \
+                        if lora_enabled else {"enum": model_names}
+                    body["properties"]["model"] = {"anyOf": [names, {"type": "null"}],
                                                    "default": None, "title": "Model"}
             app.openapi_schema = schema
         return app.openapi_schema

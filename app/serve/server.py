@@ -27,6 +27,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, check_model
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from kvdeck.app.serve.lora_adapters import LoRAModule, registry_from_modules
+from kvdeck.app.serve.lora_routes import adapter_cards, install_lora_routes, preload_adapters
 from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
 from kvdeck.app.serve.ollama_routes import install_ollama_routes
 from kvdeck.app.serve.openai_routes import create_chat_completion, create_completion
@@ -65,24 +67,34 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                allowed_origins: list[str] | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                drain: Drain | None = None, tool_call_parser: str | None = None,
-               model_aliases: tuple[str, ...] = ()) -> FastAPI:
+               model_aliases: tuple[str, ...] = (), lora_modules: tuple[LoRAModule, ...] = (),
+               allow_runtime_lora: bool = False) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
     `allowed_origins`: browser origins allowed by CORS (None: no CORS headers).
     `drain`: set by the server on SIGTERM (requests then get 503, streams are cut later).
     `model_aliases`: more names requests may give the model (served_name.py finds the rest).
+    `lora_modules`: LoRA adapters served by name (checked here: ValueError naming a bad one);
+    `allow_runtime_lora`: the load/unload routes work (lora_routes.py).
     """
     names = served_names(client.model_name, override=served_model_name, aliases=model_aliases)
     model_name = names.name
-    metrics = EngineMetrics(model_name, lambda: client.last_stats, client)
+    lora = client.config
+    if allow_runtime_lora and not lora.enable_lora:
+        raise ValueError("--allow-runtime-lora needs --enable-lora")
+    adapters = registry_from_modules(list(lora_modules), base_name=model_name,
+                                     reserved=names.aliases, enabled=lora.enable_lora,
+                                     max_lora_rank=lora.max_lora_rank)
+    metrics = EngineMetrics(model_name, lambda: client.last_stats, client,
+                            lora.max_loras if lora.enable_lora else None)
     client.add_output_listener(metrics.observe_output)
     latencies = LatencyFeed()
     client.add_output_listener(latencies.observe)
     timelines = RequestTimelines(lambda: client.last_stats)
     client.add_output_listener(timelines.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
-                       engine_restart_delay, tool_call_parser, names.aliases)
+                       engine_restart_delay, tool_call_parser, names.aliases, adapters)
     created = int(time.time())
 
     @asynccontextmanager
@@ -90,7 +102,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         tasks = []
         if client.health().status not in ("ready", "starting"):
             tasks.append(asyncio.create_task(_start_engine(client, model_name, on_start_failed,
-                                                           engine_restart_delay)))
+                                                           engine_restart_delay, state)))
         yield
         for task in tasks:
             task.cancel()
@@ -99,7 +111,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.serve = state
     install_error_handlers(app)
-    install_openapi(app, [model_name, *sorted(names.aliases)])
+    install_openapi(app, [model_name, *sorted(names.aliases)], lora.enable_lora)
     app.add_middleware(BodyLimitMiddleware, max_bytes=max_body_bytes)
     if api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=api_key)
@@ -138,9 +150,9 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     @app.get("/v1/models", responses=errors(401))
     async def list_models() -> JSONResponse:
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "kvdeck",
-                "root": str(client.model_dir or client.model_name),
+                "root": str(client.model_dir or client.model_name), "parent": None,
                 "max_model_len": client.max_model_len or None}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [card, *adapter_cards(adapters, created)]})
 
     @app.post("/v1/completions", responses=GENERATE_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):
@@ -180,6 +192,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         return JSONResponse({"prompt": await client.decode_async(body.tokens)})
 
     install_ollama_routes(app, state)
+    install_lora_routes(app, state, adapters, allow_runtime_lora)
     return app
 
 
@@ -210,13 +223,18 @@ def _log_progress(p) -> None:
 
 
 async def _start_engine(client: AsyncLLM, model_name: str,
-                        on_failed: Callable[[str], None] | None, restart_delay: float | None) -> None:
+                        on_failed: Callable[[str], None] | None, restart_delay: float | None,
+                        state: ServeState | None = None) -> None:
     try:
         await client.start(on_progress=_log_progress)
+        failure = await preload_adapters(client, state.adapters) \
+            if state is not None and state.adapters is not None else None
     except EngineStartError as exc:
-        logger.error("the engine failed to start: %s", exc)
+        failure = str(exc)
+    if failure is not None:
+        logger.error("the engine failed to start: %s", failure)
         if on_failed is not None:
-            on_failed(str(exc))
+            on_failed(failure)
         return
     logger.info("serving %s (max_model_len %d)", model_name, client.max_model_len)
     if restart_delay is not None:
@@ -295,7 +313,9 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
                      allowed_origins=args.allowed_origins,
                      max_body_bytes=int(args.max_request_body_mb * (1 << 20)), drain=drain,
                      tool_call_parser=args.tool_call_parser,
-                     model_aliases=(requested_model,) if requested_model else ())
+                     model_aliases=(requested_model,) if requested_model else (),
+                     lora_modules=tuple(args.lora_modules or ()),
+                     allow_runtime_lora=args.allow_runtime_lora)
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)
