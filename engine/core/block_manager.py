@@ -189,6 +189,17 @@ class BlockManager:
                 table.append(self._pop_free_block())
         return True
 
+    def restore_tables(self, request: Request, layout: list[list[bool]]) -> list[int]:
+        """Fresh blocks for a request that holds none, where `layout` (per group, per entry)
+        says a block was held (swap-in, engine/core/swap.py); the caller checked they are free.
+        Returns them group by group in table order."""
+        tables = [[self._pop_free_block() if held else NO_BLOCK for held in group] for group in layout]
+        request.block_tables = tables
+        taken = [b for table in tables for b in table if b != NO_BLOCK]
+        self.num_held_entries += len(taken)
+        self._rewritten(request)
+        return taken
+
     def cache_full_blocks(self, request: Request) -> None:
         """Register every block whose tokens are all computed under its chained hash."""
         if not self.enable_prefix_caching:

@@ -21,6 +21,7 @@ from kvdeck.engine.core.request import Request, RequestStatus, token_output
 from kvdeck.engine.core.request_reason import add_extras, describe_requests
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
+from kvdeck.engine.core.swap import build_swap_space, swap_stats_fields
 from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
 from kvdeck.engine.runner.step_state import KVCachePlan, StepResult
@@ -70,7 +71,8 @@ class EngineCore:
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
                                    self.runner.token_budget, self.max_model_len,
                                    self.model_config.long_rope_from,
-                                   speculative=self.config.speculative_config is not None)
+                                   speculative=self.config.speculative_config is not None,
+                                   swap=build_swap_space(self.config, self.runner, self.block_manager))
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
@@ -224,6 +226,8 @@ class EngineCore:
         result = self.runner.execute(batch, self._token_masks(batch),
                                      self.spec.draft_probs() if self.spec is not None else None)
         executed = time.perf_counter()
+        if self.scheduler.swap is not None:  # the copies' times, into the timings and timelines
+            self.scheduler.swap.collect(batch.step, self.runner.kv_swap, self.timings)
         if self.spec is None and not result.spec_samples:
             outputs, finished = self._update_single(batch, result)
         else:
@@ -437,6 +441,7 @@ class EngineCore:
             finished_reasons=dict(self.finish_counts),
             spec=self.spec.stats() if self.spec is not None else None,
             kernel_compiles_total=self.runner.kernel_compiles(),
+            **swap_stats_fields(sched.swap),
         )
 
 

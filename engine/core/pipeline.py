@@ -71,6 +71,8 @@ class StepPipeline:
         waited = time.perf_counter()
         result = launched.result()
         arrived = time.perf_counter()
+        if core.scheduler.swap is not None:
+            core.scheduler.swap.collect(batch.step, core.runner.kv_swap, core.timings)
         sampled = [None if s is None else s.token_id for s in result.samples]
         finished, taken = core.scheduler.resolve_inflight(batch, sampled)
         outputs = core._fail(batch, result.failures)

@@ -46,6 +46,9 @@ def reason_line(request: Request, scheduler: Scheduler, ahead: int) -> str:
             else f"decoding: {out:,} token{'s' if out != 1 else ''} out"
     elif request.status.finished:
         now = f"finished: {request.status.value}"
+    elif request.status is RequestStatus.SWAPPED:
+        now = f"{swapped_text(request)}; {waiting_text(request, scheduler, ahead)}"
+        preempted = preempted if request.num_preemptions > 1 else ""
     else:
         now = waiting_text(request, scheduler, ahead)
     return f"{preempted}; {now}" if preempted else now
@@ -61,6 +64,14 @@ def waiting_text(request: Request, scheduler: Scheduler, ahead: int) -> str:
     # Its first chunk's blocks (a prefix-cache hit may need fewer: looking it up costs hashing).
     needed = manager.blocks_needed(min(request.num_tokens, scheduler.max_num_batched_tokens))
     return f"waiting: needs {needed} blocks, {manager.num_free_blocks} free{queue}"
+
+
+def swapped_text(request: Request) -> str:
+    """Its latest preemption swapped its K/V out: for whom, and how much it holds there."""
+    timeline = request.timeline
+    by = timeline.preemptions[-1][2] if timeline.preemptions else ""
+    nbytes = timeline.swaps[-1][1] if timeline.swaps else 0
+    return f"swapped out for {by or 'its own growth'} ({nbytes / (1 << 20):.1f} MiB in host memory)"
 
 
 def prefill_text(request: Request, scheduler: Scheduler) -> str:

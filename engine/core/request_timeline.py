@@ -10,6 +10,7 @@ from kvdeck.engine.types.request_timeline import (
     PREEMPTED,
     PREFILL,
     QUEUED,
+    SWAPPED,
     TimelineSnapshot,
     TTFTParts,
 )
@@ -28,6 +29,7 @@ class RequestTimeline:
     chunks: list[tuple[int, int, int]] = field(default_factory=list)
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     preemptions: list[tuple[float, int, str]] = field(default_factory=list)
+    swaps: list[tuple[int, int, float]] = field(default_factory=list)  # (step, bytes, seconds)
     first_scheduled_at: float | None = None
     last_chunk_at: float | None = None  # the last prefill chunk before the first token
     first_token_at: float | None = None
@@ -88,13 +90,32 @@ class RequestTimeline:
             self.dropped += 1
         self.runs.append((first, max(first, step), tokens))
 
-    def preempted(self, now: float, step: int, needed_by: str, num_output_tokens: int) -> None:
+    def preempted(self, now: float, step: int, needed_by: str, num_output_tokens: int,
+                  swapped_bytes: int = 0) -> None:
+        """`swapped_bytes`: its K/V went to host swap space (0: it will be recomputed)."""
         self._close_run(step - 1, num_output_tokens)  # its last decode was the step before
         if len(self.preemptions) >= MAX_PREEMPTIONS:
             self.preemptions.pop(0)
             self.dropped += 1
         self.preemptions.append((now, step, needed_by))
-        self._enter(now, PREEMPTED)
+        if swapped_bytes:
+            if len(self.swaps) >= MAX_PREEMPTIONS:
+                self.swaps.pop(0)
+            self.swaps.append((step, swapped_bytes, 0.0))
+        self._enter(now, SWAPPED if swapped_bytes else PREEMPTED)
+
+    def swap_copied(self, seconds: float) -> None:
+        """The runner timed a copy of its latest swap (out, or back in): add it to the cost."""
+        if self.swaps:
+            step, nbytes, spent = self.swaps[-1]
+            self.swaps[-1] = (step, nbytes, spent + seconds)
+
+    def resumed(self, now: float, step: int, num_output_tokens: int, prefilling: bool) -> None:
+        """Swapped back in: it goes on where it stopped, nothing recomputed."""
+        if prefilling:
+            self._enter(now, PREFILL)
+        else:
+            self.decoding(now, step - 1, num_output_tokens)  # decodes from this step on
 
     def finished(self, now: float, step: int, reason: str, num_output_tokens: int) -> None:
         self._close_run(step, num_output_tokens)
@@ -117,4 +138,5 @@ class RequestTimeline:
         return TimelineSnapshot(
             queued_at=self.queued_at, taken_at=now, phases=list(self.phases),
             prefill_chunks=list(self.chunks), decode_runs=runs, preemptions=list(self.preemptions),
+            swaps=list(self.swaps),
             finish_reason=self.finish_reason, ttft=self.ttft(), dropped_events=self.dropped)

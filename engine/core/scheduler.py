@@ -3,8 +3,9 @@
 Each step fills a token budget: running decodes first (one token each), then chunks
 of prefills already under way, then new requests from the queue, whose cached prefix
 is reused. When the pool runs dry the newest running request is preempted: its blocks
-are freed and it goes back to the front of the queue to be recomputed later. After each
-step, blocks that slid out of a sliding window are released.
+are freed and it goes back to the front of the queue to be recomputed later, or, with
+swap preemption (engine/core/swap.py), its blocks are copied to host swap space and back
+when it resumes. After each step, blocks that slid out of a sliding window are released.
 """
 
 import time
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.request import Request, RequestStatus
+from kvdeck.engine.core.swap import SwapSpace
 from kvdeck.engine.runner.batch import PLACEHOLDER
 from kvdeck.engine.types.request_timeline import PREFILL
 
@@ -32,6 +34,10 @@ class ScheduledBatch:
     # list): the runner's persistent rows look at these only. None: look at every row.
     changed_tables: list[Request] | None = None
     step: int = 0  # the scheduler's count of schedules when it was made (request timelines)
+    # Swap preemption (engine/core/swap.py): (device block, host slot) pairs to copy out and
+    # (host slot, device block) pairs to copy in, both before this step's forward.
+    blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
+    blocks_to_swap_in: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def empty(self) -> bool:
@@ -79,10 +85,12 @@ class Scheduler:
         max_model_len: int,
         long_rope_from: int | None = None,
         speculative: bool = True,
+        swap: SwapSpace | None = None,
     ) -> None:
         """`speculative`: requests may carry drafts (False: their spec_token_ids stay empty,
         and the hot loop never looks)."""
         self.block_manager = block_manager
+        self.swap = swap  # None: preemption always recomputes
         self.speculative = speculative
         self.long_rope_from = long_rope_from  # LongRoPE models: ModelConfig.long_rope_from
         self.max_num_seqs = max_num_seqs
@@ -150,6 +158,8 @@ class Scheduler:
         if not batch.preempted:
             self._admit_waiting(batch, budget)
         batch.put_plain_first()
+        if batch.empty and batch.blocks_to_swap_out:
+            self.swap.cancel_swap_outs(batch)  # no runner sees an empty batch to copy them
         if batch.requests and self.block_manager.track_changes:  # else kept for a batch that runs
             batch.changed_tables = self.block_manager.take_changed()
         return batch
@@ -187,6 +197,12 @@ class Scheduler:
             if request.waiting_for_grammar:
                 compiling.append(self.waiting.popleft())
                 continue
+            if request.status is RequestStatus.SWAPPED:
+                resumed = self._resume_swapped(request, batch, budget)
+                if resumed is None:
+                    break
+                budget = resumed
+                continue
             self._switch_to_long_rope(request)
             cached = self.block_manager.find_cached_prefix(request)
             num_cached = cached.num_blocks * self.block_manager.block_size
@@ -222,17 +238,38 @@ class Scheduler:
 
     def _preempt(self, request: Request, batch: ScheduledBatch, needed_by: str) -> None:
         """`needed_by`: the request whose blocks it gave up ("": its own, it was the newest)."""
+        # Swapped: its blocks are copied out before this step's forward, then released here.
+        swapped = self.swap.swap_out(request, batch) if self.swap is not None else 0
         request.timeline.preempted(time.monotonic(), batch.step, needed_by,
-                                   len(request.output_token_ids))
+                                   len(request.output_token_ids), swapped)
         self.running.remove(request)
-        self.block_manager.free(request)
-        request.num_computed_tokens = 0
+        if not swapped:
+            self.block_manager.free(request)
+            request.num_computed_tokens = 0
         request.spec_token_ids = []  # drafts are discarded with the K/V they extended
-        request.status = RequestStatus.PREEMPTED
+        request.status = RequestStatus.SWAPPED if swapped else RequestStatus.PREEMPTED
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(request)
         batch.preempted.append(request)
+
+    def _resume_swapped(self, request: Request, batch: ScheduledBatch, budget: int) -> int | None:
+        """Swap a swapped-out request back in and schedule its next tokens; the budget left, or
+        None when the pool cannot take it yet."""
+        num_tokens = min(request.num_tokens - request.num_computed_tokens, budget)
+        if not self.swap.swap_in(request, batch, num_tokens):
+            return None
+        self.waiting.popleft()
+        request.status = RequestStatus.RUNNING
+        prefilling = request.is_prefilling
+        mono = time.monotonic()
+        request.timeline.resumed(mono, batch.step, len(request.output_token_ids), prefilling)
+        if prefilling:
+            request.timeline.prefill_chunk(mono, batch.step, num_tokens, 0,
+                                           request.num_computed_tokens + num_tokens >= request.num_tokens)
+        self.running.append(request)
+        batch.add(request, num_tokens)
+        return budget - num_tokens
 
     # ---- after the model ran -------------------------------------------------------
     def update_from_output(self, batch: ScheduledBatch,
@@ -394,6 +431,8 @@ class Scheduler:
         else:
             self.waiting.remove(request)
         self.block_manager.free(request)
+        if self.swap is not None:
+            self.swap.forget(request)  # its host slots, if it was swapped out
         request.metrics.finished_time = now
         # Its timeline travels with its final output (the server keeps the last ones).
         timeline = request.timeline

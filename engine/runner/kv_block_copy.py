@@ -80,9 +80,10 @@ class KVBlockCopier:
         return sum(row.shape[1] for row in self.rows)
 
     def allocate_host(self, num_blocks: int) -> HostKVBlocks:
-        """A zeroed host buffer for `num_blocks` blocks (pinned when the pool is on CUDA)."""
+        """A host buffer for `num_blocks` blocks, uninitialised (a row is written before it is
+        read; untouched pages cost no memory on the CPU), pinned when the pool is on CUDA."""
         pin = self.device.type == "cuda"
-        return HostKVBlocks([torch.zeros((num_blocks, row.shape[1]), dtype=torch.uint8,
+        return HostKVBlocks([torch.empty((num_blocks, row.shape[1]), dtype=torch.uint8,
                                          pin_memory=pin) for row in self.rows])
 
     def gather_blocks(self, block_ids: Sequence[int]) -> HostKVBlocks:

@@ -21,7 +21,9 @@ from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
 from kvdeck.engine.runner.host_memory import keep_freed_buffers_in_process
 from kvdeck.engine.runner.input_batch import InputBatch
+from kvdeck.engine.runner.kv_block_copy import KVBlockCopier
 from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
+from kvdeck.engine.runner.kv_swap import KVSwapper
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.models import model_class_for, native_decode
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
@@ -77,6 +79,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
         self.device_queue: CudaStream | SimulatedDevice | None = None  # async scheduling's (launch)
+        self.kv_swap: KVSwapper | None = None  # host swap space (swap preemption)
         # Per-request rows that persist across steps; they grow past these sizes if needed.
         max_blocks = cdiv(config.max_model_len or 2048, self.block_size)
         self.input_batch = InputBatch(self.device, self.block_size, len(self.kv_pool.groups),
@@ -202,7 +205,13 @@ class ModelRunner:
         speculative verify within it gets a one-row step's bits); None: no such limit."""
         return native_decode.decoder_stack_rows(self.model)
 
+    def allocate_swap_space(self, num_slots: int) -> None:
+        """Host swap space for `num_slots` blocks of the allocated pool (0: none)."""
+        self.kv_swap = KVSwapper.for_pool(KVBlockCopier.from_pool(self.kv_pool), num_slots) \
+            if num_slots else None
+
     def release_kv_cache(self) -> None:
+        self.kv_swap = None  # its copier views the pool's tensors
         native_decode.unbind_decoder_stack(self.model)  # it holds the caches' addresses
         self.kv_pool.release(self.attention_layers)
         if self.device.type == "cuda":
@@ -312,7 +321,28 @@ class ModelRunner:
         if self.device_queue is None:
             self.device_queue = CudaStream(self.config.max_num_seqs) if self.device.type == "cuda" \
                 else SimulatedDevice()
-        return self.device_queue.launch(lambda: self._device_work(inputs, previous), step)
+        swaps = self._swaps(batch)
+
+        def work() -> DeviceOutcome:
+            if swaps is not None:  # on the queue: after the step before it, before this forward
+                self._copy_swaps(*swaps)
+            return self._device_work(inputs, previous)
+
+        return self.device_queue.launch(work, step)
+
+    def _swaps(self, batch: BatchPlan) -> tuple[int, list, list] | None:
+        """The batch's swap copies (step, out, in), or None: copied before its forward, after
+        the step before it (on the device queue's order), outside any graph."""
+        out, back = getattr(batch, "blocks_to_swap_out", None), getattr(batch, "blocks_to_swap_in", None)
+        if not out and not back:
+            return None
+        if self.kv_swap is None:
+            raise RuntimeError("the batch swaps KV blocks but the runner has no swap space")
+        return getattr(batch, "step", 0), list(out or ()), list(back or ())
+
+    @torch.inference_mode()
+    def _copy_swaps(self, step: int, out: list, back: list) -> None:
+        self.kv_swap.copy(step, out, back)
 
     def _device_work(self, inputs: StepInputs, previous: LaunchedStep | None) -> DeviceOutcome:
         with torch.inference_mode():
@@ -373,6 +403,9 @@ class ModelRunner:
         self._apply_cpu_threads()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
+        swaps = self._swaps(batch)
+        if swaps is not None:  # before the forward writes into blocks a swap-out released
+            self._copy_swaps(*swaps)
         hidden = self._forward(inputs)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         failures: dict[int, str] = {}

@@ -27,6 +27,7 @@ DEVICES = ("auto", "cuda", "cpu")
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "float16", "bfloat16")
 LOAD_FORMATS = ("auto", "dummy")
 BLOCK_SIZES = (8, 16, 32, 64, 128)
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
 @dataclass(slots=True)
@@ -66,6 +67,12 @@ class EngineConfig:
     # The host schedules and prepares step N+1 while the device runs step N (engine/core/
     # pipeline.py). None: on with CUDA, off on the CPU (one device does both).
     async_scheduling: bool | None = None
+    # A request preempted when the KV pool runs dry (engine/core/swap.py): "swap" copies its
+    # blocks to host swap space and back, "recompute" drops them, "auto" swaps one with at least
+    # SWAP_MIN_TOKENS computed tokens while the space has room. swap_space: GiB of host memory
+    # for swapped-out blocks (vLLM's), capped at half the memory free when the engine starts.
+    preemption_mode: str = "auto"
+    swap_space: float = 4.0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -117,6 +124,14 @@ class EngineConfig:
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.speculative_config is not None:
             SpeculativeConfig.from_dict(self.speculative_config)
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode must be one of {PREEMPTION_MODES}, "
+                             f"got {self.preemption_mode!r}")
+        if isinstance(self.swap_space, bool) or not isinstance(self.swap_space, int | float) \
+                or self.swap_space < 0:
+            raise ValueError(f"swap_space must be a number of GiB >= 0, got {self.swap_space!r}")
+        if self.preemption_mode == "swap" and self.swap_space == 0:
+            raise ValueError("preemption_mode='swap' needs swap space: set swap_space > 0 (GiB)")
         if self.trust_remote_code:
             raise ValueError(
                 "trust_remote_code is not supported: kvdeck runs only its own model implementations"

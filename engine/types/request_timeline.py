@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 # Phases of a request's life, in the order a plain one passes them.
 QUEUED, PREFILL, DECODE, PREEMPTED, FINISHED = "queued", "prefill", "decode", "preempted", "finished"
+SWAPPED = "swapped"  # preempted with its K/V copied to host swap space (a preemption of kind swap)
 
 
 @dataclass(slots=True)
@@ -33,6 +34,9 @@ class TimelineSnapshot:
     decode_runs: list[tuple[int, int, int]] = field(default_factory=list)
     # (when, step, the request that needed its blocks; "" when it was itself, the newest).
     preemptions: list[tuple[float, int, str]] = field(default_factory=list)
+    # The preemptions that swapped (the others recomputed): (step, bytes copied out, seconds
+    # its copies took, out and back in, as the runner timed its steps' copies).
+    swaps: list[tuple[int, int, float]] = field(default_factory=list)
     spec_verify_steps: int = 0  # speculative decoding: steps that verified drafts
     spec_drafted: int = 0
     spec_accepted: int = 0
@@ -54,7 +58,7 @@ def timeline_from_dict(data: dict) -> TimelineSnapshot:
     """The inverse of the JSON form (lists back into tuples; unknown keys ignored)."""
     names = set(TimelineSnapshot.__slots__)
     values = {key: value for key, value in data.items() if key in names}
-    for key in ("phases", "prefill_chunks", "decode_runs", "preemptions"):
+    for key in ("phases", "prefill_chunks", "decode_runs", "preemptions", "swaps"):
         values[key] = [tuple(item) for item in values.get(key, [])]
     if values.get("ttft") is not None:
         values["ttft"] = TTFTParts(**{k: v for k, v in values["ttft"].items()

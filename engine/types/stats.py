@@ -31,6 +31,10 @@ class RequestStats:
     # happened to it so far (engine/core/request_reason.py).
     reason: str = ""
     timeline: TimelineSnapshot | None = None
+    # Prompt tokens served from the prefix cache's host and disk tiers (num_cached_tokens
+    # counts the device pool's); what a swap cost is on its timeline (timeline.swaps).
+    num_host_cached_tokens: int = 0
+    num_disk_cached_tokens: int = 0
     lora_name: str | None = None  # the LoRA adapter it runs under (None: the base model)
 
 
@@ -79,6 +83,28 @@ class EngineStats:
     # Kernel variants the engine's process compiled (since start): the start-up warm-up's,
     # then any a batch needed later, each a stall of about a second on a GPU.
     kernel_compiles_total: int = 0
+    # KV tiers (docs/architecture/kv-tiers.md). Swap preemption's host swap space: blocks
+    # holding swapped-out K/V and its size, waiting requests swapped out, and (since start)
+    # requests swapped out and back in, the blocks they copied and the copies' seconds.
+    host_swap_blocks_used: int = 0
+    host_swap_blocks_total: int = 0
+    num_swapped: int = 0
+    swap_outs_total: int = 0
+    swap_ins_total: int = 0
+    swap_out_blocks_total: int = 0
+    swap_in_blocks_total: int = 0
+    swap_seconds_total: float = 0.0
+    # The prefix cache's host-memory and disk tiers (--kv-offload-gib, --kv-cache-dir): full
+    # blocks held and room for, and (since start) prompt tokens looked up in each tier (those
+    # the tiers above it missed) and found there.
+    host_cache_blocks: int = 0
+    host_cache_blocks_total: int = 0
+    disk_cache_blocks: int = 0
+    disk_cache_blocks_total: int = 0
+    host_cache_queries: int = 0
+    host_cache_hits: int = 0
+    disk_cache_queries: int = 0
+    disk_cache_hits: int = 0
 
 
 @dataclass(slots=True)
@@ -112,6 +138,7 @@ class StepTimings:
     model_s: float = 0.0
     update_s: float = 0.0
     frontend_s: float = 0.0  # filled in by a front-end in the same process (LLMEngine)
+    swap_s: float = 0.0  # of model_s: swap preemption's block copies (runner/kv_swap.py)
 
     def add(self, schedule: float, prepare: float, model: float, update: float) -> None:
         self.steps += 1

@@ -5,6 +5,7 @@ import torch
 
 from kvdeck.engine.runner.kv_block_copy import KVBlockCopier
 from kvdeck.engine.runner.kv_pool import KVPool
+from kvdeck.engine.runner.kv_swap import KVSwapper
 from kvdeck.engine.types.kv_groups import kv_cache_groups
 from kvdeck.kernels.reference.kv_quant import kv_cache_format
 
@@ -70,3 +71,18 @@ def test_bad_ids_and_layouts_are_refused():
     with pytest.raises(ValueError, match="another layout"):
         copier.scatter_blocks([0], other.gather_blocks([0]))
     assert copier.gather_blocks([]).num_blocks == 0
+
+
+def test_swap_copies_reuse_a_released_block_and_slot_in_the_same_step():
+    """kv_swap.py's order: a swap-out's device block may be the same step's swap-in target, and
+    a swap-in's host slot the same step's swap-out destination."""
+    pool = _pool("bfloat16")
+    swapper = KVSwapper.for_pool(KVBlockCopier.from_pool(pool), 4)
+    original = [t.clone() for t in _tensors(pool)]
+    swapper.copy(1, swap_out=[(2, 0)], swap_in=[])
+    swapper.copy(2, swap_out=[(5, 0)], swap_in=[(0, 5)])
+    swapper.copy(3, swap_out=[], swap_in=[(0, 9)])
+    for old, new in zip(original, _tensors(pool), strict=True):
+        assert torch.equal(new[5], old[2]) and torch.equal(new[9], old[5])
+    assert swapper.blocks_out == 2 and swapper.blocks_in == 2
+    assert swapper.take_times(2).out_s > 0 and swapper.take_times(2) is None
