@@ -4,7 +4,7 @@
 (engine_flags.py holds the engine's flags, serve_flags.py the server's; parse_errors.py makes
 the errors name the wrong word); subcommands come from the modules in
 SUBCOMMANDS (models.py: pull, models, rm; gguf.py: import; quantize.py: quantize, eval-ppl;
-bench.py; attach.py), each exposing
+bench.py; attach.py; plan.py), each exposing
 `COMMANDS: dict[name, (add_arguments(parser), run(args) -> int)]` and calling into the
 layer that does the work (the store, the jobs, the quantiser, the bench runners, the TUI).
 A module is imported only when its command is on the command line (`kvdeck --help` imports
@@ -35,6 +35,9 @@ SUBCOMMANDS = {  # name: (module, help)
               "benchmark throughput, serving latency or decode against the roofline"),
     "attach": ("kvdeck.app.cli.attach",
                "open the TUI on running servers (kvdeck --serve, vLLM): chat and dashboard"),
+    "plan": ("kvdeck.app.cli.plan",
+             "capacity planner: the real scheduler in simulated time on a recording or synthetic "
+             "users, for other block sizes, pools (--gpu), KV dtypes and limits"),
 }
 
 
