@@ -14,11 +14,12 @@ import torch
 
 from kvdeck.kernels.cpu.ops import TORCH_OPS
 from kvdeck.kernels.ops import KERNEL_BACKENDS, KernelOps
+from kvdeck.kernels.reference.lora import lora_linear_delta as lora_linear_delta_torch
 from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
 
-__all__ = ["TORCH_OPS", "W4A16_KERNELS", "KernelOps", "select_ops", "triton_interpreter_enabled",
-           "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
+__all__ = ["TORCH_OPS", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "select_ops",
+           "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
 
 # KVDECK_W4A16_KERNEL: `awq`, the split-K GEMM on AutoAWQ's layout (kernels/triton/w4a16_gemm.py);
 # `marlin`, the layers repacked at load for kernels/triton/w4a16_marlin.py; `auto`, W4A16_AUTO.
@@ -88,3 +89,15 @@ def w4a16_gemm_repacked(x: torch.Tensor, weight: RepackedW4, bias: torch.Tensor 
     from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
 
     return w4a16_gemm_marlin(x, weight, bias)
+
+
+def lora_linear_delta(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
+                      rank: int, backend: str = "auto") -> torch.Tensor:
+    """out += each adapter row's LoRA delta (shrink, then expand; contract
+    kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere."""
+    if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
+        return lora_linear_delta_torch(x, out, a, b, rows, row_slots, output_sizes, rank)
+    from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+
+    return lora_linear_delta_triton(x, out, a, b, rows, row_slots, output_sizes, rank)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from kvdeck.engine.core.request import NO_BLOCK, Request
 from kvdeck.engine.types.arith import cdiv
+from kvdeck.engine.types.lora import lora_cache_key
 
 _ROOT_HASH = -1
 # The same tokens rotated with LongRoPE's long factors differ. (Not -2: hash(-1) == -2.)
@@ -47,7 +48,10 @@ class CachedPrefix:
 
 
 def _root_hash(request: Request) -> int:
-    return _LONG_ROPE_ROOT_HASH if request.long_rope else _ROOT_HASH
+    root = _LONG_ROPE_ROOT_HASH if request.long_rope else _ROOT_HASH
+    # K/V computed under a LoRA adapter are not the base's: its blocks chain from a root of its own.
+    lora = getattr(request, "lora_request", None)
+    return root if lora is None else hash((root, lora_cache_key(lora)))
 
 
 def chain_hash(parent_hash: int, token_ids: tuple[int, ...]) -> int:

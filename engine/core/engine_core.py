@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
+from kvdeck.engine.core.lora_admission import LoRAAdmission
 from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus, token_output
 from kvdeck.engine.core.request_reason import add_extras, describe_requests
@@ -36,6 +37,7 @@ from kvdeck.engine.types.wire import EngineCoreOutput, EngineCoreRequest, Engine
 
 if TYPE_CHECKING:
     from kvdeck.engine.grammar.matchers import GrammarManager
+    from kvdeck.engine.runner.lora.manager import LoRAManager
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +75,8 @@ class EngineCore:
                                    self.model_config.long_rope_from,
                                    speculative=self.config.speculative_config is not None,
                                    swap=build_swap_space(self.config, self.runner, self.block_manager))
+        if self.config.enable_lora:  # a step holds at most max_loras adapters (the runner's slots)
+            self.scheduler.lora_admission = LoRAAdmission(self.config.max_loras)
         eos = set(self.model_config.eos_token_ids) | _generation_eos(self.model_dir)
         self.default_eos_token_ids = eos
         self.limits = RequestLimits(self.max_model_len, self.model_config.vocab_size)
@@ -162,11 +166,8 @@ class EngineCore:
     def list_loras(self) -> list[int]:
         return self._lora().list() if self.config.enable_lora else []
 
-    def _lora(self):
-        lora = getattr(self.runner, "lora", None)
-        if lora is None:
-            raise ValueError("LoRA adapters are not available in this build of the engine yet")
-        return lora
+    def _lora(self) -> "LoRAManager":
+        return self.runner.lora  # set whenever enable_lora is (check_lora_request ran first)
 
     def call_utility(self, method: str, args: tuple) -> object:
         """A client's UtilityCall (engine/types/wire.py), by name."""

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from kvdeck.engine.core.block_manager import BlockManager
+from kvdeck.engine.core.lora_admission import LoRAAdmission
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.swap import SwapSpace
 from kvdeck.engine.runner.batch import PLACEHOLDER
@@ -77,6 +78,7 @@ class ScheduledBatch:
 
 
 class Scheduler:
+    lora_admission: LoRAAdmission | None = None  # multi-LoRA: set by the engine with enable_lora
     def __init__(
         self,
         block_manager: BlockManager,
@@ -196,6 +198,9 @@ class Scheduler:
             request = self.waiting[0]
             if request.waiting_for_grammar:
                 compiling.append(self.waiting.popleft())
+                continue
+            if self.lora_admission is not None and not self.lora_admission.admits(request, self.running):
+                compiling.append(self.waiting.popleft())  # max_loras adapters run: it keeps its place
                 continue
             if request.status is RequestStatus.SWAPPED:
                 resumed = self._resume_swapped(request, batch, budget)

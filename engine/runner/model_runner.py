@@ -25,6 +25,7 @@ from kvdeck.engine.runner.kv_block_copy import KVBlockCopier
 from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.kv_swap import KVSwapper
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
+from kvdeck.engine.runner.lora.manager import LoRAManager
 from kvdeck.engine.runner.models import model_class_for, native_decode
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
@@ -73,6 +74,10 @@ class ModelRunner:
                               model_config.num_key_value_heads, model_config.head_dim)
         progress("loading", f"loading weights from {model_dir}")
         self.model = self._build_model(model_dir)
+        # Multi-LoRA: adapter slots on every projection adapters target (engine/runner/lora/).
+        self.lora = LoRAManager(self.model, config.max_loras, config.max_lora_rank, config.cpu_loras,
+                                self.dtype, self.device, config.attention_backend) \
+            if config.enable_lora else None
         self.sampler = Sampler(self.device, config.seed)
         self.rejection = RejectionSampler(self.sampler)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
@@ -307,7 +312,10 @@ class ModelRunner:
     # ---- one step ------------------------------------------------------------------
     def prepare_inputs(self, batch: BatchPlan, previous: dict[str, int] | None = None) -> StepInputs:
         """Pack the batch into flat tensors on the device (input_batch.py)."""
-        return self.input_batch.prepare(batch, previous)
+        inputs = self.input_batch.prepare(batch, previous)
+        if self.lora is not None:
+            inputs.lora = self.lora.plan(batch.requests, batch.num_new_tokens)
+        return inputs
 
     def launch(self, batch: BatchPlan, previous: LaunchedStep | None = None) -> LaunchedStep:
         """Async scheduling: pack the batch and hand its forward and sampling to the device
@@ -383,6 +391,8 @@ class ModelRunner:
                 torch.set_num_threads(threads)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        if inputs.lora is not None:  # adapter rows: the Python forward, eager (no graphs, no native stack)
+            return self.lora.forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, inputs.lora)
         graphs = self.decode_graphs
         if (graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0])
                 and not native_decode.decoder_stack_takes(self.model, inputs.input_ids)):

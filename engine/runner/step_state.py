@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 import torch
 
 from kvdeck.engine.runner.batch import ScheduledSequence
+from kvdeck.engine.runner.lora.manager import LoRAStepPlan
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.runner.sampler import SampleResult
 
@@ -23,6 +24,8 @@ class StepInputs:
     spec_rows: list[int] = field(default_factory=list)
     spec_requests: list[ScheduledSequence] = field(default_factory=list)
     spec_batch_index: list[int] = field(default_factory=list)
+    # Multi-LoRA: the step's adapter per token (engine/runner/lora/manager.py); None: base rows only.
+    lora: "LoRAStepPlan | None" = None
     # A decode graph's output head: (logits, greedy tokens) of every row, when it made them.
     graph_logits: tuple[torch.Tensor, torch.Tensor] | None = None
     # Async scheduling: input_ids[placeholder_dst] <- the step in flight's samples[placeholder_src].

@@ -35,6 +35,8 @@ class LinearMethod(Protocol):
 class Linear(nn.Module):
     """y = x W^T (+ b), with W made of `output_sizes` shards stacked on the output dim."""
 
+    lora = None  # LoRA adapters' slots (engine/runner/lora/slots.py), set with enable_lora
+
     def __init__(
         self,
         input_size: int,
@@ -63,6 +65,8 @@ class Linear(nn.Module):
         self.method.load_weight(self, param_name, tensor, shard_id)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.lora is not None:  # the step's adapter rows add their deltas
+            return self.lora.apply(x, self.method.apply(self, x))
         return self.method.apply(self, x)
 
 

@@ -1,0 +1,196 @@
+"""Multi-LoRA in the runner: adapters checked and kept on the host (an LRU of max_cpu_loras),
+loaded into max_loras device slots as steps need them, and each step's per-token slot.
+
+- `add(request)` (the core calls it when a request names an adapter, and for add_lora)
+  reads and checks the folder; every check runs before a weight is read.
+- `plan(batch)` (packing a step) says which adapter each token uses; None for a step of base
+  rows only, which then runs as it would without LoRA (decode graphs, the CPU decoder stack).
+- `forward(model, inputs)` (running a step with adapter rows) puts the step's adapters in
+  slots (evicting the least recently used slot no row of this step needs), sets the per-row
+  slots every `LinearSlots` reads, and runs the model's Python forward eagerly.
+The scheduler keeps the distinct adapters of a step at most max_loras, so slots never run out.
+"""
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from kvdeck.engine.runner.lora.adapter import HostAdapter, LoRATarget, load_adapter, model_targets
+from kvdeck.engine.runner.lora.slots import LinearSlots, LoRAContext, LoRAStep
+from kvdeck.engine.runner.models.linear import Linear
+from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
+
+
+@dataclass(slots=True)
+class LoRAStepPlan:
+    """A step's adapters: each token's adapter id (0: the base) and the adapters by id."""
+
+    token_ids: np.ndarray  # int64 [num_tokens]
+    adapters: dict[int, LoRARequest]
+
+
+class LoRAManager:
+    def __init__(self, model: nn.Module, max_loras: int, max_rank: int, max_cpu_loras: int,
+                 dtype: torch.dtype, device: torch.device, backend: str = "auto") -> None:
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        if layers is None or not len(layers):
+            raise ValueError(f"enable_lora: {type(model).__name__} has no decoder layers kvdeck can "
+                             "apply adapters to")
+        self.targets: dict[str, LoRATarget] = model_targets(layers[0], getattr(model, "packed_modules", {}))
+        if not self.targets:
+            raise ValueError(f"enable_lora: {type(model).__name__} has none of the projections LoRA "
+                             "adapters target")
+        self.num_layers = len(layers)
+        self.max_loras = max_loras
+        self.max_rank = max_rank
+        self.max_cpu_loras = max_cpu_loras
+        self.dtype = dtype
+        self.device = device
+        self.backend = backend
+        self.context = LoRAContext()
+        # Per layer: linear path -> its slots (attached to the Linear as `lora`).
+        self.layer_slots: list[dict[str, LinearSlots]] = []
+        for layer in layers:
+            slots = {}
+            for path in {target.linear for target in self.targets.values()}:
+                linear: Linear = layer.get_submodule(path)
+                slots[path] = linear.lora = LinearSlots(self.context, max_loras, max_rank, linear.input_size,
+                                                        linear.output_sizes, dtype, device)
+            self.layer_slots.append(slots)
+        self.host: OrderedDict[int, HostAdapter] = OrderedDict()  # LRU, newest last
+        self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU, newest last
+        self.rank_of: dict[int, int] = {}  # adapter id -> its rank (slotted adapters)
+        self.free_slots = list(range(max_loras))
+        self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
+
+    # ---- the host copies ---------------------------------------------------------------
+    def add(self, request: LoRARequest) -> bool:
+        """Check and keep `request`'s adapter on the host; False if it is held already.
+        ValueError naming the problem (nothing kept) for a bad adapter or an id in use by
+        another adapter."""
+        with self._lock:
+            held = self.host.get(request.lora_int_id)
+            if held is not None:
+                _check_same(held.request, request)
+                self.host.move_to_end(request.lora_int_id)
+                return False
+        adapter = self._read(request)  # outside the lock: it reads the file
+        with self._lock:
+            self.host[request.lora_int_id] = adapter
+            self.host.move_to_end(request.lora_int_id)
+            while len(self.host) > self.max_cpu_loras:
+                self.host.popitem(last=False)
+        return True
+
+    def remove(self, lora_int_id: int) -> bool:
+        """Forget an adapter's host copy and slot; whether it was held. A request still using
+        it has its own LoRARequest: its next step reloads it from the folder."""
+        with self._lock:
+            held = self.host.pop(lora_int_id, None) is not None
+            slot = self.slot_of.pop(lora_int_id, None)
+            if slot is not None:
+                self.rank_of.pop(lora_int_id, None)
+                self.free_slots.append(slot)
+            return held or slot is not None
+
+    def list(self) -> list[int]:
+        with self._lock:
+            return sorted(self.host)
+
+    def _read(self, request: LoRARequest) -> HostAdapter:
+        info = read_adapter_info(request.lora_path)
+        return load_adapter(request, info, self.targets, self.num_layers, self.max_rank, self.dtype)
+
+    # ---- a step ------------------------------------------------------------------------
+    def plan(self, requests: Sequence, num_new_tokens: Sequence[int]) -> LoRAStepPlan | None:
+        """Each token's adapter for a step whose tokens are laid out request by request, or
+        None when no request of the step has one."""
+        adapters: dict[int, LoRARequest] = {}
+        ids = []
+        for request in requests:
+            lora = getattr(request, "lora_request", None)  # a draft's sequences have none
+            if lora is None:
+                ids.append(0)
+            else:
+                ids.append(lora.lora_int_id)
+                adapters[lora.lora_int_id] = lora
+        if not adapters:
+            return None
+        return LoRAStepPlan(np.repeat(np.asarray(ids, dtype=np.int64), np.asarray(num_new_tokens)), adapters)
+
+    def forward(self, model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, meta,
+                plan: LoRAStepPlan) -> torch.Tensor:
+        """Run the model for a step with adapter rows: the Python forward, eager."""
+        slot_table = self._slots_for(plan.adapters)
+        rows = np.flatnonzero(plan.token_ids)
+        row_slots = np.asarray([slot_table[i] for i in plan.token_ids[rows].tolist()], dtype=np.int64)
+        every_row = rows.size == plan.token_ids.size
+        self.context.step = LoRAStep(
+            None if every_row else torch.from_numpy(rows).to(self.device),
+            torch.from_numpy(row_slots).to(self.device),
+            max(self.rank_of[i] for i in plan.adapters), self.backend)
+        inner = model.model
+        stack, inner.decoder_stack = getattr(inner, "decoder_stack", None), None  # it cannot apply them
+        try:
+            return model(input_ids, positions, meta)
+        finally:
+            self.context.step = None
+            if stack is not None:
+                inner.decoder_stack = stack
+
+    def _slots_for(self, adapters: dict[int, LoRARequest]) -> dict[int, int]:
+        """Adapter id -> slot for the step's adapters, loading those not in a slot."""
+        with self._lock:
+            table = {}
+            for lora_int_id, request in adapters.items():
+                slot = self.slot_of.get(lora_int_id)
+                if slot is None:
+                    slot = self._take_slot(adapters)
+                    adapter = self._host_copy(request)
+                    self._load_slot(slot, adapter)
+                    self.slot_of[lora_int_id] = slot
+                    self.rank_of[lora_int_id] = adapter.rank
+                self.slot_of.move_to_end(lora_int_id)
+                table[lora_int_id] = slot
+            return table
+
+    def _take_slot(self, needed: dict[int, LoRARequest]) -> int:
+        if self.free_slots:
+            return self.free_slots.pop()
+        for lora_int_id, slot in self.slot_of.items():  # least recently used first
+            if lora_int_id not in needed:
+                del self.slot_of[lora_int_id]
+                self.rank_of.pop(lora_int_id, None)
+                return slot
+        raise RuntimeError(f"a step needs {len(needed)} LoRA adapters, more than max_loras "
+                           f"({self.max_loras}) slots")
+
+    def _host_copy(self, request: LoRARequest) -> HostAdapter:
+        """The adapter's host copy, read again if the LRU dropped it."""
+        adapter = self.host.get(request.lora_int_id)
+        if adapter is None:
+            adapter = self.host[request.lora_int_id] = self._read(request)
+            while len(self.host) > self.max_cpu_loras:
+                self.host.popitem(last=False)
+        self.host.move_to_end(request.lora_int_id)
+        return adapter
+
+    def _load_slot(self, slot: int, adapter: HostAdapter) -> None:
+        for layer_slots in self.layer_slots:
+            for linear_slots in layer_slots.values():
+                linear_slots.clear(slot)
+        for (layer, module), (a, b) in adapter.weights.items():
+            target = self.targets[module]
+            self.layer_slots[layer][target.linear].load(slot, target.slice, a.to(self.device),
+                                                         b.to(self.device))
+
+
+def _check_same(held: LoRARequest, asked: LoRARequest) -> None:
+    if (held.lora_name, held.lora_path) != (asked.lora_name, asked.lora_path):
+        raise ValueError(f"lora_int_id {asked.lora_int_id} is already adapter {held.lora_name!r} "
+                         f"({held.lora_path}); remove it first or use another id")

@@ -1,0 +1,62 @@
+"""The device slots of one linear layer: every loaded adapter's A and B for its fused slices,
+in tensors of fixed shape, and the step's delta added to the layer's output.
+
+`Linear.forward` calls `apply(x, out)` when the layer has slots (`Linear.lora`). The step
+(which rows use which slot) is the manager's `LoRAContext`, shared by every layer; outside
+a step with adapter rows it is None and the layer costs one attribute read.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from kvdeck.kernels.dispatch import lora_linear_delta
+
+
+@dataclass(slots=True)
+class LoRAStep:
+    """Which rows of this step's tokens use an adapter, and its slot."""
+
+    rows: torch.Tensor | None  # int64 [L]: the token rows with an adapter (None: every row)
+    row_slots: torch.Tensor  # int64 [L]: each one's slot
+    rank: int  # the largest rank among the step's adapters
+    backend: str  # the kernels' backend (auto | triton | torch)
+
+
+@dataclass(slots=True)
+class LoRAContext:
+    step: LoRAStep | None = None
+
+
+class LinearSlots:
+    """A [slots, n * R, in] and B [slots, out, R] (R: max_lora_rank) of one fused linear."""
+
+    __slots__ = ("context", "output_sizes", "offsets", "max_rank", "a", "b")
+
+    def __init__(self, context: LoRAContext, num_slots: int, max_rank: int, in_size: int,
+                 output_sizes: list[int], dtype: torch.dtype, device: torch.device) -> None:
+        self.context = context
+        self.output_sizes = list(output_sizes)
+        self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
+        self.max_rank = max_rank
+        self.a = torch.zeros(num_slots, len(output_sizes) * max_rank, in_size, dtype=dtype, device=device)
+        self.b = torch.zeros(num_slots, sum(output_sizes), max_rank, dtype=dtype, device=device)
+
+    def clear(self, slot: int) -> None:
+        self.a[slot].zero_()
+        self.b[slot].zero_()
+
+    def load(self, slot: int, index: int, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Slice `index`'s A [r, in] and B [out_index, r] into `slot` (the rest stays zero)."""
+        rank = a.shape[0]
+        start = index * self.max_rank
+        self.a[slot, start : start + rank].copy_(a, non_blocking=True)
+        offset = self.offsets[index]
+        self.b[slot, offset : offset + self.output_sizes[index], :rank].copy_(b, non_blocking=True)
+
+    def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        step = self.context.step
+        if step is None:
+            return out
+        return lora_linear_delta(x, out, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
+                                 step.rank, step.backend)

@@ -1,0 +1,121 @@
+"""Triton LoRA shrink/expand (Punica's BGMV, as vLLM's punica kernels): one program per
+adapter row (and fused slice, and block of outputs) reads its slot's A or B, so rows of
+different adapters share one launch and base rows are not launched at all. Same contract
+as kernels/reference/lora.py (slot layout, `rows`, `row_slots`, `rank`); sums in fp32.
+Import through `kernels.dispatch.lora_linear_delta`.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from kvdeck.kernels.triton.launch import jit, launch
+
+_BLOCK_K = 64  # input columns a shrink program reads at a time
+_BLOCK_N = 64  # output columns an expand program writes
+
+
+@jit(do_not_specialize=("num_rows",))
+def _lora_shrink_kernel(
+    x_ptr, a_ptr, rows_ptr, slots_ptr, h_ptr,
+    num_rows, in_size, rank, padded_rank, stride_x, stride_a_slot, stride_a_rank, stride_h,
+    HAS_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    j = tl.program_id(0)
+    piece = tl.program_id(1)  # the fused slice
+    if HAS_ROWS:
+        token = tl.load(rows_ptr + j).to(tl.int64)
+    else:
+        token = j.to(tl.int64)
+    slot = tl.load(slots_ptr + j).to(tl.int64)
+    r = tl.arange(0, BLOCK_R)
+    a_rows = a_ptr + slot * stride_a_slot + (piece * padded_rank + r).to(tl.int64)[:, None] * stride_a_rank
+    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, in_size, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        xk = tl.load(x_ptr + token * stride_x + k, mask=k < in_size, other=0.0).to(tl.float32)
+        w = tl.load(a_rows + k[None, :], mask=(r[:, None] < rank) & (k[None, :] < in_size),
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * xk[None, :], axis=1)
+    tl.store(h_ptr + j.to(tl.int64) * stride_h + piece * rank + r, acc, mask=r < rank)
+
+
+@jit(do_not_specialize=("num_rows",))
+def _lora_expand_kernel(
+    h_ptr, b_ptr, rows_ptr, slots_ptr, out_ptr, offsets_ptr, sizes_ptr,
+    num_rows, rank, stride_h, stride_b_slot, stride_b_out, stride_out,
+    HAS_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    j = tl.program_id(0)
+    piece = tl.program_id(1)
+    n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_ROWS:
+        token = tl.load(rows_ptr + j).to(tl.int64)
+    else:
+        token = j.to(tl.int64)
+    slot = tl.load(slots_ptr + j).to(tl.int64)
+    offset = tl.load(offsets_ptr + piece)
+    size = tl.load(sizes_ptr + piece)
+    r = tl.arange(0, BLOCK_R)
+    hv = tl.load(h_ptr + j.to(tl.int64) * stride_h + piece * rank + r, mask=r < rank, other=0.0)
+    w = tl.load(b_ptr + slot * stride_b_slot + (offset + n).to(tl.int64)[:, None] * stride_b_out + r[None, :],
+                mask=(n[:, None] < size) & (r[None, :] < rank), other=0.0).to(tl.float32)
+    delta = tl.sum(w * hv[None, :], axis=1)
+    # Each (row, column) belongs to one program: a plain read-add-write.
+    ptrs = out_ptr + token * stride_out + offset + n
+    mask = n < size
+    current = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (current + delta).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_SLICES: dict[tuple[tuple[int, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _slices(output_sizes: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    key = (tuple(output_sizes), device)
+    if key not in _SLICES:
+        offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
+        _SLICES[key] = (torch.tensor(offsets, dtype=torch.int32, device=device),
+                        torch.tensor(output_sizes, dtype=torch.int32, device=device))
+    return _SLICES[key]
+
+
+def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor,
+                       num_slices: int, rank: int) -> torch.Tensor:
+    """h [L, n * rank] in fp32 (kernels/reference/lora.py's lora_shrink)."""
+    num_rows = row_slots.shape[0]
+    h = torch.empty(num_rows, num_slices * rank, dtype=torch.float32, device=x.device)
+    if num_rows == 0:
+        return h
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    launch(_lora_shrink_kernel, (num_rows, num_slices),
+           x, a, rows if rows is not None else row_slots, row_slots, h,
+           num_rows, x.shape[1], rank, a.shape[1] // num_slices, x.stride(0), a.stride(0), a.stride(1),
+           h.stride(0), HAS_ROWS=rows is not None, BLOCK_R=max(2, triton.next_power_of_2(rank)),
+           BLOCK_K=_BLOCK_K)
+    return h
+
+
+def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None,
+                       row_slots: torch.Tensor, output_sizes: list[int], rank: int) -> torch.Tensor:
+    """out[rows, slices] += B @ h, in place (kernels/reference/lora.py's lora_expand)."""
+    num_rows = row_slots.shape[0]
+    if num_rows == 0:
+        return out
+    if out.stride(-1) != 1:
+        raise ValueError("lora_expand_triton writes rows of a tensor whose last dim is contiguous")
+    offsets, sizes = _slices(output_sizes, out.device)
+    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), _BLOCK_N))
+    launch(_lora_expand_kernel, grid,
+           h, b, rows if rows is not None else row_slots, row_slots, out, offsets, sizes,
+           num_rows, rank, h.stride(0), b.stride(0), b.stride(1), out.stride(0),
+           HAS_ROWS=rows is not None, BLOCK_R=max(2, triton.next_power_of_2(rank)), BLOCK_N=_BLOCK_N)
+    return out
+
+
+def lora_linear_delta_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                             rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
+                             rank: int) -> torch.Tensor:
+    h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank)
+    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank)
