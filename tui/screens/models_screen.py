@@ -25,6 +25,7 @@ from kvdeck.app.jobs.compare import check_eval_text, heldout_text_for
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.jobs.quantize_estimate import quantize_choices, start_probe
 from kvdeck.app.store import local_models, paths
+from kvdeck.app.store.adapter_folders import find_adapters
 from kvdeck.app.store.cpu_plan import CpuFeatures
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError
@@ -41,6 +42,7 @@ from kvdeck.tui.screens.path_prompt import PathPromptScreen
 from kvdeck.tui.screens.quantize_dialog import ProbeFactory, QuantizeChoice, QuantizeDialog
 from kvdeck.tui.widgets.model_tables import (
     PENDING_PREFIX,
+    AdaptersTable,
     LocalModelsTable,
     MemoryBudget,
     RecommendedTable,
@@ -81,6 +83,7 @@ class ModelsScreen(Screen):
     ModelsScreen #fits-note { height: auto; padding: 0 1; color: $text-muted; }
     ModelsScreen LocalModelsTable { height: 1fr; min-height: 4; }
     ModelsScreen RecommendedTable { height: 1fr; min-height: 4; }
+    ModelsScreen AdaptersTable { height: auto; max-height: 6; }
     ModelsScreen #pull-row { height: 3; }
     ModelsScreen #repo-input { width: 1fr; }
     """
@@ -114,6 +117,9 @@ class ModelsScreen(Screen):
         yield Static("", id="models-title")
         yield Label("Local models (l load · a quantise · e compare · x delete)", classes="section")
         yield LocalModelsTable(id="local-models")
+        yield Label("LoRA adapters beside the models (serve with --enable-lora; the chat "
+                    "settings pick one)", classes="section", id="adapters-title")
+        yield AdaptersTable(id="adapters")
         yield Label("Recommended (p downloads the selected row)", classes="section")
         yield Static("", id="fits-note")
         yield RecommendedTable(id="recommended")
@@ -192,6 +198,10 @@ class ModelsScreen(Screen):
         self.query_one(LocalModelsTable).show(self.models, pending, budget, self.context_tokens,
                                               loaded)
         self.query_one(RecommendedTable).show(RECOMMENDED, budget, self.context_tokens)
+        adapters = find_adapters(self.models)
+        self.query_one(AdaptersTable).show(adapters)
+        for widget in (self.query_one(AdaptersTable), self.query_one("#adapters-title")):
+            widget.display = bool(adapters)  # no empty section for those who use none
         self.query_one("#fits-note", Static).update(budget.explain(self.context_tokens))
         self.query_one("#models-title", Static).update(
             f"Models · disk free {format_bytes(local_models.free_disk_bytes())}"

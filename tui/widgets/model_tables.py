@@ -15,6 +15,7 @@ from rich.text import Text
 from textual.binding import Binding
 from textual.widgets import DataTable
 
+from kvdeck.app.store.adapter_folders import AdapterFolder
 from kvdeck.app.store.cpu_plan import SHORT_DTYPES, CpuFeatures, cpu_features
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError, read_config
@@ -179,4 +180,29 @@ class RecommendedTable(_KeyedTable):
             self.add_row(r.repo_id, format_params(num_parameters(r.arch)), r.quantization or "-",
                          format_bytes(est.weight_bytes), format_bytes(est.model_bytes),
                          budget.fits(est), "gated" if r.gated else "", key=r.repo_id)  # fmt: skip
+        self.select_key(keep)
+
+
+class AdaptersTable(_KeyedTable):
+    """LoRA adapter folders found beside the models (app/store/adapter_folders.py), keyed by
+    path: the model each was trained on, its rank and layers, or why it cannot be served."""
+
+    COLUMNS = ("Adapter", "Base model", "Rank", "Targets", "Folder")
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.add_columns(*self.COLUMNS)
+
+    def show(self, adapters: list[AdapterFolder]) -> None:
+        keep = self.selected_key()
+        self.clear()
+        for a in adapters:
+            base = Text(a.base_model) if a.base_model else Text(a.base or "?", style="dim")
+            if a.problem is not None:
+                self.add_row(a.name, "", "", Text(a.problem, style="red"), str(a.path),
+                             key=str(a.path))
+                continue
+            self.add_row(a.name, base, str(a.rank), ",".join(t.removesuffix("_proj")
+                                                              for t in a.target_modules),
+                         str(a.path), key=str(a.path))
         self.select_key(keep)
