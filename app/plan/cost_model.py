@@ -93,16 +93,12 @@ class FittedCostModel(CostModel):
                              f"cost model (need {len(FEATURES)}); record a longer session")
         x = np.array([s.shape.features() for s in samples], dtype=np.float64)
         y = np.array([s.seconds for s in samples], dtype=np.float64)
-        w = 1.0 / np.maximum(y, 1e-6)  # relative errors: short decode steps count as much
-        # Features that never vary are the fixed cost's (or absent): left out.
-        active = [i for i in range(x.shape[1]) if i == 0 or np.ptp(x[:, i]) > 0]
-        coef = np.zeros(x.shape[1])
-        while active:
-            sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
-            if (sol >= 0).all():
-                coef[active] = sol
-                break
-            active.pop(int(np.argmin(sol)))  # the most negative goes; refit the rest
+        coef = _nnls(x, y)
+        # Once more without the outliers (a first step's warm-up, a step the OS descheduled).
+        rel = np.abs(np.maximum(x @ coef, 0.0) - y) / np.maximum(y, 1e-9)
+        keep = rel <= max(5 * float(np.median(rel)), 0.05)
+        if keep.sum() >= len(FEATURES) and not keep.all():
+            coef = _nnls(x[keep], y[keep])
         predicted = np.maximum(x @ coef, 0.0)
         rel = np.abs(predicted - y) / np.maximum(y, 1e-9)
         model = cls(coef.tolist(), float(np.median(rel)), float(math.sqrt(np.mean((predicted - y) ** 2))),
@@ -111,6 +107,29 @@ class FittedCostModel(CostModel):
         model.description = (f"fitted to {len(samples)} steps of {source} ({terms}); median error "
                              f"{model.fit_error:.1%}")
         return model
+
+    def with_host_overhead(self, seconds: float, why: str) -> "FittedCostModel":
+        """The same model plus a fixed cost per step the fitted times did not include."""
+        coefficients = list(self.coefficients)
+        coefficients[0] += seconds
+        return FittedCostModel(coefficients, self.fit_error, self.fit_rms_s, self.num_samples,
+                               f"{self.description}; + {seconds * 1e3:.3g} ms a step {why}")
+
+
+def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares in relative terms with non-negative coefficients: a feature whose
+    coefficient comes out negative is dropped (the most negative first) and the rest refit."""
+    w = 1.0 / np.maximum(y, 1e-6)  # relative errors: short decode steps count as much
+    # Features that never vary are the fixed cost's (or absent): left out.
+    active = [i for i in range(x.shape[1]) if i == 0 or np.ptp(x[:, i]) > 0]
+    coef = np.zeros(x.shape[1])
+    while active:
+        sol, *_ = np.linalg.lstsq(x[:, active] * w[:, None], y * w, rcond=None)
+        if (sol >= 0).all():
+            coef[active] = sol
+            break
+        active.pop(int(np.argmin(sol)))  # the most negative goes; refit the rest
+    return coef
 
 
 @dataclass(slots=True)

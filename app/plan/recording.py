@@ -37,7 +37,8 @@ class RecordedSession:
         return [
             Comparison("TTFT p50 (s)", self.ttft_p50_s, percentile(ttfts, 50), TTFT_TOLERANCE),
             Comparison("ITL p50 (s)", self.itl_p50_s, percentile(gaps, 50), ITL_TOLERANCE),
-            Comparison("peak KV blocks", self.peak_blocks, result.peak_blocks, 0),
+            # Snapshots are taken between steps: compared with the simulation's between steps.
+            Comparison("peak KV blocks", self.peak_blocks, result.peak_blocks_after_step, 0),
             Comparison("preemptions", self.num_preemptions, result.num_preemptions, None),
             Comparison("steps", self.num_steps, result.num_steps, None),
         ]
@@ -65,13 +66,20 @@ def load_session(path: str) -> RecordedSession:
         steps = recording.steps()
         latencies = recording.latencies()
     notes: list[str] = []
-    requests = _requests(finished, shape.vocab_size, notes)
+    requests, t0 = _requests(finished, shape.vocab_size, notes)
     if not requests:
         raise ValueError(f"{path}: the recording holds no finished requests with arrival times")
+    # The engine's first step began after the requests that came before it had arrived.
+    first = steps[0] if steps else None
+    start_s = max(0.0, first.t - (first.duration_s or 0.0) - t0) if first is not None else 0.0
     samples = [StepSample(StepShape(s.num_seqs, s.decode_tokens, s.prefill_tokens, 0), s.duration_s)
                for s in steps if s.duration_s and s.num_seqs is not None
                and s.prefill_tokens is not None and s.decode_tokens is not None]
     cost = FittedCostModel.fit(samples, f"the recording {path}")
+    overhead = _host_overhead(steps)
+    if overhead is not None:
+        cost = cost.with_host_overhead(overhead, "(schedule, update, front-end: the recorded step "
+                                                 "rate less the steps' device times)")
     ttfts = [r.timeline.ttft.total_s for r in finished if r.timeline is not None
              and r.timeline.ttft is not None]
     itls = [seconds for kind, _, seconds in latencies if kind == "itl"]
@@ -79,12 +87,30 @@ def load_session(path: str) -> RecordedSession:
         itls = _mean_itls(finished)
         notes.append("ITL p50 recorded: each request's mean gap (the file has no ITL samples)")
     peak = max((s.num_blocks - s.num_free_blocks for s in snapshots), default=None)
-    notes.append(f"recorded peak KV blocks: the fullest of {len(snapshots)} snapshots")
+    notes.append(f"peak KV blocks: the fullest of the recording's {len(snapshots)} snapshots, and "
+                 "of the simulation's states between steps (the table's peak is within a step)")
     last = snapshots[-1] if snapshots else None
     return RecordedSession(
-        path, engine, shape, FixedWorkload(requests, f"recorded: {len(requests)} requests from {path}"),
+        path, engine, shape,
+        FixedWorkload(requests, f"recorded: {len(requests)} requests from {path}", start_s),
         cost, percentile(ttfts, 50), percentile(itls, 50), peak,
         last.num_preemptions if last else None, last.num_steps if last else None, notes)
+
+
+def _host_overhead(steps: list) -> float | None:
+    """What a step costs beyond its recorded duration (the runner's prepare, forward and
+    sampling): the median of (time since the previous step was seen - duration) over the
+    steps that say both, the previous seen just before (a gap after idling is no step's)."""
+    extra = []
+    for previous, step in zip(steps, steps[1:]):
+        if step.duration_s and step.step == previous.step + 1:
+            gap = step.t - previous.t
+            if 0 < gap < 2 * step.duration_s + 0.05:
+                extra.append(gap - step.duration_s)
+    if len(extra) < 5:
+        return None
+    extra.sort()
+    return max(0.0, extra[len(extra) // 2])
 
 
 def _arrival(request) -> float | None:
@@ -96,11 +122,12 @@ def _arrival(request) -> float | None:
     return None
 
 
-def _requests(finished: list, vocab_size: int, notes: list[str]) -> list[PlannedRequest]:
+def _requests(finished: list, vocab_size: int, notes: list[str]) -> tuple[list[PlannedRequest], float]:
     """Prompts of random ids, except that a request whose prompt hit the prefix cache for c
     tokens starts with the first c tokens of the latest earlier prompt at least that long
-    (the token ids are not recorded; this makes the same hits possible)."""
-    timed = [(a, r) for r in finished if (a := _arrival(r)) is not None and r.output_tokens > 0]
+    (the token ids are not recorded; this makes the same hits possible). Also the first
+    arrival's time, the workload's zero."""
+    timed = [(a, r) for r in finished if (a := _arrival(r)) is not None and _outputs(r) > 0]
     if len(timed) < len(finished):
         notes.append(f"{len(finished) - len(timed)} recorded requests without an arrival time or "
                      "output were left out")
@@ -116,16 +143,26 @@ def _requests(finished: list, vocab_size: int, notes: list[str]) -> list[Planned
         prompt = prefix + [rng.randrange(FIRST_TOKEN_ID, vocab_size)
                            for _ in range(request.prompt_tokens - len(prefix))]
         prompts.append(prompt)
-        out.append(PlannedRequest(request.request_id, arrival - t0, prompt, request.output_tokens))
-    return out
+        out.append(PlannedRequest(request.request_id, arrival - t0, prompt, _outputs(request)))
+    return out, t0
+
+
+def _outputs(request) -> int:
+    """Its output tokens: the record's count, or what its timeline's decode runs emitted plus
+    the token its prefill sampled, if more (a final output streamed as deltas carries only
+    the last delta's tokens)."""
+    timeline = request.timeline
+    from_runs = sum(run[2] for run in timeline.decode_runs) + 1 if timeline is not None \
+        and timeline.ttft is not None else 0
+    return max(request.output_tokens, from_runs)
 
 
 def _mean_itls(finished: list) -> list[float]:
     out = []
     for request in finished:
         timeline = request.timeline
-        if timeline is None or timeline.ttft is None or request.output_tokens < 2:
+        if timeline is None or timeline.ttft is None or _outputs(request) < 2:
             continue
         first = timeline.queued_at + timeline.ttft.total_s
-        out.append((timeline.phases[-1][0] - first) / (request.output_tokens - 1))
+        out.append((timeline.phases[-1][0] - first) / (_outputs(request) - 1))
     return out

@@ -49,6 +49,7 @@ class SimResult:
     requests: list[RequestResult]
     num_steps: int = 0
     peak_blocks: int = 0  # blocks held at the fullest step (cached-but-free ones are free)
+    peak_blocks_after_step: int = 0  # the same after each step's update: what snapshots see
     num_preemptions: int = 0
     max_running: int = 0
     duration_s: float = 0.0
@@ -91,7 +92,7 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
         heapq.heappush(pending, (planned.arrival_s, order, planned))
         order += 1
     live: dict[str, tuple[Request, PlannedRequest, RequestResult, random.Random]] = {}
-    now = 0.0
+    now = workload.start_s
     while pending or scheduler.has_unfinished_requests():
         while pending and pending[0][0] <= now:
             _, _, planned = heapq.heappop(pending)
@@ -131,6 +132,8 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
                 _token(live[request.request_id][2], now)
         result.generated_tokens += sum(token is not None for token in sampled)
         finished = scheduler.update_from_output(batch, sampled)
+        result.peak_blocks_after_step = max(result.peak_blocks_after_step,
+                                            manager.num_blocks - manager.num_free_blocks)
         result.num_steps += 1
         if result.num_steps > MAX_STEPS:
             raise ValueError(f"the simulation passed {MAX_STEPS} steps; shorten the workload")

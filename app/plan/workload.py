@@ -26,6 +26,7 @@ class PlannedRequest:
 
 class Workload(Protocol):
     description: str
+    start_s: float  # the simulated clock starts here: what arrived by then is in the first step
 
     def initial(self) -> list[PlannedRequest]:
         """The requests known up front (the rest follow from finished turns)."""
@@ -77,6 +78,7 @@ class SyntheticWorkload:
     ramp_s: float = 0.0
     think_time_s: float = 0.0  # mean (exponential) pause between a turn's end and the next
     seed: int = 0
+    start_s: float = 0.0
     num_cut_short: int = 0  # conversations that ended early at max_model_len
     _rngs: list[random.Random] = field(default_factory=list)
 
@@ -147,6 +149,7 @@ class FixedWorkload:
 
     requests: list[PlannedRequest]
     description: str = "fixed requests"
+    start_s: float = 0.0  # when the engine's first step began (a recording says)
 
     def initial(self) -> list[PlannedRequest]:
         return list(self.requests)

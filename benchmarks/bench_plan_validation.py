@@ -1,0 +1,91 @@
+"""`kvdeck plan` against a recorded CPU session (issue 37's target: TTFT p50 and ITL p50
+within 20%, peak KV blocks exact). The demo model serves a seeded synthetic workload in its
+own process (AsyncLLM, as `kvdeck --serve` runs it), recorded as `--record` records it
+(SessionRecorder + record_engine); then the planner replays the recording with a step-cost
+model fitted to the recording's own steps, and its comparison table is the result.
+
+    python benchmarks/bench_plan_validation.py --out benchmarks/results/plan_validation_cpu.json
+"""
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
+from kvdeck.app.plan.planner import PlanOptions, plan  # noqa: E402
+from kvdeck.app.plan.workload import Lengths, SyntheticWorkload  # noqa: E402
+from kvdeck.app.record.session import SessionRecorder, record_engine  # noqa: E402
+from kvdeck.engine.api.async_llm import AsyncLLM  # noqa: E402
+from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams  # noqa: E402
+
+
+async def record_session(path: Path, args: argparse.Namespace) -> None:
+    client = AsyncLLM(None, num_gpu_blocks_override=args.num_blocks, max_num_seqs=args.max_num_seqs,
+                      max_num_batched_tokens=args.max_num_batched_tokens)
+    await client.start()
+    recorder = SessionRecorder(path)
+    task = asyncio.create_task(record_engine(client, recorder, "demo"))
+    workload = SyntheticWorkload(
+        users=args.users, prompt_len=Lengths.parse(args.prompt_len, "prompt"),
+        output_len=Lengths.parse(args.output_len, "output"), vocab_size=client.vocab_size,
+        max_model_len=client.max_model_len, shared_prefix=args.shared_prefix, rate=args.rate,
+        seed=args.seed)
+    start = time.perf_counter()
+
+    async def one(request) -> None:
+        await asyncio.sleep(max(0.0, request.arrival_s - (time.perf_counter() - start)))
+        params = SamplingParams(max_tokens=request.output_len, ignore_eos=True, temperature=0.0,
+                                detokenize=False, output_kind=RequestOutputKind.DELTA)
+        async for _ in client.generate(request.prompt_token_ids, params, request.request_id):
+            pass
+
+    try:
+        await asyncio.gather(*(one(r) for r in workload.initial()))
+        await asyncio.sleep(1.5)  # the last snapshots reach the recording
+    finally:
+        task.cancel()
+        recorder.close()
+        await client.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/plan_validation_cpu.json")
+    parser.add_argument("--keep", type=Path, help="also keep the recording here")
+    parser.add_argument("--users", type=int, default=48)
+    parser.add_argument("--rate", type=float, default=6.0, help="requests per second (Poisson)")
+    parser.add_argument("--prompt-len", default="64-320")
+    parser.add_argument("--output-len", default="32-128")
+    parser.add_argument("--shared-prefix", type=int, default=48)
+    parser.add_argument("--num-blocks", type=int, default=96)
+    parser.add_argument("--max-num-seqs", type=int, default=16)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.keep or Path(tmp) / "session.kvrec"
+        load_before = os.getloadavg()
+        asyncio.run(record_session(path, args))
+        report = plan(PlanOptions(recording=str(path)))
+    for c in report.comparisons:
+        error = "-" if c.error is None else f"{c.error:+.1%}"
+        print(f"{c.name:16} recorded {c.recorded!s:>12} predicted {c.predicted!s:>12} error {error:>7} "
+              f"{'' if c.ok is None else ('ok' if c.ok else 'MISS')}")
+    print(report.summaries[0].cost_model)
+    figures = {"comparisons": report.to_json()["comparisons"], "notes": report.notes,
+               "cost_model": report.summaries[0].cost_model,
+               "loadavg_before": load_before, "loadavg_after": os.getloadavg()}
+    write_json_atomic(args.out, build_result("plan_validation", vars(args) | {
+        "out": str(args.out), "keep": str(args.keep) if args.keep else None}, figures))
+    return 0 if all(c.ok is not False for c in report.comparisons) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

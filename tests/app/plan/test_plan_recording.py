@@ -1,0 +1,71 @@
+"""`kvdeck plan FILE` on a recording of the real engine (the demo model, in-process, recorded
+through app.record's writer with a snapshot every step, as the server's recorder writes them):
+the workload comes back from the file, the step costs are fitted to its steps, and the
+prediction's block peak and preemptions equal the recorded ones (everything arrives at once,
+so the batches do not depend on time)."""
+
+import time
+
+from kvdeck.app.plan.planner import PlanOptions, plan
+from kvdeck.app.plan.recording import load_session
+from kvdeck.app.plan.workload import Lengths, SyntheticWorkload
+from kvdeck.app.record.session import engine_description, finished_payload
+from kvdeck.app.record.writer import RecordingWriter
+from kvdeck.engine.api.llm_engine import LLMEngine
+from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.sampling_params import SamplingParams
+
+
+def _record(path) -> tuple[SyntheticWorkload, dict]:
+    engine = LLMEngine(EngineConfig(model=None, num_gpu_blocks_override=40, max_num_seqs=8,
+                                    max_num_batched_tokens=256))
+    workload = SyntheticWorkload(users=12, prompt_len=Lengths(60, 160), output_len=Lengths(16, 40),
+                                 vocab_size=engine.info.vocab_size, max_model_len=engine.info.max_model_len,
+                                 shared_prefix=32, seed=3)
+    writer = RecordingWriter(path, engine_description(engine, "demo"))
+    peak = 0
+    try:
+        for request in workload.initial():
+            engine.add_request(request.request_id, request.prompt_token_ids,
+                               SamplingParams(max_tokens=request.output_len, ignore_eos=True,
+                                              temperature=0.0, detokenize=False))
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            writer.add_steps(time.time(), [1])
+            stats = engine.stats()
+            peak = max(peak, stats.num_blocks - stats.num_free_blocks)
+            writer.add_stats(stats)
+            for output in outputs:
+                if output.finished:
+                    writer.add_finished(time.time(), finished_payload(output))
+        core = engine.core
+        recorded = {"preemptions": core.scheduler.num_preemptions, "steps": core.num_steps,
+                    "peak": peak}
+    finally:
+        writer.close()
+        engine.shutdown()
+    return workload, recorded
+
+
+def test_plan_replays_a_recording_of_the_real_engine(tmp_path):
+    path = tmp_path / "session.kvrec"
+    workload, recorded = _record(path)
+    assert recorded["preemptions"] > 0
+
+    session = load_session(str(path))
+    replayed = {r.request_id: r for r in session.workload.requests}
+    for request in workload.initial():  # lengths exact, arrivals within the recording's clock
+        got = replayed[request.request_id]
+        assert (len(got.prompt_token_ids), got.output_len) == \
+            (len(request.prompt_token_ids), request.output_len)
+        assert got.arrival_s < 0.5
+    assert session.cost_model.num_samples > 10
+
+    report = plan(PlanOptions(recording=str(path), tries=["num_blocks=80"]))
+    by_name = {c.name: c for c in report.comparisons}
+    assert by_name["preemptions"].predicted == recorded["preemptions"]
+    assert by_name["steps"].predicted == recorded["steps"]
+    # A snapshot after every step: the recorded peak is the simulation's between steps.
+    assert by_name["peak KV blocks"].predicted == by_name["peak KV blocks"].recorded == recorded["peak"]
+    assert by_name["peak KV blocks"].ok
+    assert report.summaries[1].preemptions == 0  # twice the pool: nobody is preempted
