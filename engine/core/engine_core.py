@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
+from kvdeck.engine.core.kv_tiers_setup import build_kv_tiers, tier_stats_fields
 from kvdeck.engine.core.lora_admission import LoRAAdmission
 from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus, token_output
@@ -70,10 +71,12 @@ class EngineCore:
         self.block_manager = BlockManager(plan.num_blocks, plan.block_size,
                                           self.config.enable_prefix_caching,
                                           [group.window for group in self.kv_groups], track_changes=True)
+        # The prefix cache's host / disk tiers (kv_tiers.py); None unless asked for.
+        self.kv_tiers = build_kv_tiers(self.config, self.runner, self.model_dir, self.block_manager)
         self.scheduler = Scheduler(self.block_manager, self.config.max_num_seqs,
                                    self.runner.token_budget, self.max_model_len,
                                    self.model_config.long_rope_from,
-                                   speculative=self.config.speculative_config is not None,
+                                   speculative=speculation.enabled,
                                    swap=build_swap_space(self.config, self.runner, self.block_manager))
         if self.config.enable_lora:  # a step holds at most max_loras adapters (the runner's slots)
             self.scheduler.lora_admission = LoRAAdmission(self.config.max_loras)
@@ -118,6 +121,7 @@ class EngineCore:
             kv_cache_tokens=self.kv_plan.num_tokens,
             kv_group_windows=[group.window for group in self.kv_groups],
             kv_group_layers=[list(group.layers) for group in self.kv_groups],
+            fallbacks=runner.fallbacks(),
         )
 
     # ---- the step API ------------------------------------------------------------
@@ -200,9 +204,10 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """One step's outputs; with async scheduling, the previous step's (pipeline.py)."""
-        if self.pipeline is not None:
-            return self.pipeline.step()
-        return self.step_sync()
+        outputs = self.pipeline.step() if self.pipeline is not None else self.step_sync()
+        if self.kv_tiers is not None:  # the blocks cached in this step go to the disk tier's writer
+            self.kv_tiers.store_registered(self.runner.kv_tier_io.gather_bytes)
+        return outputs
 
     @property
     def step_in_flight(self) -> bool:
@@ -355,6 +360,8 @@ class EngineCore:
         self.requests.pop(request.request_id, None)
         self._needs_host_tokens.discard(request.request_id)
         self.runner.forget(request.request_id)
+        if self.kv_tiers is not None:
+            self.kv_tiers.forget(request.request_id)
         if self.spec is not None:
             self.spec.forget(request.request_id)
         self.finish_counts[request.status.value] += 1
@@ -373,6 +380,8 @@ class EngineCore:
 
     def shutdown(self) -> None:
         """Release the model and the KV pool now (idempotent)."""
+        if self.kv_tiers is not None:  # the disk tier's queued writes reach the disk first
+            self.kv_tiers.close()
         self.runner.shutdown()
         if self.spec is not None:
             self.spec.shutdown()
@@ -442,6 +451,7 @@ class EngineCore:
             finished_reasons=dict(self.finish_counts),
             spec=self.spec.stats() if self.spec is not None else None,
             kernel_compiles_total=self.runner.kernel_compiles(),
+            **tier_stats_fields(self.kv_tiers),
             **swap_stats_fields(sched.swap),
         )
 
@@ -493,6 +503,8 @@ def _request_stats(request: Request) -> RequestStats:
         block_table=list(request.block_table),
         block_tables=[list(t) for t in request.block_tables] if len(request.block_tables) > 1 else [],
         num_cached_tokens=request.num_cached_tokens,
+        num_host_cached_tokens=request.num_cached_tokens_host,
+        num_disk_cached_tokens=request.num_cached_tokens_disk,
         constrained=request.grammar is not None,
         lora_name=request.lora_request.lora_name if request.lora_request is not None else None,
         grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,

@@ -24,6 +24,7 @@ from kvdeck.engine.runner.input_batch import InputBatch
 from kvdeck.engine.runner.kv_block_copy import KVBlockCopier
 from kvdeck.engine.runner.kv_pool import KVPool, resolve_kv_format
 from kvdeck.engine.runner.kv_swap import KVSwapper
+from kvdeck.engine.runner.kv_tier_io import KVTierIO
 from kvdeck.engine.runner.loader import init_dummy_weights, load_weights
 from kvdeck.engine.runner.lora.manager import LoRAManager
 from kvdeck.engine.runner.models import model_class_for, native_decode
@@ -32,6 +33,7 @@ from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_line
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.spec.rejection import RejectionSampler
 from kvdeck.engine.runner.step_state import KVCachePlan, StepInputs, StepResult
+from kvdeck.engine.runner.tier_transfers import TierTransfers
 from kvdeck.engine.runner.warmup import run_step, warm_up, warm_up_steps
 from kvdeck.engine.runner.weight_bytes import weight_bytes_read_per_step
 from kvdeck.engine.types.arith import cdiv
@@ -84,6 +86,7 @@ class ModelRunner:
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
         self.device_queue: CudaStream | SimulatedDevice | None = None  # async scheduling's (launch)
+        self.kv_tier_io: KVTierIO | None = None  # the prefix cache's host / disk tiers' copies
         self.kv_swap: KVSwapper | None = None  # host swap space (swap preemption)
         # Per-request rows that persist across steps; they grow past these sizes if needed.
         max_blocks = cdiv(config.max_model_len or 2048, self.block_size)
@@ -205,6 +208,17 @@ class ModelRunner:
         native_decode.bind_decoder_stack(self.model)
         self.num_blocks = num_blocks
 
+    def fallbacks(self) -> list[str]:
+        """What this runner fell back from, in words, for the user (EngineInfo.fallbacks)."""
+        notes = []
+        if self.device.type == "cpu" and self.config.device == "auto":
+            build = "" if torch.version.cuda else " (this torch build has no CUDA)"
+            notes.append(f"no CUDA GPU found: running on the CPU{build}")
+        if self.device.type == "cpu" and (why := native_decode.why_no_decoder_stack(self.model)):
+            notes.append(f"decode steps run the Python forward, not the native CPU decoder "
+                         f"stack: {why}")
+        return notes
+
     def decoder_stack_rows(self) -> int | None:
         """The most rows a step may have and keep to the CPU decoder stack's arithmetic (a
         speculative verify within it gets a one-row step's bits); None: no such limit."""
@@ -216,6 +230,7 @@ class ModelRunner:
             if num_slots else None
 
     def release_kv_cache(self) -> None:
+        self.kv_tier_io = None  # its copier views the pool's tensors
         self.kv_swap = None  # its copier views the pool's tensors
         native_decode.unbind_decoder_stack(self.model)  # it holds the caches' addresses
         self.kv_pool.release(self.attention_layers)
@@ -323,6 +338,7 @@ class ModelRunner:
         from `previous`'s samples. No grammar masks, no drafts: such steps run `execute`."""
         started = time.perf_counter()
         inputs = self.prepare_inputs(batch, previous.index_of if previous is not None else None)
+        inputs.tier_transfers = getattr(batch, "tier_transfers", None)
         step = LaunchedStep(inputs.num_requests, list(inputs.sample_batch_index),
                             {r.request_id: i for i, r in enumerate(inputs.sample_requests)},
                             time.perf_counter() - started, started)
@@ -332,6 +348,7 @@ class ModelRunner:
         swaps = self._swaps(batch)
 
         def work() -> DeviceOutcome:
+            self._tier_save(inputs.tier_transfers)  # before a swap-in writes a block it saves
             if swaps is not None:  # on the queue: after the step before it, before this forward
                 self._copy_swaps(*swaps)
             return self._device_work(inputs, previous)
@@ -355,6 +372,7 @@ class ModelRunner:
     def _device_work(self, inputs: StepInputs, previous: LaunchedStep | None) -> DeviceOutcome:
         with torch.inference_mode():
             self._apply_cpu_threads()
+            self._tier_load(inputs.tier_transfers)
             if inputs.placeholder_dst is not None:
                 inputs.input_ids.index_copy_(0, inputs.placeholder_dst,
                                              previous.tokens().index_select(0, inputs.placeholder_src))
@@ -381,6 +399,17 @@ class ModelRunner:
         """A request is done: its persistent rows and its sampling state go."""
         self.input_batch.forget(request_id)
         self.sampler.forget(request_id)
+
+    def _tier_save(self, transfers: TierTransfers | None) -> None:
+        """The prefix tiers' first copies: evicted blocks into host rows, before any copy or
+        forward of the step writes into the pool (swap-ins included)."""
+        if transfers is not None and transfers.offload:
+            self.kv_tier_io.save(transfers)
+
+    def _tier_load(self, transfers: TierTransfers | None) -> None:
+        """Then the host and disk tiers' hits into their blocks, after swap-outs read theirs."""
+        if transfers is not None and (transfers.host_loads or transfers.disk_loads):
+            self.kv_tier_io.load(transfers)
 
     def _apply_cpu_threads(self) -> None:
         """Set the thread count the governor chooses, in the thread that runs the steps (OpenMP's
@@ -413,9 +442,11 @@ class ModelRunner:
         self._apply_cpu_threads()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
+        self._tier_save(getattr(batch, "tier_transfers", None))
         swaps = self._swaps(batch)
         if swaps is not None:  # before the forward writes into blocks a swap-out released
             self._copy_swaps(*swaps)
+        self._tier_load(getattr(batch, "tier_transfers", None))
         hidden = self._forward(inputs)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         failures: dict[int, str] = {}

@@ -84,6 +84,9 @@ class EngineInfo:
     # and the model layers whose K/V its blocks hold.
     kv_group_windows: list[int | None] = field(default_factory=lambda: [None])
     kv_group_layers: list[list[int]] = field(default_factory=list)
+    # What the engine fell back from at start, in words ("no CUDA GPU: running on the CPU",
+    # "decode steps on the Python forward: ..."): the TUI says them once (tui/alerts.py).
+    fallbacks: list[str] = field(default_factory=list)
 
 
 # ---- front-end -> core -----------------------------------------------------------------

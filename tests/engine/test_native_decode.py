@@ -134,3 +134,15 @@ def test_speculative_verification_through_the_stack_keeps_plain_decodings_tokens
     speculative = LLM(str(tiny_llama_dir), speculative_config=config, **options)
     assert _generate(speculative, prompts) == plain
     assert 4 in chunks  # verify steps of the last token and three drafts went native
+
+
+def test_the_engine_says_what_it_fell_back_from(tiny_llama_dir):
+    """EngineInfo.fallbacks: no GPU (device auto on a CPU machine), and why the CPU decoder
+    stack does not take a model's decode steps; nothing where nothing fell back."""
+    auto = LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01).engine.info.fallbacks
+    assert auto[0].startswith("no CUDA GPU found: running on the CPU") and len(auto) == 1
+    assert LLM(str(tiny_llama_dir), device="cpu", kv_cache_memory_gib=0.01).engine.info.fallbacks == []
+    int8 = LLM(str(tiny_llama_dir), device="cpu", quantization="int8",
+               kv_cache_memory_gib=0.01).engine.info.fallbacks
+    assert len(int8) == 1 and int8[0].startswith("decode steps run the Python forward, not the "
+                                                 "native CPU decoder stack: a projection has")

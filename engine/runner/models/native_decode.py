@@ -107,6 +107,15 @@ def decoder_stack_takes(model: nn.Module, input_ids: torch.Tensor) -> bool:
         inner.decoder_stack.takes(input_ids))
 
 
+def why_no_decoder_stack(model: nn.Module) -> str | None:
+    """Why a Llama-family CPU model's decode steps run the Python forward instead of the
+    native decoder stack (None: they take it, or the model is not of that family)."""
+    inner = getattr(model, "model", None)
+    if not isinstance(inner, LlamaModel) or inner.decoder_stack is not None:
+        return None
+    return _why_not(inner) or "the stack could not be built"
+
+
 def decoder_stack_rows(model: nn.Module) -> int | None:
     """The most rows a step may have and still take `model`'s decoder stack (None: no stack,
     or one that takes steps of any size in passes)."""
