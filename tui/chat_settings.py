@@ -1,5 +1,6 @@
-"""The chat's settings: system prompt, sampling parameters (validated like SamplingParams)
-and the response format (free text, any JSON object, or a JSON schema read from a file)."""
+"""The chat's settings: system prompt, sampling parameters (validated like SamplingParams),
+the response format (free text, any JSON object, or a JSON schema read from a file) and the
+LoRA adapter the replies run under (with an engine started with LoRA on)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class ChatSettings:
     seed: int | None = None
     response_format: str = "text"  # one of RESPONSE_FORMATS
     schema_file: str | None = None  # the JSON schema's file, with response_format "schema"
+    adapter: str | None = None  # a LoRA adapter's folder (None: the base model)
 
     def reply_budget(self, max_model_len: int) -> int:
         return self.max_tokens if self.max_tokens is not None else auto_max_tokens(max_model_len)
@@ -79,7 +81,7 @@ class ChatSettings:
             raise ValueError("chat settings must be a JSON object")
         default = cls()
         max_tokens, seed = data.get("max_tokens"), data.get("seed")
-        schema_file = data.get("schema_file")
+        schema_file, adapter = data.get("schema_file"), data.get("adapter")
         return cls.parse(
             str(data.get("system_prompt", default.system_prompt)),
             str(data.get("temperature", default.temperature)),
@@ -88,11 +90,13 @@ class ChatSettings:
             "" if seed is None else str(seed),
             str(data.get("response_format", default.response_format)),
             "" if schema_file is None else str(schema_file),
+            "" if adapter is None else str(adapter),
         )
 
     @classmethod
     def parse(cls, system_prompt: str, temperature: str, top_p: str, max_tokens: str,
-              seed: str, response_format: str = "text", schema_file: str = "") -> ChatSettings:
+              seed: str, response_format: str = "text", schema_file: str = "",
+              adapter: str = "") -> ChatSettings:
         """Build from the settings form's text fields (blank max_tokens: auto, blank seed:
         random); ValueError names the bad field."""
         if response_format not in RESPONSE_FORMATS:
@@ -108,6 +112,7 @@ class ChatSettings:
             seed=None if not seed.strip() else _parse_int("seed", seed),
             response_format=response_format,
             schema_file=schema_file.strip() or None,
+            adapter=adapter.strip() or None,
         )
         settings.sampling_params()  # SamplingParams' own checks, and the schema's
         return settings

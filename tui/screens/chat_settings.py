@@ -1,4 +1,5 @@
-"""Modal: the system prompt, sampling settings and response format of the chat."""
+"""Modal: the system prompt, sampling settings, response format and (with LoRA on) the model
+or LoRA adapter of the chat."""
 
 from __future__ import annotations
 
@@ -32,10 +33,15 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
     ChatSettingsScreen Button { margin-left: 1; }
     """
 
-    def __init__(self, settings: ChatSettings, max_model_len: int | None = None) -> None:
+    def __init__(self, settings: ChatSettings, max_model_len: int | None = None,
+                 adapters: list[tuple[str, str]] | None = None, model_name: str = "") -> None:
+        """`adapters`: (label, folder) of the LoRA adapters to offer (None: LoRA is off, no
+        model choice); `model_name`: the base model's, for its entry."""
         super().__init__()
         self.settings = settings
         self.max_model_len = max_model_len  # the loaded model's context, for the auto hint
+        self.adapters = adapters
+        self.model_name = model_name
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -58,6 +64,11 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
                              id="response-format")
                 yield Input(s.schema_file or "", id="schema-file",
                             placeholder="path/to/schema.json (with JSON schema)")
+            if self.adapters is not None:
+                yield Label("Model (a LoRA adapter runs over the loaded model)")
+                choices = [(f"{self.model_name or 'the loaded model'} (base)", ""), *self.adapters]
+                current = s.adapter if s.adapter in {path for _, path in self.adapters} else ""
+                yield Select(choices, value=current, allow_blank=False, id="adapter")
             yield Static("", id="settings-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
@@ -67,6 +78,12 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
         if self.max_model_len is None:
             return "max_tokens (blank: auto)"
         return f"max_tokens (blank: {auto_max_tokens(self.max_model_len)})"
+
+    def _adapter(self) -> str:
+        """The chosen adapter; the saved one where the engine offers no choice."""
+        if self.adapters is None:
+            return self.settings.adapter or ""
+        return str(self.query_one("#adapter", Select).value)
 
     def _value(self, widget_id: str) -> str:
         return self.query_one(f"#{widget_id}", Input).value
@@ -79,6 +96,7 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
                 self._value("max-tokens"), self._value("seed"),
                 str(self.query_one("#response-format", Select).value),
                 self._value("schema-file"),
+                self._adapter(),
             )
             constraint = settings.structured_outputs()
             if constraint is not None:  # a schema llguidance cannot compile: said here

@@ -17,6 +17,7 @@ from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_session import EngineSession
 from kvdeck.tui.key_routing import is_shown, stray_paste, stray_text
+from kvdeck.tui.lora_choices import adapter_choices
 from kvdeck.tui.messages import ChatFocusRequested, LoadBurstStarted
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
@@ -192,7 +193,8 @@ class DeckScreen(Screen[None]):
 
         client = self.engine.usable
         context = client.max_model_len if client is not None else None
-        self.app.push_screen(ChatSettingsScreen(self.settings.current, context), apply)
+        self.app.push_screen(ChatSettingsScreen(self.settings.current, context,
+                                                adapter_choices(client), self.engine.name), apply)
 
     def action_open_chat(self) -> None:
         self.app.push_screen(TranscriptPickerScreen(self.transcripts.list()), self._open_transcript)

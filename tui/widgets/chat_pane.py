@@ -25,6 +25,7 @@ from kvdeck.tui.chat_context import FittedRequest, MessageTooLong, fit_to_contex
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_protocol import EngineClientProtocol
 from kvdeck.tui.engine_session import EngineSession
+from kvdeck.tui.lora_choices import lora_enabled, lora_request_for
 from kvdeck.tui.messages import EngineHealthCheck
 from kvdeck.tui.reply_meter import ReplyMeter
 from kvdeck.tui.settings_store import SettingsStore
@@ -223,7 +224,8 @@ class ChatPane(Vertical):
             try:
                 params = self.settings.current.sampling_params(fitted.max_tokens)
                 async for out in client.generate(None, params, request_id=request_id,
-                                                 messages=fitted.messages):
+                                                 messages=fitted.messages,
+                                                 **self._adapter_for(client)):
                     meter.observe(out)
                     if out.outputs:
                         text = out.outputs[0].text
@@ -255,6 +257,13 @@ class ChatPane(Vertical):
             self.active_request_id = None
             self.activity.end(REPLY_ACTIVITY)
         self.update_status()
+
+    def _adapter_for(self, client: EngineClientProtocol) -> dict:
+        """The chosen LoRA adapter, as generate's keyword (none with LoRA off: the base)."""
+        adapter = self.settings.current.adapter
+        if adapter is None or not lora_enabled(client):
+            return {}
+        return {"lora_request": lora_request_for(adapter)}
 
     async def stop(self) -> None:
         """Stop the streaming reply; the partial text stays in the chat and the transcript."""

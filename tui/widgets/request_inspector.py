@@ -35,6 +35,9 @@ NOTHING_SELECTED = ("Select a request to see its block table: Tab to the table, 
                     "Enter; or click a block in the map.")
 
 
+ADAPTER_COLOUR = "#3cb44b"
+
+
 def block_table_text(request: RequestStats, colour: str, finished: bool = False) -> Text:
     text = Text()
     text.append(f"{request.request_id}", style=colour)
@@ -46,6 +49,8 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
         compiled = ("compiling…" if request.grammar_compile_s is None
                     else f"compiled in {request.grammar_compile_s * 1000:.1f} ms")
         text.append(f" · constrained, grammar {compiled}", style="bold #911eb4")
+    if request.lora_name is not None:  # a LoRA adapter's request (None: the base model)
+        text.append(f" · LoRA adapter {request.lora_name}", style=f"bold {ADAPTER_COLOUR}")
     text.append("\n")
     if request.spec is not None and (request.spec.num_drafts or request.spec.decision):
         text.append(speculation_text(request.spec))
@@ -152,8 +157,10 @@ class RequestInspector(Vertical):
         style = "dim" if finished else ""
         if drawn is None:
             cells = [Text(str(v), style=style) for v in values]
-            table.add_row(Text(rid, style=f"{self.colours.colour(rid)} {style}".strip()), *cells,
-                          key=rid)
+            label = Text(rid, style=f"{self.colours.colour(rid)} {style}".strip())
+            if request.lora_name is not None:
+                label.append(f" [{request.lora_name}]", style=f"{ADAPTER_COLOUR} {style}".strip())
+            table.add_row(label, *cells, key=rid)
         else:
             for (key, _, _), value, old in zip(COLUMNS[1:], values, drawn, strict=True):
                 if value != old:

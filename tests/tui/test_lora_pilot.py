@@ -1,0 +1,107 @@
+"""LoRA in the TUI, driven with the Pilot against the fake engine: the request inspector names
+a request's adapter, the chat settings offer the adapters beside the models when the engine
+runs with LoRA on (and no model choice when it does not), and the chat's replies then run
+under the chosen adapter."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+from textual.app import App, ComposeResult
+from textual.widgets import Select, Static
+
+from kvdeck.app.store import paths
+from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
+from kvdeck.tui.widgets.request_inspector import RequestInspector
+from tests.tui.conftest import wait_for
+from tests.tui.demo_stats import demo_stats
+from tests.tui.fake_engine import FakeEngineClient
+from tests.tui.test_chat_pilot import send
+
+
+class LoRAFakeClient(FakeEngineClient):
+    """The fake engine as if started with enable_lora: it records each request's adapter."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.config = SimpleNamespace(enable_lora=True)
+        self.lora_requests: list = []
+
+    async def generate(self, prompt, params, request_id=None, messages=None, lora_request=None):
+        self.lora_requests.append(lora_request)
+        async for out in super().generate(prompt, params, request_id, messages):
+            yield out
+
+
+def _adapter(name: str, rank: int = 8):
+    folder = paths.store_dir() / "adapters" / name
+    folder.mkdir(parents=True)
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": rank, "lora_alpha": 16, "target_modules": ["q_proj"]}))
+    (folder / "adapter_model.safetensors").write_bytes(b"read by the engine")
+    return folder
+
+
+class InspectorApp(App):
+    def compose(self) -> ComposeResult:
+        yield RequestInspector()
+
+
+async def test_the_inspector_names_a_requests_adapter():
+    stats = demo_stats()
+    stats.requests = [replace(stats.requests[0], lora_name="sql"), *stats.requests[1:]]
+    app = InspectorApp()
+    async with app.run_test(size=(120, 30)) as pilot:
+        inspector = app.query_one(RequestInspector)
+        inspector.show(stats)
+        inspector.select("chat-1a2b")
+        await pilot.pause()
+        detail = str(app.query_one("#request-detail", Static).render())
+        assert "LoRA adapter sql" in detail
+        label = inspector.table.get_row("chat-1a2b")[0]
+        assert str(label) == "chat-1a2b [sql]"
+        other = str(inspector.table.get_row("load1-0")[0])
+        assert other == "load1-0"  # the base model's requests name none
+
+
+async def test_the_chat_picks_an_adapter_and_replies_run_under_it(tmp_path):
+    sql = _adapter("sql", rank=16)
+    _adapter("broken", rank=0)  # not offered: the engine would refuse it
+    clients: list[LoRAFakeClient] = []
+
+    def factory() -> LoRAFakeClient:
+        clients.append(LoRAFakeClient(reply="Yes."))
+        return clients[-1]
+
+    app = KvdeckApp(factory, model_name="fake-llama", transcript_dir=tmp_path / "chats")
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        app.screen.action_chat_settings()
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        await pilot.pause()
+        assert app.screen.adapters is not None
+        choice = app.screen.query_one("#adapter", Select)
+        options = [(str(label), value) for label, value in choice._options]
+        assert options == [("fake-llama (base)", ""), ("sql (LoRA, rank 16)", str(sql))]
+        choice.value = str(sql)
+        app.screen.action_save()
+        assert await wait_for(pilot, lambda: not isinstance(app.screen, ChatSettingsScreen))
+        assert await wait_for(pilot, lambda: app.screen.settings.current.adapter == str(sql))
+        await send(pilot, "hello")
+        assert await wait_for(pilot, lambda: clients[-1].lora_requests, timeout=5)
+        lora = clients[-1].lora_requests[-1]
+        assert (lora.lora_name, lora.lora_path) == ("sql", str(sql.resolve()))
+
+
+async def test_no_model_choice_without_lora(make_app):
+    _adapter("sql")
+    app, _ = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        app.screen.action_chat_settings()
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        await pilot.pause()
+        assert app.screen.adapters is None and not app.screen.query("#adapter")
