@@ -12,8 +12,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvdeck import LLM, SamplingParams
 from kvdeck.engine.types.lora import LoRARequest
+from tests.lora_factory import build_adapter
 from tests.serve.conftest import KV_GIB, start_server, stop_server
-from tests.serve.peft_adapters import build_peft_adapter
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -24,7 +24,7 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def adapters(serve_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("lora_adapters")
-    return {name: build_peft_adapter(serve_model_dir, root / name, seed)
+    return {name: build_adapter(serve_model_dir, root / name, seed=seed)
             for name, seed in (("sql", 1), ("code", 2))}
 
 
