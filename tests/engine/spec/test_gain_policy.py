@@ -86,9 +86,10 @@ def test_the_step_cost_is_learned_and_never_falls_with_rows():
     assert model.cost(8) == pytest.approx(0.009 * (1 + 0.125 * 7) / (1 + 0.125 * 3))
 
 
-def test_greedy_output_is_plain_greedy_and_the_decision_is_reported(tiny_model_dirs):
-    plain, _ = _generate(tiny_model_dirs["llama"], {}, kv_cache_memory_gib=0.01)
-    got, stats = _generate(tiny_model_dirs["llama"], AUTO, rounds=2, kv_cache_memory_gib=0.01)
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_greedy_output_is_plain_greedy_and_the_decision_is_reported(tiny_model_dirs, family):
+    plain, _ = _generate(tiny_model_dirs[family], {}, kv_cache_memory_gib=0.01)
+    got, stats = _generate(tiny_model_dirs[family], AUTO, rounds=2, kv_cache_memory_gib=0.01)
     assert got == plain
     assert stats.spec.method == "auto" and stats.spec.draft_policy == "gain"
     assert stats.spec.num_accepted_tokens > 0  # the second round's drafts from cached outputs
