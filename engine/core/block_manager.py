@@ -18,9 +18,13 @@ reusable prefix are handed out before any cached block is evicted.
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.request import NO_BLOCK, Request
 from kvdeck.engine.types.arith import cdiv
+
+if TYPE_CHECKING:
+    from kvdeck.engine.core.kv_tiers import KVTiers
 from kvdeck.engine.types.lora import lora_cache_key
 
 _ROOT_HASH = -1
@@ -38,6 +42,17 @@ class Block:
 
 
 @dataclass(slots=True)
+class TierLoad:
+    """A block the host or disk tier holds (engine/core/kv_tiers.py), to copy into a fresh
+    device block before the forward that reads it."""
+
+    hash: int
+    token_ids: tuple[int, ...]
+    host_row: int = -1  # its host-tier row; -1: it comes from disk
+    disk_key: bytes = b""
+
+
+@dataclass(slots=True)
 class CachedPrefix:
     """A prefix-cache hit: the request's first `num_blocks` blocks are in the cache."""
 
@@ -45,6 +60,10 @@ class CachedPrefix:
     hashes: list[int] = field(default_factory=list)  # chained hash of each of those blocks
     # Per group, its blocks for those positions; NO_BLOCK where its window does not reach.
     tables: list[list[int]] = field(default_factory=list)
+    # The last len(loads) of the num_blocks come from the host or disk tier, not the pool's
+    # tables; lower_queried: the blocks past the pool's hit the lower tiers were asked for.
+    loads: list[TierLoad] = field(default_factory=list)
+    lower_queried: int = 0
 
 
 def _root_hash(request: Request) -> int:
@@ -83,6 +102,7 @@ class BlockManager:
         self.num_held_entries = 0
         self.track_changes = track_changes
         self.changed: list[Request] = []
+        self.tiers: KVTiers | None = None  # the host / disk tiers behind the pool (kv_tiers.py)
 
     # ---- queries ---------------------------------------------------------------
     @property
@@ -135,7 +155,14 @@ class BlockManager:
         for g, window in enumerate(self.windows):
             reach = num_blocks if window is None else min(num_blocks, cdiv(window - 1, self.block_size))
             tables.append([NO_BLOCK] * (num_blocks - reach) + hits[g][num_blocks - reach : num_blocks])
-        return CachedPrefix(num_blocks, hashes[:num_blocks], tables)
+        cached = CachedPrefix(num_blocks, hashes[:num_blocks], tables)
+        if self.tiers is not None and num_blocks == len(hashes) < max_blocks:  # one full-attention group
+            cached.loads = self.tiers.find(request, num_blocks, hashes[-1] if hashes else _root_hash(request),
+                                           max_blocks)
+            cached.lower_queried = max_blocks - num_blocks
+            cached.num_blocks += len(cached.loads)
+            cached.hashes += [load.hash for load in cached.loads]
+        return cached
 
     def record_prefix_lookup(self, num_tokens: int, num_hit_tokens: int) -> None:
         self.prefix_cache_queries += num_tokens
@@ -151,6 +178,8 @@ class BlockManager:
         if cached is None and request.block_tables:
             return self._extend_tables(request, num_new_tokens)
         tables = request.block_tables or [[] for _ in self.windows]
+        if cached is not None and cached.loads:  # disk reads now: one that fails shortens the hit
+            self.tiers.fetch(request, cached)
         hit_tables = cached.tables if cached is not None else [[] for _ in self.windows]
         num_hit_blocks = cached.num_blocks if cached is not None else 0
         num_computed = request.num_computed_tokens + num_hit_blocks * self.block_size
@@ -168,12 +197,25 @@ class BlockManager:
         self.num_held_entries += len(hit_blocks) + num_new_blocks
         if self.track_changes and (hit_blocks or num_new_blocks):
             self.changed.append(request)
+        first_load = len(tables[0]) + len(hit_tables[0])
         for table, hit in zip(tables, hit_tables):
             table.extend(hit)
             table.extend(self._pop_free_block() for _ in range(total - len(table)))
         if cached is not None:
             request.block_hashes.extend(cached.hashes)
+            if self.tiers is not None:  # (counts the lookup, with or without hits)
+                self._place_loads(cached, tables[0][first_load : first_load + len(cached.loads)])
         return True
+
+    def _place_loads(self, cached: CachedPrefix, block_ids: list[int]) -> None:
+        """Cache the blocks that take lower-tier hits under their hashes (the runner fills them
+        before this step's forward) and have the tiers copy them in."""
+        for load, block_id in zip(cached.loads, block_ids, strict=True):
+            block = self.blocks[block_id]
+            if (0, load.hash) not in self.hash_to_block:
+                block.hash, block.token_ids, block.group = load.hash, load.token_ids, 0
+                self.hash_to_block[(0, load.hash)] = block_id
+        self.tiers.place(cached, block_ids)
 
     def _extend_tables(self, request: Request, num_new_tokens: int) -> bool:
         """allocate_slots for a request that holds its tables and takes no cached prefix (a
@@ -220,6 +262,8 @@ class BlockManager:
                 if block is not None and (g, h) not in self.hash_to_block and block.hash is None:
                     block.hash, block.token_ids, block.group = h, ids, g
                     self.hash_to_block[(g, h)] = block.block_id
+                    if self.tiers is not None:  # the disk tier writes it
+                        self.tiers.registered(request, i, block.block_id, ids)
 
     def release_out_of_window(self, request: Request) -> None:
         """Release, in windowed groups, the blocks no later query of the request can see:
@@ -269,6 +313,8 @@ class BlockManager:
         return given_back
 
     def reset_prefix_cache(self) -> None:
+        if self.tiers is not None:
+            self.tiers.reset()
         for block_id in list(self.evictable):
             self._drop_hash(self.blocks[block_id])
             self.free_uncached.append(block_id)
@@ -335,7 +381,10 @@ class BlockManager:
             block_id = self.free_uncached.popleft()
         else:
             block_id, _ = self.evictable.popitem(last=False)
-            self._drop_hash(self.blocks[block_id])
+            block = self.blocks[block_id]
+            if self.tiers is not None:  # the host tier keeps its KV (copied before it is reused)
+                self.tiers.evicted(block_id, block.hash, block.token_ids)
+            self._drop_hash(block)
         block = self.blocks[block_id]
         block.ref_count = 1
         return block_id

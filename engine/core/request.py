@@ -34,6 +34,9 @@ class Request:
     # plus the output so far are recomputed (with prefix-cache help).
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache at first schedule
+    # Of those, the ones copied in from the host tier and from the disk tier (kv_tiers.py).
+    num_cached_tokens_host: int = 0
+    num_cached_tokens_disk: int = 0
     # One table per KV cache group (`engine/types/kv_groups.py`; most models have one):
     # logical block i -> physical block id, or NO_BLOCK. Empty while the request holds none.
     block_tables: list[list[int]] = field(default_factory=list)

@@ -17,6 +17,7 @@ from kvdeck.engine.core.lora_admission import LoRAAdmission
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.swap import SwapSpace
 from kvdeck.engine.runner.batch import PLACEHOLDER
+from kvdeck.engine.runner.tier_transfers import TierTransfers
 from kvdeck.engine.types.request_timeline import PREFILL
 
 
@@ -35,6 +36,9 @@ class ScheduledBatch:
     # list): the runner's persistent rows look at these only. None: look at every row.
     changed_tables: list[Request] | None = None
     step: int = 0  # the scheduler's count of schedules when it was made (request timelines)
+    # The prefix cache's host / disk tiers (engine/core/kv_tiers.py): blocks to save to the host
+    # tier and lower-tier hits to copy in, before this step's forward. None: no tiers.
+    tier_transfers: TierTransfers | None = None
     # Swap preemption (engine/core/swap.py): (device block, host slot) pairs to copy out and
     # (host slot, device block) pairs to copy in, both before this step's forward.
     blocks_to_swap_out: list[tuple[int, int]] = field(default_factory=list)
@@ -162,6 +166,8 @@ class Scheduler:
         batch.put_plain_first()
         if batch.empty and batch.blocks_to_swap_out:
             self.swap.cancel_swap_outs(batch)  # no runner sees an empty batch to copy them
+        if batch.requests and self.block_manager.tiers is not None:  # else kept for one that runs
+            batch.tier_transfers = self.block_manager.tiers.take_transfers()
         if batch.requests and self.block_manager.track_changes:  # else kept for a batch that runs
             batch.changed_tables = self.block_manager.take_changed()
         return batch
@@ -214,11 +220,15 @@ class Scheduler:
             num_tokens = min(request.num_tokens - num_cached, budget)
             if not self.block_manager.allocate_slots(request, num_tokens, cached):
                 break
+            num_cached = cached.num_blocks * self.block_manager.block_size  # a disk read may shorten it
             self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
             self.waiting.popleft()
             request.num_computed_tokens = num_cached
             if request.metrics.first_scheduled_time is None:
                 request.num_cached_tokens = num_cached
+                host = sum(1 for load in cached.loads if load.host_row >= 0)
+                request.num_cached_tokens_host = host * self.block_manager.block_size
+                request.num_cached_tokens_disk = (len(cached.loads) - host) * self.block_manager.block_size
                 request.metrics.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             mono = time.monotonic()

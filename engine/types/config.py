@@ -42,6 +42,12 @@ class EngineConfig:
     kv_cache_memory_gib: float = 1.0  # KV pool size where no GPU is profiled
     num_gpu_blocks_override: int | None = None  # fix the pool size (tests, debugging)
     enable_prefix_caching: bool = True
+    # The prefix cache's lower tiers (engine/core/kv_tiers.py). kv_offload_gib: GiB of host memory
+    # keeping full blocks evicted from the pool (vLLM's kv_offloading_size; 0: off). kv_cache_dir:
+    # a folder keeping full blocks across restarts (None: off), at most kv_cache_dir_gib GiB.
+    kv_offload_gib: float = 0.0
+    kv_cache_dir: str | None = None
+    kv_cache_dir_gib: float = 10.0
     dtype: str = "auto"  # auto: the checkpoint's dtype on CUDA; on CPU engine/runner/device.py's rule
     seed: int = 0
     load_format: str = "auto"  # auto | dummy
@@ -119,6 +125,7 @@ class EngineConfig:
             )
         if self.cpu_threads is not None:
             _positive_int("cpu_threads", self.cpu_threads)
+        _check_tier_knobs(self)
         _check_lora_knobs(self)
         if not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
@@ -171,6 +178,19 @@ def _check_lora_knobs(config: EngineConfig) -> None:
         if config.max_cpu_loras < config.max_loras:
             raise ValueError(f"max_cpu_loras ({config.max_cpu_loras}) must be >= max_loras "
                              f"({config.max_loras})")
+
+
+def _check_tier_knobs(config: EngineConfig) -> None:
+    for name in ("kv_offload_gib", "kv_cache_dir_gib"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValueError(f"{name} must be a number of GiB >= 0, got {value!r}")
+    if config.kv_cache_dir is not None:
+        if not isinstance(config.kv_cache_dir, str) or not config.kv_cache_dir.strip():
+            raise ValueError(f"kv_cache_dir must be a folder path, got {config.kv_cache_dir!r}")
+        if config.kv_cache_dir_gib <= 0:
+            raise ValueError(f"kv_cache_dir_gib must be > 0 with a kv_cache_dir, "
+                             f"got {config.kv_cache_dir_gib!r}")
 
 
 def _positive_int(name: str, value: object) -> None:
