@@ -75,51 +75,78 @@ class StepSample:
 
 @dataclass(slots=True)
 class FittedCostModel(CostModel):
-    coefficients: list[float]  # per FEATURES
+    coefficients: list[float]  # per FEATURES: steps with prefill tokens (or every step)
     fit_error: float = 0.0  # median |relative error| over the fitted steps
     fit_rms_s: float = 0.0
     num_samples: int = 0
     description: str = field(default="")
+    # Decode-only steps, fitted apart where there are enough of both kinds: they take other
+    # paths (decode graphs, the CPU's native decoder stack) and are most steps, so one line
+    # through both kinds would tilt towards them. None: `coefficients` serve every step.
+    decode_coefficients: list[float] | None = None
 
     def step_seconds(self, shape: StepShape) -> float:
-        return max(0.0, sum(c * x for c, x in zip(self.coefficients, shape.features())))
+        coefficients = self.coefficients
+        if shape.prefill_tokens == 0 and self.decode_coefficients is not None:
+            coefficients = self.decode_coefficients
+        return max(0.0, sum(c * x for c, x in zip(coefficients, shape.features())))
 
     @classmethod
     def fit(cls, samples: list[StepSample], source: str) -> "FittedCostModel":
         """Non-negative least squares (dropping a feature whose coefficient comes out negative,
-        then refitting), on steps weighted equally in relative terms."""
+        then refitting), on steps weighted equally in relative terms, refit once without the
+        outliers; decode-only steps and the rest apart when each kind has enough steps."""
         if len(samples) < len(FEATURES):
             raise ValueError(f"{source}: {len(samples)} step records are too few to fit a step-"
                              f"cost model (need {len(FEATURES)}); record a longer session")
         x = np.array([s.shape.features() for s in samples], dtype=np.float64)
         y = np.array([s.seconds for s in samples], dtype=np.float64)
-        coef = _nnls(x, y)
-        # Once more without the outliers (a first step's warm-up, a step the OS descheduled).
-        rel = np.abs(np.maximum(x @ coef, 0.0) - y) / np.maximum(y, 1e-9)
-        keep = rel <= max(5 * float(np.median(rel)), 0.05)
-        if keep.sum() >= len(FEATURES) and not keep.all():
-            coef = _nnls(x[keep], y[keep])
-        predicted = np.maximum(x @ coef, 0.0)
+        decode = x[:, 3] == 0  # no prefill tokens
+        split = decode.sum() >= len(FEATURES) and (~decode).sum() >= len(FEATURES)
+        coef = _robust_fit(x[~decode], y[~decode]) if split else _robust_fit(x, y)
+        decode_coef = _robust_fit(x[decode], y[decode]) if split else None
+        model = cls(coef.tolist(), decode_coefficients=decode_coef.tolist() if split else None)
+        predicted = np.array([model.step_seconds(s.shape) for s in samples])
         rel = np.abs(predicted - y) / np.maximum(y, 1e-9)
-        model = cls(coef.tolist(), float(np.median(rel)), float(math.sqrt(np.mean((predicted - y) ** 2))),
-                    len(samples))
-        terms = ", ".join(f"{name} {c * 1e3:.4g} ms" for name, c in zip(FEATURES, coef) if c > 0)
+        model.fit_error = float(np.median(rel))
+        model.fit_rms_s = float(math.sqrt(np.mean((predicted - y) ** 2)))
+        model.num_samples = len(samples)
+        terms = _terms(coef)
+        if split:
+            terms = f"prefill steps: {terms}; decode steps: {_terms(decode_coef)}"
         model.description = (f"fitted to {len(samples)} steps of {source} ({terms}); median error "
                              f"{model.fit_error:.1%}")
         return model
 
     def with_host_overhead(self, seconds: float, why: str) -> "FittedCostModel":
         """The same model plus a fixed cost per step the fitted times did not include."""
-        coefficients = list(self.coefficients)
-        coefficients[0] += seconds
+        coefficients = [self.coefficients[0] + seconds, *self.coefficients[1:]]
+        decode = self.decode_coefficients
+        if decode is not None:
+            decode = [decode[0] + seconds, *decode[1:]]
         return FittedCostModel(coefficients, self.fit_error, self.fit_rms_s, self.num_samples,
-                               f"{self.description}; + {seconds * 1e3:.3g} ms a step {why}")
+                               f"{self.description}; + {seconds * 1e3:.3g} ms a step {why}", decode)
 
 
-def _nnls(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Least squares in relative terms with non-negative coefficients: a feature whose
-    coefficient comes out negative is dropped (the most negative first) and the rest refit."""
-    w = 1.0 / np.maximum(y, 1e-6)  # relative errors: short decode steps count as much
+def _terms(coef: np.ndarray) -> str:
+    return ", ".join(f"{name} {c * 1e3:.4g} ms" for name, c in zip(FEATURES, coef) if c > 0)
+
+
+def _robust_fit(x: np.ndarray, y: np.ndarray, relative: bool = True) -> np.ndarray:
+    coef = _nnls(x, y, relative)
+    # Once more without the outliers (a first step's warm-up, a step the OS descheduled).
+    rel = np.abs(np.maximum(x @ coef, 0.0) - y) / np.maximum(y, 1e-9)
+    keep = rel <= max(5 * float(np.median(rel)), 0.05)
+    if keep.sum() >= len(FEATURES) and not keep.all():
+        coef = _nnls(x[keep], y[keep], relative)
+    return coef
+
+
+def _nnls(x: np.ndarray, y: np.ndarray, relative: bool = True) -> np.ndarray:
+    """Least squares with non-negative coefficients: a feature whose coefficient comes out
+    negative is dropped (the most negative first) and the rest refit. `relative`: weighted by
+    1/time, so that short steps count as much as long ones."""
+    w = 1.0 / np.maximum(y, 1e-6) if relative else np.ones_like(y)
     # Features that never vary are the fixed cost's (or absent): left out.
     active = [i for i in range(x.shape[1]) if i == 0 or np.ptp(x[:, i]) > 0]
     coef = np.zeros(x.shape[1])

@@ -4,6 +4,7 @@ so that each request's recorded prefix-cache hit can recur), a step-cost model f
 step records, and the recorded figures the prediction is compared with."""
 
 import random
+import sqlite3
 import zlib
 from dataclasses import dataclass, field
 
@@ -51,6 +52,13 @@ def load_session(path: str) -> RecordedSession:
         from kvdeck.app.record.reader import open_recording
     except ImportError:
         raise ValueError("this kvdeck cannot read recordings (no kvdeck.app.record)") from None
+    try:
+        return _load(open_recording, path)
+    except sqlite3.Error as exc:  # a file the reader's checks let through, damaged further on
+        raise ValueError(f"{path}: cannot read this recording ({exc})") from None
+
+
+def _load(open_recording, path: str) -> RecordedSession:
     with open_recording(path) as recording:
         engine = recording.engine
         if not engine.num_blocks or not engine.block_size:
