@@ -43,6 +43,7 @@ from kvdeck.tui.messages import (
     SwitchModelRequested,
 )
 from kvdeck.tui.navigation import SECTIONS, section_bindings
+from kvdeck.tui.recording_control import RecordingControl
 from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.screens.engine_error import EngineErrorScreen
 from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
@@ -77,6 +78,9 @@ class KvdeckApp(App[int]):
                 tooltip="Speculative decoding and the KV cache dtype (restarts the engine)"),
         Binding("f6", "next_server", "Next server", id="next_server",
                 tooltip="Attached to several servers: chat with and map the next one"),
+        # priority: the chat input (a TextArea) takes f7 as "select all" (ctrl+a does that too).
+        Binding("f7", "toggle_recording", "Record", id="toggle_recording", priority=True,
+                tooltip="Start or stop recording the session (kvdeck replay FILE plays it)"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
                 tooltip="Switch between the light and dark theme"),
         # ctrl chords, not "q": a printable key with no input focused is typed into the
@@ -100,6 +104,8 @@ class KvdeckApp(App[int]):
         factory_for_model: Callable[[str | None, dict], ClientFactory] | None = None,
         engine_options: dict | None = None,
         servers: AttachedServers | None = None,
+        record_to: Path | None = None,
+        record_max_mb: float = 20.0,
     ) -> None:
         super().__init__()
         for section in SECTIONS:
@@ -117,6 +123,8 @@ class KvdeckApp(App[int]):
         self.activity = ActivityTracker()
         self.load_spec = LoadSpec()
         self.load: LoadGenerator | None = None
+        self.recording = RecordingControl(self.dashboard_state, record_max_mb)  # f7, --record
+        self._record_to = record_to
         self._quitting = False
         self._engine_stopped = False
         self.exit_code = 0
@@ -150,6 +158,8 @@ class KvdeckApp(App[int]):
             self.notify(self.settings.problem, severity="warning", timeout=8)
         if self.servers is not None:
             self.run_worker(self.servers.watch(), group="servers")
+        if self._record_to is not None:
+            self.action_toggle_recording(self._record_to)
         self.start_engine()
         self.set_interval(HEALTH_CHECK_S, self.check_engine_health)
 
@@ -195,7 +205,8 @@ class KvdeckApp(App[int]):
             state.source_label = f"{label} at {getattr(client, 'url', '')}"
             engine.name = client.model_name or engine.name
             self.title = f"kvdeck · attached to {state.source_label}"
-        self.sub_title = engine.name
+        self.recording.engine_ready(client, engine.name)
+        self.sub_title = self.recording.title(engine.name)
         self.load = LoadGenerator(client, state)
         engine.ready = True
         self._close_startup(startup)
@@ -377,6 +388,7 @@ class KvdeckApp(App[int]):
         self.exit(self.exit_code)
 
     async def on_unmount(self) -> None:
+        self.recording.stop()
         await self.stop_engine()
         if self.servers is not None:
             await self.servers.close()
@@ -392,6 +404,19 @@ class KvdeckApp(App[int]):
             self.pop_screen()
             return
         self.push_screen(HelpScreen(self.binding_groups()))
+
+    def action_toggle_recording(self, path: Path | None = None) -> None:
+        """Start recording (into `path`, or a new file under the data folder) or stop."""
+        from kvdeck.app.record.format import RecordingError
+
+        if self.recording.active:
+            self.notify(f"Recording saved: {self.recording.stop()}", timeout=6)
+        else:
+            try:
+                self.notify(f"Recording to {self.recording.start(path)}", timeout=4)
+            except (RecordingError, OSError) as exc:
+                self.notify(f"Cannot record: {exc}", severity="error", timeout=8)
+        self.sub_title = self.recording.title(self.engine.name)
 
     def action_toggle_theme(self) -> None:
         self.theme = "textual-light" if self.current_theme.dark else "textual-dark"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from kvdeck.app.attach.metrics_view import MetricsView
+    from kvdeck.app.record.session import SessionRecorder
     from kvdeck.engine.types.stats import EngineStats
 
 HISTORY_LEN = 240  # samples kept for the KV and throughput histories
@@ -61,8 +62,11 @@ class DashboardState:
     )
     _spec_counters: tuple[int, int, int] | None = None  # (drafts, drafted, accepted) last seen
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
+    recorder: SessionRecorder | None = None  # while recording: gets every snapshot and latency
 
     def add_stats(self, stats: EngineStats) -> None:
+        if self.recorder is not None:
+            self.recorder.on_stats(stats)
         if self.origin is None:
             self.origin = stats.timestamp
         self.stats = stats
@@ -118,6 +122,8 @@ class DashboardState:
 
     def add_feed_latency(self, kind: str, at: float, seconds: float) -> None:
         """A latency the server observed (kind "ttft" or "itl")."""
+        if self.recorder is not None:
+            self.recorder.on_latency(kind, at, seconds)
         points = self.ttft_points if kind == "ttft" else self.itl_points
         points.append((self._since_origin(at), seconds * 1000.0))
         self.latency_version += 1
@@ -125,12 +131,16 @@ class DashboardState:
     def add_ttft(self, at: float, ttft_s: float) -> None:
         if self.latency_feed:
             return
+        if self.recorder is not None:
+            self.recorder.on_latency("ttft", at, ttft_s)
         self.ttft_points.append((self._since_origin(at), ttft_s * 1000.0))
         self.latency_version += 1
 
     def add_itl(self, at: float, itl_s: float) -> None:
         if self.latency_feed:
             return
+        if self.recorder is not None:
+            self.recorder.on_latency("itl", at, itl_s)
         self.itl_points.append((self._since_origin(at), itl_s * 1000.0))
         self.latency_version += 1
 

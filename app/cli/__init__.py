@@ -18,6 +18,7 @@ import sys
 
 from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from_args
 from kvdeck.app.cli.parse_errors import CliParser, given_options
+from kvdeck.app.cli.record_flags import add_record_arguments, record_options
 from kvdeck.app.cli.serve_flags import add_serve_arguments, serve_only_error
 from kvdeck.engine.types.config import EngineConfig
 
@@ -38,6 +39,8 @@ SUBCOMMANDS = {  # name: (module, help)
     "plan": ("kvdeck.app.cli.plan",
              "capacity planner: the real scheduler in simulated time on a recording or synthetic "
              "users, for other block sizes, pools (--gpu), KV dtypes and limits"),
+    "replay": ("kvdeck.app.cli.replay",
+               "replay a recorded session's dashboard (--record FILE), read-only, with a time slider"),
 }
 
 
@@ -51,6 +54,7 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--serve", action="store_true", help="run the OpenAI-compatible server")
     add_engine_arguments(parser)
     serve_only = add_serve_arguments(parser)
+    add_record_arguments(parser)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", prog="kvdeck")
     handlers = {}
     named = set(argv or ()) & set(SUBCOMMANDS)
@@ -78,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(args._handlers[args.command](args) or 0)
         engine_kwargs = engine_kwargs_from_args(args)
         EngineConfig.from_kwargs(None, **engine_kwargs)  # fail fast on bad flags
+        record = record_options(args)  # and on a recording that cannot be written
         from kvdeck.app.cli.default_model import default_model
 
         requested_model = args.model
@@ -88,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_server(args, engine_kwargs, requested_model)
         from kvdeck.tui.launch import run_tui
 
-        return run_tui(args.model, engine_kwargs)
+        return run_tui(args.model, engine_kwargs, record_to=record.path if record else None,
+                       record_max_mb=record.max_mb if record else 20.0)
     except ValueError as exc:
         print(f"kvdeck: error: {exc}", file=sys.stderr)
         return 2

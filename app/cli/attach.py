@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from kvdeck.app.cli.record_flags import add_record_arguments, record_options
+
 API_KEY_ENV = "KVDECK_API_KEY"
 
 
@@ -23,6 +25,7 @@ def add_attach_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--api-key", default=None,
                         help=f"the servers' bearer token (default: ${API_KEY_ENV}, then "
                              "$OPENAI_API_KEY)")
+    add_record_arguments(parser)
 
 
 def run_attach(args: argparse.Namespace) -> int:
@@ -31,11 +34,14 @@ def run_attach(args: argparse.Namespace) -> int:
 
     try:
         urls = [normalise_url(url) for url in args.urls]
+        record = record_options(args)
     except ValueError as exc:
         print(f"kvdeck attach: error: {exc}", file=sys.stderr)
         return 2
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or os.environ.get("OPENAI_API_KEY")
-    return run_attached(urls, api_key)
+    if record is None:
+        return run_attached(urls, api_key)
+    return run_attached(urls, api_key, record.path, record.max_mb)
 
 
 COMMANDS = {  # name: (add_arguments, run); the help text is in kvdeck.app.cli

@@ -4,9 +4,10 @@ Tables:
   meta(key, value)  -- "format" = FORMAT_NAME, "version" = FORMAT_VERSION, "codec" = "zlib",
                        "info" = the engine's description (JSON), "started_at", "ended_at",
                        "dropped" (records the writer could not keep up with), "trimmed_before"
-  chunks(seq, t0, t1, keyframe, n_stats, nbytes, data) -- ~CHUNK_S of records each, in time
-                       order, indexed by t0; `keyframe` = 1 when its first stats record is a
-                       full snapshot (decoding may start there).
+  chunks(seq, t0, t1, keyframe, n_stats, stats_t, nbytes, data) -- ~CHUNK_S of records
+                       each, in time order, indexed by t0; `keyframe` = 1 when its first
+                       stats record is a full snapshot (decoding may start there); stats_t
+                       the JSON list of its snapshots' times (the index replay seeks on).
 
 A chunk's data is zlib(JSON list of records), each record [t, kind, payload]:
   "K" a full stats snapshot (encoded_stats), "D" a delta against the previous snapshot,
@@ -37,7 +38,8 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (
     seq INTEGER PRIMARY KEY, t0 REAL NOT NULL, t1 REAL NOT NULL, keyframe INTEGER NOT NULL,
-    n_stats INTEGER NOT NULL, nbytes INTEGER NOT NULL, data BLOB NOT NULL);
+    n_stats INTEGER NOT NULL, stats_t TEXT NOT NULL, nbytes INTEGER NOT NULL,
+    data BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS chunks_t0 ON chunks (t0);
 """
 

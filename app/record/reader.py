@@ -43,7 +43,7 @@ from kvdeck.app.record.format import (
 from kvdeck.engine.types.request_timeline import TimelineSnapshot, timeline_from_dict
 from kvdeck.engine.types.stats import EngineStats
 
-CACHED_CHUNKS = 256  # decoded chunks kept (a seek back and forth decodes nothing twice)
+CACHED_CHUNKS = 48  # decoded chunks kept: replay's window (each snapshot holds its block map)
 STATE = "state"  # a decoded chunk's stats record: (t, STATE, encoded state dict)
 
 
@@ -119,18 +119,19 @@ class Recording:
         self.engine = _recorded_engine(self.info)
         self.complete = "ended_at" in meta  # False: the process was killed while recording
         self.dropped = int(meta.get("dropped") or 0)
-        self._chunks = [_ChunkRow(seq, t0, t1, bool(kf), n) for seq, t0, t1, kf, n in
-                        self._db.execute("SELECT seq, t0, t1, keyframe, n_stats FROM chunks "
-                                         "ORDER BY seq")]
+        rows = self._db.execute("SELECT seq, t0, t1, keyframe, n_stats, stats_t FROM chunks "
+                                "ORDER BY seq").fetchall()
+        self._chunks = [_ChunkRow(seq, t0, t1, bool(kf), n) for seq, t0, t1, kf, n, _ in rows]
         first_keyframe = next((i for i, c in enumerate(self._chunks) if c.keyframe), None)
         if first_keyframe is None or not any(c.n_stats for c in self._chunks):
             raise RecordingError(f"{self.path} holds no engine snapshots (an empty recording)")
         self._chunks = self._chunks[first_keyframe:]  # trimmed: decoding starts at a keyframe
+        # Every snapshot's time, from the index (no chunk decoded).
+        self._times = [t for row in rows[first_keyframe:] for t in json.loads(row[5])]
         self._t1_max: list[float] = []  # running max of chunk end times: a sorted seek key
         for chunk in self._chunks:
             self._t1_max.append(max(chunk.t1, self._t1_max[-1] if self._t1_max else chunk.t1))
         self._decoded: OrderedDict[int, tuple[list, dict | None]] = OrderedDict()
-        self._times: list[float] | None = None
 
     def _check(self, meta: dict) -> None:
         if meta.get("format") != FORMAT_NAME:
@@ -164,9 +165,7 @@ class Recording:
         return max(self._chunks[-1].t1, self.snapshot_times()[-1])
 
     def snapshot_times(self) -> list[float]:
-        """Every snapshot's time, in order (decodes the whole file once)."""
-        if self._times is None:
-            self._times = [t for t, _ in self._stats_records(None, None)]
+        """Every snapshot's time, in order."""
         return self._times
 
     # ---- snapshots ---------------------------------------------------------------------------
@@ -187,6 +186,22 @@ class Recording:
                   ) -> Iterator[tuple[float, EngineStats]]:
         for t, state in self._stats_records(t0, t1):
             yield t, decoded_stats(state)
+
+    def snapshot_range(self, first: int, last: int) -> list[EngineStats]:
+        """Snapshots number `first` to `last` (inclusive; indexes into snapshot_times())."""
+        times = self.snapshot_times()
+        first, last = max(first, 0), min(last, len(times) - 1)
+        if first > last:
+            return []
+        index = bisect.bisect_left(times, times[first])  # the first snapshot at that time
+        out = []
+        for _, state in self._stats_records(times[first], times[last]):
+            if index >= first:
+                out.append(decoded_stats(state))
+            index += 1
+            if index > last:
+                break
+        return out
 
     def _stats_records(self, t0: float | None, t1: float | None) -> Iterator[tuple[float, dict]]:
         for t, kind, payload in self._records(t0, t1):

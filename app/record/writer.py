@@ -90,6 +90,7 @@ class RecordingWriter:
         self._finished_ids: dict[str, None] = {}  # recorded from final outputs (bounded)
         self._last_stats_step = -1
         self._listener_step = 0  # the step listener's count (steps_start sets where it starts)
+        self._info: dict | None = None  # a new engine description, not yet in meta
         self._thread.start()
 
     def _create(self, info: dict) -> sqlite3.Connection:
@@ -130,6 +131,7 @@ class RecordingWriter:
         self._put(("steps_start", num_steps))
 
     def set_info(self, at: float, info: dict) -> None:
+        """The engine's description (known once it is ready; again after a restart)."""
         self._put(("info", at, info))
 
     def _put(self, item: Any) -> None:
@@ -199,6 +201,7 @@ class RecordingWriter:
             self._listener_step = item[1]
         elif kind == "info":
             self._append([item[1], INFO, item[2]])
+            self._info = item[2]  # the meta row follows with the chunk's commit
 
     def _add_stats(self, stats: EngineStats) -> None:
         state = encoded_stats(stats)
@@ -251,16 +254,23 @@ class RecordingWriter:
         if not chunk.records:
             return
         times = [record[0] for record in chunk.records]
+        stats_t = [record[0] for record in chunk.records if record[1] in (KEYFRAME, DELTA)]
         data = pack_records(chunk.records)
         with self._db:
             self._db.execute("BEGIN")
             self._db.execute(
-                "INSERT INTO chunks (t0, t1, keyframe, n_stats, nbytes, data) VALUES (?,?,?,?,?,?)",
-                (min(times), max(times), int(chunk.keyframe), chunk.n_stats, len(data), data))
+                "INSERT INTO chunks (t0, t1, keyframe, n_stats, stats_t, nbytes, data) "
+                "VALUES (?,?,?,?,?,?,?)",
+                (min(times), max(times), int(chunk.keyframe), chunk.n_stats,
+                 json.dumps(stats_t), len(data), data))
             self.counters.bytes += len(data)
             self._trim()
             self._db.execute("UPDATE meta SET value = ? WHERE key = 'dropped'",
                              (str(self.counters.dropped),))
+            if self._info is not None:
+                self._db.execute("UPDATE meta SET value = ? WHERE key = 'info'",
+                                 (json.dumps(self._info),))
+                self._info = None
         self.counters.chunks += 1
 
     def _trim(self) -> None:

@@ -24,6 +24,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from kvdeck.app.record.session import SessionRecorder, record_engine
 from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, check_model
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -68,7 +69,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                drain: Drain | None = None, tool_call_parser: str | None = None,
                model_aliases: tuple[str, ...] = (), lora_modules: tuple[LoRAModule, ...] = (),
-               allow_runtime_lora: bool = False) -> FastAPI:
+               allow_runtime_lora: bool = False, recorder: SessionRecorder | None = None) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
@@ -77,6 +78,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     `model_aliases`: more names requests may give the model (served_name.py finds the rest).
     `lora_modules`: LoRA adapters served by name (checked here: ValueError naming a bad one);
     `allow_runtime_lora`: the load/unload routes work (lora_routes.py).
+    `recorder`: `--record FILE`: every snapshot, latency and finished request is recorded.
     """
     names = served_names(client.model_name, override=served_model_name, aliases=model_aliases)
     model_name = names.name
@@ -103,9 +105,13 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         if client.health().status not in ("ready", "starting"):
             tasks.append(asyncio.create_task(_start_engine(client, model_name, on_start_failed,
                                                            engine_restart_delay, state)))
+        if recorder is not None:
+            tasks.append(asyncio.create_task(record_engine(client, recorder, model_name)))
         yield
         for task in tasks:
             task.cancel()
+        if recorder is not None:
+            recorder.close()
         await client.shutdown()
 
     app = FastAPI(title="kvdeck", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -315,7 +321,9 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
                      tool_call_parser=args.tool_call_parser,
                      model_aliases=(requested_model,) if requested_model else (),
                      lora_modules=tuple(args.lora_modules or ()),
-                     allow_runtime_lora=args.allow_runtime_lora)
+                     allow_runtime_lora=args.allow_runtime_lora,
+                     recorder=SessionRecorder(args.record, args.record_max_mb)
+                     if getattr(args, "record", None) else None)
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)

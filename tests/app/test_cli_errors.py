@@ -56,7 +56,7 @@ def test_an_unknown_command_gets_the_nearest_or_the_list(capsys, no_tui):
         "kvdeck: error: unknown command 'modles'; did you mean `kvdeck models`?"
     assert fails(["frobnicate"], capsys)[0] == (
         "kvdeck: error: unknown command 'frobnicate'; the commands are pull, models, rm, import, "
-        "quantize, eval-ppl, bench, attach")
+        "quantize, eval-ppl, bench, attach, plan, replay")
 
 
 @pytest.mark.parametrize("argv, flags", [

@@ -144,6 +144,12 @@ class RequestInspector(Vertical):
         self._requests = current
         self._show_detail()
 
+    def restore(self, finished: list[RequestStats]) -> None:
+        """Replay moved (kvdeck replay): the requests that had finished by the new moment,
+        oldest first, replace those this inspector saw finish; show() then draws the moment."""
+        self._requests = {}
+        self._finished = {r.request_id: r for r in finished[-KEEP_FINISHED:]}
+
     def _draw_row(self, table: DataTable, rid: str, request: RequestStats, finished: bool) -> None:
         state = FINISHED if finished else request.state
         values = (state, request.num_prompt_tokens, request.num_computed_tokens,
