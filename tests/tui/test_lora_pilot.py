@@ -1,7 +1,7 @@
 """LoRA in the TUI, driven with the Pilot against the fake engine: the request inspector names
 a request's adapter, the chat settings offer the adapters beside the models when the engine
-runs with LoRA on (and no model choice when it does not), and the chat's replies then run
-under the chosen adapter."""
+runs with LoRA on (and no model choice when it does not), the chat's replies then run under
+the chosen adapter, and the dashboard names the adapters in use."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from textual.widgets import Select, Static
 
 from kvdeck.app.store import paths
 from kvdeck.tui.app import KvdeckApp
+from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
+from kvdeck.tui.widgets.engine_summary import lora_line
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
 from tests.tui.demo_stats import demo_stats
@@ -105,3 +107,15 @@ async def test_no_model_choice_without_lora(make_app):
         assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
         await pilot.pause()
         assert app.screen.adapters is None and not app.screen.query("#adapter")
+
+
+def test_the_dashboard_line_names_the_adapters_in_use():
+    stats = demo_stats()
+    requests = stats.requests
+    stats.requests = [replace(requests[0], lora_name="sql"), replace(requests[1], lora_name="sql"),
+                      replace(requests[2], lora_name="code"), replace(requests[4], lora_name="sql"),
+                      *requests[5:]]
+    line = lora_line(DashboardState(stats=stats)).plain
+    assert line == "LoRA running code×1, sql×2  waiting sql×1  · 2 in the batch"
+    stats.requests = requests  # the base model's only: no line
+    assert lora_line(DashboardState(stats=stats)).plain == ""

@@ -1,5 +1,5 @@
 """The dashboard's headline figures: queues, KV gauge and history, the KV pool's format,
-throughput, last batch."""
+the LoRA adapters in use, throughput, last batch."""
 
 from __future__ import annotations
 
@@ -120,6 +120,35 @@ def kv_format_line(state: DashboardState) -> Text:
     return text
 
 
+_RUNNING = ("prefilling", "decoding")
+
+
+def lora_line(state: DashboardState) -> Text:
+    """The LoRA adapters the engine's requests run under, with how many run in the batch and
+    how many wait (at most max_loras distinct ones share a step); empty with none."""
+    stats = state.stats
+    text = Text()
+    if stats is None:
+        return text
+    running: dict[str, int] = {}
+    waiting: dict[str, int] = {}
+    for request in stats.requests:
+        if request.lora_name is not None:
+            counts = running if request.state in _RUNNING else waiting
+            counts[request.lora_name] = counts.get(request.lora_name, 0) + 1
+    if not running and not waiting:
+        return text
+    text.append("LoRA ")
+    for label, counts, style in (("running", running, "bold #3cb44b"),
+                                 ("waiting", waiting, "bold #f58231")):
+        if counts:
+            text.append(f"{label} ")
+            text.append(", ".join(f"{name}×{n}" for name, n in sorted(counts.items())), style=style)
+            text.append("  ")
+    text.append(f"· {len(running)} in the batch", style="dim")
+    return text
+
+
 def throughput_line(state: DashboardState) -> Text:
     stats = state.stats
     text = Text()
@@ -170,6 +199,9 @@ class EngineSummary(Vertical):
             yield Static(id="kv-gauge")
             yield HistoryLine(id="kv-history")
         yield Static(id="kv-format")
+        adapters = Static(id="lora-adapters")
+        adapters.display = False  # shown while requests run under adapters
+        yield adapters
         yield Static(id="throughput")
 
     def show(self, state: DashboardState) -> None:
@@ -179,4 +211,7 @@ class EngineSummary(Vertical):
         kv_format = self.query_one("#kv-format", Static)
         kv_format.update(line := kv_format_line(state))
         kv_format.display = bool(line.plain)
+        adapters = self.query_one("#lora-adapters", Static)
+        adapters.update(line := lora_line(state))
+        adapters.display = bool(line.plain)
         self.query_one("#throughput", Static).update(throughput_line(state))
