@@ -23,8 +23,9 @@ from kvdeck.app.plan.model_shapes import ModelShape
 # Hopper (vLLM, llama.cpp decode figures against the roofline); 0.8.
 BW_EFFICIENCY = 0.8
 # Large prefill GEMMs reach 50-70% of dense tensor peak in serving engines (MFU figures of
-# vLLM/SGLang prefill); 0.6. INT4 GEMMs dequantise in the loop: half of that.
-FLOPS_EFFICIENCY = {"bf16": 0.6, "fp16": 0.6, "int8": 0.5, "awq": 0.3, "gptq": 0.3}
+# vLLM/SGLang prefill); 0.6. INT4 GEMMs dequantise in the loop: Marlin-class kernels come near
+# 16-bit speed at decode sizes and lose about a quarter on prefill-sized ones; 0.45.
+FLOPS_EFFICIENCY = {"bf16": 0.6, "fp16": 0.6, "int8": 0.5, "awq": 0.45, "gptq": 0.45}
 # Per step on the host: scheduling, input preparation, sampling, launching (a CUDA-graph
 # decode); kvdeck's own profile of a GPU step is a few milliseconds, with async scheduling
 # hiding part of it. 2 ms plus 20 us a row.

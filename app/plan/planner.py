@@ -70,8 +70,9 @@ def plan(options: PlanOptions) -> PlanReport:
         choices.append(_alternative(options, setup, parse_try(text), text))
     summaries = []
     results = []
+    sample_times = session.snapshot_times if session is not None and not options.users else ()
     for choice, cost in choices:
-        result = simulate(workload, choice, cost, setup.shape.vocab_size)
+        result = simulate(workload, choice, cost, setup.shape.vocab_size, sample_times=sample_times)
         results.append(result)
         summaries.append(summarize(result, cost.description))
     report = PlanReport(workload.description, summaries)

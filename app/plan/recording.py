@@ -31,6 +31,7 @@ class RecordedSession:
     num_preemptions: int | None
     num_steps: int | None
     notes: list[str] = field(default_factory=list)
+    snapshot_times: list[float] = field(default_factory=list)  # workload time of each snapshot
 
     def compare(self, result: SimResult) -> list[Comparison]:
         ttfts = [r.ttft_s for r in result.requests if r.ttft_s is not None]
@@ -38,8 +39,8 @@ class RecordedSession:
         return [
             Comparison("TTFT p50 (s)", self.ttft_p50_s, percentile(ttfts, 50), TTFT_TOLERANCE),
             Comparison("ITL p50 (s)", self.itl_p50_s, percentile(gaps, 50), ITL_TOLERANCE),
-            # Snapshots are taken between steps: compared with the simulation's between steps.
-            Comparison("peak KV blocks", self.peak_blocks, result.peak_blocks_after_step, 0),
+            # The fullest snapshot against the simulation's pool at the snapshots' times.
+            Comparison("peak KV blocks", self.peak_blocks, result.peak_blocks_sampled, 0),
             Comparison("preemptions", self.num_preemptions, result.num_preemptions, None),
             Comparison("steps", self.num_steps, result.num_steps, None),
         ]
@@ -70,7 +71,8 @@ def _load(open_recording, path: str) -> RecordedSession:
             raise ValueError(f"{path}: the recorded model {engine.model!r} is not here to read "
                              "its shape; give --model (a named shape or its directory)") from None
         finished = recording.finished_requests()
-        snapshots = [stats for _, stats in recording.snapshots()]
+        timed_snapshots = list(recording.snapshots())
+        snapshots = [stats for _, stats in timed_snapshots]
         steps = recording.steps()
         latencies = recording.latencies()
     notes: list[str] = []
@@ -96,13 +98,14 @@ def _load(open_recording, path: str) -> RecordedSession:
         notes.append("ITL p50 recorded: each request's mean gap (the file has no ITL samples)")
     peak = max((s.num_blocks - s.num_free_blocks for s in snapshots), default=None)
     notes.append(f"peak KV blocks: the fullest of the recording's {len(snapshots)} snapshots, and "
-                 "of the simulation's states between steps (the table's peak is within a step)")
+                 "of the simulated pool at the same times (the table's peak: at every step)")
     last = snapshots[-1] if snapshots else None
     return RecordedSession(
         path, engine, shape,
         FixedWorkload(requests, f"recorded: {len(requests)} requests from {path}", start_s),
         cost, percentile(ttfts, 50), percentile(itls, 50), peak,
-        last.num_preemptions if last else None, last.num_steps if last else None, notes)
+        last.num_preemptions if last else None, last.num_steps if last else None, notes,
+        [t - t0 for t, _ in timed_snapshots])
 
 
 def _host_overhead(steps: list) -> float | None:

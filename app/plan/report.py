@@ -114,15 +114,17 @@ def _s(value: float | None) -> str:
     return f"{value * 1e3:.1f} ms" if value < 1 else f"{value:.2f} s"
 
 
-def _triple(values: dict[str, float | None]) -> str:
-    """p50/p90/p99 in one unit: "12/15/40 ms" or "0.8/2.1/9.6 s"."""
-    known = [v for v in values.values() if v is not None]
-    if not known:
+def _short(value: float | None) -> str:
+    if value is None:
         return "-"
-    scale, unit = (1e3, "ms") if max(known) < 1 else (1.0, "s")
-    digits = 0 if unit == "ms" and max(known) * scale >= 10 else 1 if unit == "ms" else 2
-    parts = ["-" if v is None else f"{v * scale:.{digits}f}" for v in values.values()]
-    return "/".join(parts) + f" {unit}"
+    if value < 0.01:
+        return f"{value * 1e3:.1f}ms"
+    return f"{value * 1e3:.0f}ms" if value < 1 else f"{value:.1f}s"
+
+
+def _triple(values: dict[str, float | None]) -> str:
+    """p50/p90/p99, each in its own unit: "23ms/27ms/2.5s"."""
+    return "/".join(_short(v) for v in values.values())
 
 
 def render(report: PlanReport, console) -> None:
@@ -130,17 +132,23 @@ def render(report: PlanReport, console) -> None:
     from rich.table import Table
 
     console.print(f"[bold]workload[/]: {report.workload}")
-    table = Table(title="kvdeck plan", title_justify="left")
-    for column in ("choice", "pool", "TTFT p50/90/99", "ITL p50/90/99", "KV peak", "preempt",
-                   "max run", "tok/s", "prefix hit"):
-        table.add_column(column, justify="left" if column == "choice" else "right",
-                         overflow="fold")
-    for s in report.summaries:
+    from rich import box
+
+    table = Table(title="kvdeck plan (TTFT, ITL: p50/p90/p99; hit: prefix cache)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1), collapse_padding=True)  # fits 100 columns
+    for column in ("choice", "pool", "TTFT", "ITL", "KV peak", "preempt", "max run", "tok/s",
+                   "hit"):
+        table.add_column(column, justify="left" if column == "choice" else "right", no_wrap=True)
+    for i, s in enumerate(report.summaries):
         table.add_row(
-            s.label, f"{s.num_blocks}x{s.block_size} {s.kv_cache_dtype}", _triple(s.ttft_s),
+            f"try {i}" if i else s.label, f"{s.num_blocks}x{s.block_size} {s.kv_cache_dtype}",
+            _triple(s.ttft_s),
             _triple(s.itl_s), f"{s.peak_blocks} ({s.peak_kv_usage:.0%})", str(s.preemptions),
             str(s.max_running), f"{s.output_tokens_per_s:.0f}", f"{s.prefix_hit_rate:.0%}")
     console.print(table)
+    for i, s in enumerate(report.summaries[1:], 1):  # the --try labels, which may be long
+        console.print(f"try {i}: {s.label}")
     for s in report.summaries:
         if s.pool_note and (s is report.summaries[0] or s.pool_note != report.summaries[0].pool_note):
             console.print(f"pool ({s.label}): {s.pool_note}")

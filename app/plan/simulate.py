@@ -50,6 +50,7 @@ class SimResult:
     num_steps: int = 0
     peak_blocks: int = 0  # blocks held at the fullest step (cached-but-free ones are free)
     peak_blocks_after_step: int = 0  # the same after each step's update: what snapshots see
+    peak_blocks_sampled: int = 0  # the fullest state at `sample_times` (a recording's snapshots)
     num_preemptions: int = 0
     max_running: int = 0
     duration_s: float = 0.0
@@ -78,7 +79,9 @@ def step_shape(batch: ScheduledBatch) -> StepShape:
 
 
 def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_size: int,
-             keep_steps: bool = False) -> SimResult:
+             keep_steps: bool = False, sample_times: list[float] = ()) -> SimResult:
+    """`sample_times`: sorted workload times at which to read the pool as a snapshot taken
+    then would (the state after the last step that ended before)."""
     manager = BlockManager(choice.num_blocks, choice.block_size, choice.enable_prefix_caching,
                            list(choice.windows))
     swap = _swap_space(choice, manager)
@@ -93,6 +96,8 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
         order += 1
     live: dict[str, tuple[Request, PlannedRequest, RequestResult, random.Random]] = {}
     now = workload.start_s
+    samples = list(reversed(sample_times))  # popped from the end, earliest first
+    held_now = 0  # blocks held since the last step ended
     while pending or scheduler.has_unfinished_requests():
         while pending and pending[0][0] <= now:
             _, _, planned = heapq.heappop(pending)
@@ -131,9 +136,12 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
             if token is not None:
                 _token(live[request.request_id][2], now)
         result.generated_tokens += sum(token is not None for token in sampled)
+        while samples and samples[-1] < now:  # snapshots taken while this step ran
+            samples.pop()
+            result.peak_blocks_sampled = max(result.peak_blocks_sampled, held_now)
         finished = scheduler.update_from_output(batch, sampled)
-        result.peak_blocks_after_step = max(result.peak_blocks_after_step,
-                                            manager.num_blocks - manager.num_free_blocks)
+        held_now = manager.num_blocks - manager.num_free_blocks
+        result.peak_blocks_after_step = max(result.peak_blocks_after_step, held_now)
         result.num_steps += 1
         if result.num_steps > MAX_STEPS:
             raise ValueError(f"the simulation passed {MAX_STEPS} steps; shorten the workload")
@@ -147,6 +155,8 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
             if follow is not None:
                 heapq.heappush(pending, (follow.arrival_s, order, follow))
                 order += 1
+    if samples:  # snapshots after the last step
+        result.peak_blocks_sampled = max(result.peak_blocks_sampled, held_now)
     result.num_preemptions = scheduler.num_preemptions
     result.duration_s = now
     result.prefix_cache_queries = manager.prefix_cache_queries
