@@ -27,6 +27,7 @@ from kvdeck.engine.types.outputs import RequestOutput
 
 logger = logging.getLogger("kvdeck.serve")
 
+# Success is vLLM's plain-text line; errors are JSON (so no response_class: it would type them).
 LORA_ROUTE_RESPONSES = {200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                               "description": "Success: the adapter was loaded or unloaded"},
                         **errors(400, 401, 404, 413, 503)}
@@ -59,8 +60,7 @@ def install_lora_routes(app: FastAPI, state: ServeState, registry: AdapterRegist
 
     state.engine.add_output_listener(observe)
 
-    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse,
-              responses=LORA_ROUTE_RESPONSES)
+    @app.post("/v1/load_lora_adapter", responses=LORA_ROUTE_RESPONSES)
     async def load_lora_adapter(body: LoadLoRAAdapterRequest) -> PlainTextResponse:
         """Load a PEFT LoRA adapter and serve it as `lora_name` (vLLM's route)."""
         _check_runtime(allow_runtime)
@@ -92,8 +92,7 @@ def install_lora_routes(app: FastAPI, state: ServeState, registry: AdapterRegist
         logger.info("loaded LoRA adapter %r from %s (rank %d)", lora.lora_name, info.path, info.rank)
         return PlainTextResponse(f"Success: LoRA adapter '{lora.lora_name}' added successfully.")
 
-    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse,
-              responses=LORA_ROUTE_RESPONSES)
+    @app.post("/v1/unload_lora_adapter", responses=LORA_ROUTE_RESPONSES)
     async def unload_lora_adapter(body: UnloadLoRAAdapterRequest) -> PlainTextResponse:
         """Stop serving an adapter; its requests still running finish under it."""
         _check_runtime(allow_runtime)
