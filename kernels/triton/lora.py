@@ -1,7 +1,8 @@
 """Triton LoRA shrink/expand (Punica's BGMV, as vLLM's punica kernels): one program per
 adapter row (and fused slice, and block of outputs) reads its slot's A or B, so rows of
 different adapters share one launch and base rows are not launched at all. Same contract
-as kernels/reference/lora.py (slot layout, `rows`, `row_slots`, `rank`); sums in fp32.
+as kernels/reference/lora.py (slot layout, `rows`, `row_slots`, `rank`); sums in fp32. Each
+program reads only its row's slot, so the step's slot count does not matter here.
 Import through `kernels.dispatch.lora_linear_delta`.
 """
 
@@ -82,7 +83,7 @@ def _slices(output_sizes: list[int], device: torch.device) -> tuple[torch.Tensor
 
 def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor,
                        num_slices: int, rank: int) -> torch.Tensor:
-    """h [L, n * rank] in fp32 (kernels/reference/lora.py's lora_shrink)."""
+    """h [L, n * rank] in fp32: h[j, i*rank : (i+1)*rank] = A_i[row_slots[j], :rank] @ x[rows[j]]."""
     num_rows = row_slots.shape[0]
     h = torch.empty(num_rows, num_slices * rank, dtype=torch.float32, device=x.device)
     if num_rows == 0:
@@ -98,8 +99,9 @@ def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | No
 
 
 def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None,
-                       row_slots: torch.Tensor, output_sizes: list[int], rank: int) -> torch.Tensor:
-    """out[rows, slices] += B @ h, in place (kernels/reference/lora.py's lora_expand)."""
+                       row_slots: torch.Tensor, output_sizes: list[int], rank: int,
+                       padded_rank: int) -> torch.Tensor:
+    """out[rows, slices] += B @ h, in place; b [out, slots * R] (kernels/reference/lora.py)."""
     num_rows = row_slots.shape[0]
     if num_rows == 0:
         return out
@@ -107,9 +109,11 @@ def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows
         raise ValueError("lora_expand_triton writes rows of a tensor whose last dim is contiguous")
     offsets, sizes = _slices(output_sizes, out.device)
     grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), _BLOCK_N))
+    if b.stride(1) != 1:
+        b = b.contiguous()
     launch(_lora_expand_kernel, grid,
            h, b, rows if rows is not None else row_slots, row_slots, out, offsets, sizes,
-           num_rows, rank, h.stride(0), b.stride(0), b.stride(1), out.stride(0),
+           num_rows, rank, h.stride(0), padded_rank, b.stride(0), out.stride(0),
            HAS_ROWS=rows is not None, BLOCK_R=max(2, triton.next_power_of_2(rank)), BLOCK_N=_BLOCK_N)
     return out
 
@@ -118,4 +122,4 @@ def lora_linear_delta_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor
                              rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
                              rank: int) -> torch.Tensor:
     h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank)
-    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank)
+    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[1] // len(output_sizes))

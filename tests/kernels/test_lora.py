@@ -14,7 +14,7 @@ def _case(seed: int, output_sizes: list[int], dtype=torch.float32, slots: int = 
     gen = torch.Generator().manual_seed(seed)
     n = len(output_sizes)
     a = torch.randn(slots, n * padded, in_size, generator=gen).to(dtype)
-    b = torch.randn(slots, sum(output_sizes), padded, generator=gen).to(dtype)
+    b = torch.randn(sum(output_sizes), slots * padded, generator=gen).to(dtype)
     x = torch.randn(tokens, in_size, generator=gen).to(dtype)
     out = torch.randn(tokens, sum(output_sizes), generator=gen).to(dtype)
     return x, out, a, b
@@ -30,7 +30,8 @@ def _loop(x, out, a, b, token_slots: list[int], output_sizes: list[int], rank: i
         offset = 0
         for i, size in enumerate(output_sizes):
             h = a[slot, i * padded : i * padded + rank].double() @ x[t].double()
-            expected[t, offset : offset + size] += b[slot, offset : offset + size, :rank].double() @ h
+            columns = slice(slot * padded, slot * padded + rank)
+            expected[t, offset : offset + size] += b[offset : offset + size, columns].double() @ h
             offset += size
     return expected
 
@@ -38,7 +39,7 @@ def _loop(x, out, a, b, token_slots: list[int], output_sizes: list[int], rank: i
 @pytest.mark.parametrize("output_sizes, rank", [([40], 8), ([32, 16, 16], 5), ([24, 24], 8)])
 @pytest.mark.parametrize("every_row", [False, True])
 def test_reference_and_triton_match_a_row_loop(output_sizes, rank, every_row):
-    x, out, a, b = _case(0, output_sizes)
+    x, out, a, b = _case(0, output_sizes, slots=4)  # the rows use slots 0-2 of 4
     token_slots = [1, 0, 2, 1, 0, 2, 1] if every_row else [1, -1, 2, -1, 0, 1, -1]
     rows = [t for t, s in enumerate(token_slots) if s >= 0]
     rows_t = None if every_row else torch.tensor(rows)
@@ -46,10 +47,22 @@ def test_reference_and_triton_match_a_row_loop(output_sizes, rank, every_row):
     expected = _loop(x, out, a, b, token_slots, output_sizes, rank)
     reference = lora_linear_delta(x, out.clone(), a, b, rows_t, row_slots, output_sizes, rank)
     torch.testing.assert_close(reference.double(), expected, rtol=1e-5, atol=1e-4)
+    # Computing only the slots the step uses gives the same sums.
+    fewer = lora_linear_delta(x, out.clone(), a, b, rows_t, row_slots, output_sizes, rank, num_slots=3)
+    torch.testing.assert_close(fewer, reference)
     triton_out = lora_linear_delta_triton(x, out.clone(), a, b, rows_t, row_slots, output_sizes, rank)
     torch.testing.assert_close(triton_out, reference, rtol=1e-5, atol=1e-4)
     base_rows = [t for t, s in enumerate(token_slots) if s < 0]
     assert torch.equal(triton_out[base_rows], out[base_rows])  # base rows untouched
+
+
+def test_reference_masks_base_rows_given_every_row():
+    output_sizes, rank = [32, 16, 16], 6
+    x, out, a, b = _case(3, output_sizes)
+    token_slots = [2, -1, 0, 1, -1, 2, 0]
+    expected = _loop(x, out, a, b, token_slots, output_sizes, rank)
+    got = lora_linear_delta(x, out.clone(), a, b, None, torch.tensor(token_slots), output_sizes, rank)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
 
 
 def test_triton_in_bf16_within_rounding():

@@ -52,6 +52,7 @@ class LoRAManager:
         self.dtype = dtype
         self.device = device
         self.backend = backend
+        self._torch_path = backend == "torch" or (backend == "auto" and device.type != "cuda")
         self.context = LoRAContext()
         # Per layer: linear path -> its slots (attached to the Linear as `lora`).
         self.layer_slots: list[dict[str, LinearSlots]] = []
@@ -127,13 +128,18 @@ class LoRAManager:
                 plan: LoRAStepPlan) -> torch.Tensor:
         """Run the model for a step with adapter rows: the Python forward, eager."""
         slot_table = self._slots_for(plan.adapters)
-        rows = np.flatnonzero(plan.token_ids)
-        row_slots = np.asarray([slot_table[i] for i in plan.token_ids[rows].tolist()], dtype=np.int64)
-        every_row = rows.size == plan.token_ids.size
+        token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
+        rows = np.flatnonzero(token_slots >= 0)
+        # The torch path takes every row, base rows masked to zero, once most rows have an
+        # adapter: a gather and a scatter of the rows cost more there than the base rows' share
+        # of small GEMMs. Otherwise (and always for Triton) only the adapter rows are computed.
+        if rows.size == token_slots.size or (self._torch_path and 4 * rows.size >= 3 * token_slots.size):
+            rows_t, row_slots = None, token_slots
+        else:
+            rows_t, row_slots = torch.from_numpy(rows).to(self.device), token_slots[rows]
         self.context.step = LoRAStep(
-            None if every_row else torch.from_numpy(rows).to(self.device),
-            torch.from_numpy(row_slots).to(self.device),
-            max(self.rank_of[i] for i in plan.adapters), self.backend)
+            rows_t, torch.from_numpy(row_slots).to(self.device),
+            max(self.rank_of[i] for i in plan.adapters), max(slot_table.values()) + 1, self.backend)
         inner = model.model
         stack, inner.decoder_stack = getattr(inner, "decoder_stack", None), None  # it cannot apply them
         try:
@@ -160,8 +166,9 @@ class LoRAManager:
             return table
 
     def _take_slot(self, needed: dict[int, LoRARequest]) -> int:
-        if self.free_slots:
-            return self.free_slots.pop()
+        if self.free_slots:  # the lowest first: a step computes slots [0, highest used]
+            self.free_slots.sort()
+            return self.free_slots.pop(0)
         for lora_int_id, slot in self.slot_of.items():  # least recently used first
             if lora_int_id not in needed:
                 del self.slot_of[lora_int_id]

@@ -18,8 +18,9 @@ class LoRAStep:
     """Which rows of this step's tokens use an adapter, and its slot."""
 
     rows: torch.Tensor | None  # int64 [L]: the token rows with an adapter (None: every row)
-    row_slots: torch.Tensor  # int64 [L]: each one's slot
+    row_slots: torch.Tensor  # int64 [L]: each one's slot (-1, with rows None: a base row, torch path)
     rank: int  # the largest rank among the step's adapters
+    num_slots: int  # the step's adapters sit in slots [0, num_slots)
     backend: str  # the kernels' backend (auto | triton | torch)
 
 
@@ -29,7 +30,8 @@ class LoRAContext:
 
 
 class LinearSlots:
-    """A [slots, n * R, in] and B [slots, out, R] (R: max_lora_rank) of one fused linear."""
+    """A [slots, n * R, in] and B [out, slots * R] (R: max_lora_rank) of one fused linear
+    (the layout of kernels/reference/lora.py)."""
 
     __slots__ = ("context", "output_sizes", "offsets", "max_rank", "a", "b")
 
@@ -40,11 +42,11 @@ class LinearSlots:
         self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.max_rank = max_rank
         self.a = torch.zeros(num_slots, len(output_sizes) * max_rank, in_size, dtype=dtype, device=device)
-        self.b = torch.zeros(num_slots, sum(output_sizes), max_rank, dtype=dtype, device=device)
+        self.b = torch.zeros(sum(output_sizes), num_slots * max_rank, dtype=dtype, device=device)
 
     def clear(self, slot: int) -> None:
         self.a[slot].zero_()
-        self.b[slot].zero_()
+        self.b[:, slot * self.max_rank : (slot + 1) * self.max_rank].zero_()
 
     def load(self, slot: int, index: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Slice `index`'s A [r, in] and B [out_index, r] into `slot` (the rest stays zero)."""
@@ -52,11 +54,12 @@ class LinearSlots:
         start = index * self.max_rank
         self.a[slot, start : start + rank].copy_(a, non_blocking=True)
         offset = self.offsets[index]
-        self.b[slot, offset : offset + self.output_sizes[index], :rank].copy_(b, non_blocking=True)
+        column = slot * self.max_rank
+        self.b[offset : offset + self.output_sizes[index], column : column + rank].copy_(b, non_blocking=True)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         step = self.context.step
         if step is None:
             return out
         return lora_linear_delta(x, out, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
-                                 step.rank, step.backend)
+                                 step.rank, step.num_slots, step.backend)

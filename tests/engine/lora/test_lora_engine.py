@@ -32,10 +32,13 @@ def test_base_and_two_adapters_in_one_batch_match_merged_peft(family, request):
         assert any(len(ids) == 3 for ids in steps), "the three never shared a step"
         # The three prompts share their first 32 tokens, under three adapters: no block reused.
         assert llm.stats().prefix_cache_hits == 0
-        # The same adapter does reuse them, and its tokens are still the merged model's.
-        again = _tokens(llm.generate([PROMPTS[2]], GREEDY, lora_request=sql))
-        assert again == [setup.expected("sql", 2)]
-        assert llm.stats().prefix_cache_hits == 32
+        # The same adapter does reuse them (two blocks each), and its tokens are still the
+        # merged model's; three adapter rows of four take the torch path's every-row form.
+        again = _tokens(llm.generate([PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0]], GREEDY,
+                                     lora_request=[sql, code, sql, None]))
+        assert again == [setup.expected("sql", 2), setup.expected("code", 0), setup.expected("sql", 1),
+                         setup.expected(None, 0)]
+        assert llm.stats().prefix_cache_hits == 4 * 32
     # The adapters do change the output (else the test above would prove little).
     assert setup.expected("sql", 1) != setup.expected(None, 1)
     assert setup.expected("sql", 2) != setup.expected("code", 2)
