@@ -1,5 +1,6 @@
 """LoRA adapter folders beside the local models: a folder holding PEFT's adapter_config.json
-in kvdeck's store, or beside (or inside) a model folder the user added. The Models screen
+in kvdeck's store, or beside (or inside) a model folder the user added, or an adapter folder
+the user added itself (kept in the registry, as added model folders are). The Models screen
 lists them with their rank and the model they were trained on, and the chat offers the ones
 that fit the loaded model.
 
@@ -10,12 +11,13 @@ would refuse is listed with the reason instead.
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvdeck.app.store import paths
+from kvdeck.app.store import paths, registry
 from kvdeck.app.store.local_models import LocalModel
 from kvdeck.engine.types.lora import ADAPTER_CONFIG, read_adapter_info
 
 MAX_DEPTH = 2  # store/org/name: how deep under a root a folder is looked for
 MAX_FOLDERS = 2000  # folders looked at in all, so a huge root never stalls the screen
+ADDED_KEY = "adapter_folders"  # the registry's record of added adapter folders: path -> name
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,13 +44,31 @@ def find_adapters(models: list[LocalModel], roots: list[Path] | None = None) -> 
     seen: set[Path] = set()
     found: list[AdapterFolder] = []
     budget = [MAX_FOLDERS]
-    for root in roots:
-        for folder in _adapter_dirs(Path(root), MAX_DEPTH, budget):
+    added = [Path(p) for p in registry.read().get(ADDED_KEY, {})]
+    for root in [None, *roots]:
+        folders = added if root is None else _adapter_dirs(Path(root), MAX_DEPTH, budget)
+        for folder in folders:
             resolved = folder.resolve()
             if resolved not in seen:
                 seen.add(resolved)
                 found.append(describe_adapter(folder, models))
     return sorted(found, key=lambda a: (a.name.lower(), str(a.path)))
+
+
+def add_adapter_folder(path: str | Path, models: list[LocalModel]) -> AdapterFolder:
+    """List an adapter folder from elsewhere on disk (nothing is copied); ValueError naming
+    the problem if it is not one the engine would serve."""
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ValueError(f"{path}: no such folder")
+    folder = folder.resolve()
+    read_adapter_info(folder)
+
+    def change(data: dict) -> None:
+        data.setdefault(ADDED_KEY, {})[str(folder)] = folder.name
+
+    registry.update(change)
+    return describe_adapter(folder, models)
 
 
 def describe_adapter(folder: Path, models: list[LocalModel]) -> AdapterFolder:

@@ -69,3 +69,21 @@ async def test_no_adapters_no_section(kvdeck_env):
     async with app.run_test(size=(140, 48)) as pilot:
         await pilot.pause()
         assert not app.screen.query_one(AdaptersTable).display
+
+
+async def test_an_adapter_folder_is_added_from_the_input(kvdeck_env):
+    elsewhere = _adapter(kvdeck_env / "downloads" / "sql-lora", "someone/base", rank=4)
+    bad = _adapter(kvdeck_env / "downloads" / "dora", "someone/base", use_dora=True)
+    app = ModelsApp()
+    async with app.run_test(size=(140, 48)) as pilot:
+        await pilot.pause()
+        repo_input = app.screen.query_one("#repo-input")
+        for folder in (bad, elsewhere):
+            repo_input.value = str(folder)
+            app.screen.action_pull()
+            await pilot.pause()
+        table = app.screen.query_one(AdaptersTable)
+        assert [key.value for key in table.rows] == [str(elsewhere)]  # the DoRA one refused
+        assert [str(c) for c in table.get_row(str(elsewhere))[:3]] == ["sql-lora", "someone/base", "4"]
+    # Listed from the registry from now on (nothing was copied).
+    assert [a.path for a in find_adapters([])] == [elsewhere]

@@ -25,12 +25,13 @@ from kvdeck.app.jobs.compare import check_eval_text, heldout_text_for
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.jobs.quantize_estimate import quantize_choices, start_probe
 from kvdeck.app.store import local_models, paths
-from kvdeck.app.store.adapter_folders import find_adapters
+from kvdeck.app.store.adapter_folders import add_adapter_folder, find_adapters
 from kvdeck.app.store.cpu_plan import CpuFeatures
 from kvdeck.app.store.download_progress import format_bytes
 from kvdeck.app.store.inspect import InvalidModelError
 from kvdeck.app.store.local_models import BUNDLED_NAME, LocalModel
 from kvdeck.app.store.recommended import RECOMMENDED
+from kvdeck.engine.types.lora import ADAPTER_CONFIG
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.engine_session import EngineSession
 from kvdeck.tui.host_memory import available_ram_bytes, nvidia_smi_free_bytes
@@ -60,8 +61,9 @@ def _folder_problem(path: str) -> str | None:
     folder = Path(path).expanduser()
     if not folder.is_dir():
         return f"{path}: no such folder"
-    if not (folder / "config.json").is_file():
-        return f"{path} has no config.json: not a Hugging Face model folder"
+    if not (folder / "config.json").is_file() and not (folder / ADAPTER_CONFIG).is_file():
+        return (f"{path} has no config.json (a Hugging Face model) or {ADAPTER_CONFIG} "
+                "(a LoRA adapter)")
     return None
 
 
@@ -258,12 +260,16 @@ class ModelsScreen(Screen):
 
         self.app.push_screen(PathPromptScreen(
             "Add a model folder",
-            "A folder with config.json and safetensors weights (a Hugging Face model). It is "
-            "listed, not copied; deleting it here only takes it off the list.",
+            "A folder with config.json and safetensors weights (a Hugging Face model), or a "
+            "PEFT LoRA adapter's folder. It is listed, not copied; deleting it here only takes "
+            "it off the list.",
             _folder_problem, value=typed if _looks_like_a_path(typed) else "",
             placeholder="/path/to/model", action="Add"), chosen)
 
     def add_folder(self, path: str) -> None:
+        if (Path(path).expanduser() / ADAPTER_CONFIG).is_file():
+            self.add_adapter(path)
+            return
         try:
             model = local_models.add_folder(path)
         except ValueError as exc:
@@ -273,6 +279,17 @@ class ModelsScreen(Screen):
         self.notify(f"Added {model.name} ({format_bytes(model.size_bytes)}) from {model.path}")
         self.action_refresh()
         self._select(model.name)
+
+    def add_adapter(self, path: str) -> None:
+        try:
+            adapter = add_adapter_folder(path, self.models)
+        except ValueError as exc:
+            self.notify(f"Not added: {exc}", severity="error", timeout=8)
+            return
+        self.query_one("#repo-input", Input).value = ""
+        base = adapter.base_model or adapter.base or "an unknown model"
+        self.notify(f"Added LoRA adapter {adapter.name} (rank {adapter.rank}, for {base})")
+        self.action_refresh()
 
     # -- quantise, compare -----------------------------------------------------------------
 
