@@ -87,6 +87,8 @@ def _load(open_recording, path: str) -> RecordedSession:
                and s.prefill_tokens is not None and s.decode_tokens is not None]
     cost = FittedCostModel.fit(samples, f"the recording {path}")
     overhead = _host_overhead(steps)
+    if overhead is None:  # no step listener (an attached dashboard's recording): snapshots
+        overhead = _host_overhead_from_snapshots(timed_snapshots, samples)
     if overhead is not None:
         cost = cost.with_host_overhead(overhead, "(schedule, update, front-end: the recorded step "
                                                  "rate less the steps' device times)")
@@ -122,6 +124,21 @@ def _host_overhead(steps: list) -> float | None:
         return None
     extra.sort()
     return max(0.0, extra[len(extra) // 2])
+
+
+def _host_overhead_from_snapshots(snapshots: list, samples: list[StepSample]) -> float | None:
+    """The same from snapshots alone: the mean step period between two snapshots that both
+    saw requests running, less the median recorded duration (coarser: the step mix between
+    them is not known)."""
+    periods = []
+    for (t1, a), (t2, b) in zip(snapshots, snapshots[1:]):
+        if a.num_running and b.num_running and b.num_steps > a.num_steps:
+            periods.append((t2 - t1) / (b.num_steps - a.num_steps))
+    if len(periods) < 5 or not samples:
+        return None
+    periods.sort()
+    durations = sorted(s.seconds for s in samples)
+    return max(0.0, periods[len(periods) // 2] - durations[len(durations) // 2])
 
 
 def _arrival(request) -> float | None:
