@@ -43,7 +43,7 @@ _FLAG_HELP = {  # the flags whose value a name alone does not explain
     "async_scheduling": "schedule and prepare the next step while the device runs this one; unset: "
                         "on with CUDA, off on the CPU ",
     "preemption_mode": "when the KV pool runs dry: swap (copy the newest request's blocks to host swap "
-                       "space and back), recompute (drop them), auto (swap requests of 64+ computed "
+                       "space and back), recompute (drop them), auto (swap requests of 16+ computed "
                        "tokens while the swap space has room) ",
     "swap_space": "GiB of host memory for swapped-out KV blocks (at most half the free memory) ",
 }

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from kvdeck.app.serve.tier_metrics import kv_tier_families
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.stats import EngineStats
 from kvdeck.engine.types.wire import EngineInfo
@@ -252,6 +253,7 @@ class _EngineStatsCollector(Collector):
         yield counter("kvdeck:kv_window_released_blocks",
                       "KV blocks released because they slid out of a sliding window.",
                       stats.num_window_released_blocks)
+        yield from kv_tier_families(stats, labels, values)  # swap space, host and disk tiers
         if stats.spec is not None:
             yield from _spec_decode_families(stats, labels, values)
 

@@ -37,10 +37,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# auto's threshold in computed tokens: measured on the CPU with SmolLM2-135M, where a swap-out
-# plus swap-in of a sequence costs less than its recompute from about one block on
-# (benchmarks/results/swap_preemption*.json); a GPU's copies are cheaper still, relatively.
-SWAP_MIN_TOKENS = 64
+# auto's threshold in computed tokens: one block. Measured on the CPU with SmolLM2-135M
+# (benchmarks/results/swap_preemption_smollm2_cpu.json), a swap-out plus swap-in costs less
+# than recomputing at every length from 8 tokens on (1.5 ms against 13 ms as 8 tokens' share of
+# a batch's prefill, 12 ms against 0.4 s at 256); a victim of less than a block holds no full
+# block and costs next to nothing to recompute.
+SWAP_MIN_TOKENS = 16
 
 
 @dataclass(slots=True)

@@ -57,7 +57,7 @@ def test_prefix_cache_hit_counts_cached_tokens(tiny_llama_dir):
 def test_preempted_request_records_who_needed_the_blocks(tiny_llama_dir):
     # Room for two 3-block prompts and nothing more: the older's fourth block is the newer's.
     llm = LLM(str(tiny_llama_dir), num_gpu_blocks_override=6, max_model_len=6 * 16,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, preemption_mode="recompute")  # swap: test_swap_preemption.py
     engine = llm.engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     engine.add_request("old", list(range(10, 10 + 40)), params)

@@ -22,6 +22,7 @@ from kvdeck.tui.widgets.engine_summary import EngineSummary
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from kvdeck.tui.widgets.server_table import ServerTable
+from kvdeck.tui.widgets.tier_strip import TierStrip
 
 if TYPE_CHECKING:
     from kvdeck.engine.types.spec_stats import SpecDecodeStats
@@ -55,6 +56,7 @@ class Dashboard(Vertical):
     Dashboard #no-block-map { display: none; padding: 1 2; }
     Dashboard.-no-block-map #no-block-map { display: block; }
     Dashboard.-no-block-map #block-map, Dashboard.-no-block-map #legend,
+    Dashboard.-no-block-map #tier-strip,
     Dashboard.-no-block-map #inspector { display: none; }
     Dashboard #spec-off { padding: 1 2; }
     Dashboard.-speculating #spec-off { display: none; }
@@ -85,6 +87,7 @@ class Dashboard(Vertical):
         with TabbedContent(id="dashboard-tabs"):
             with TabPane("Blocks", id="tab-blocks"):
                 yield BlockMap(self.colours, id="block-map")
+                yield TierStrip(id="tier-strip")  # host swap, host and disk prefix tiers
                 yield Static(legend_text(), id="legend")
                 yield RequestInspector(self.colours, id="inspector")
                 yield Static(id="no-block-map")
@@ -134,6 +137,7 @@ class Dashboard(Vertical):
                 self.query_one("#spec-policy", Static).update(spec_policy_text(state.stats.spec))
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
+                self.query_one(TierStrip).show(state.stats)
                 self.query_one(RequestInspector).show(state.stats)
                 legend = (state.stats.block_size, state.stats.spec is not None)
                 if legend != self._legend_key:

@@ -19,6 +19,7 @@ from textual.message import Message
 from textual.widgets import DataTable, Static
 
 from kvdeck.tui.request_colours import RequestColours
+from kvdeck.tui.tier_cells import request_tiers_text
 from kvdeck.tui.widgets.request_table import RequestTable
 from kvdeck.tui.widgets.request_timeline_bar import RequestTimelineBar
 
@@ -52,6 +53,7 @@ def block_table_text(request: RequestStats, colour: str, finished: bool = False)
     if request.lora_name is not None:  # a LoRA adapter's request (None: the base model)
         text.append(f" · LoRA adapter {request.lora_name}", style=f"bold {ADAPTER_COLOUR}")
     text.append("\n")
+    text.append(request_tiers_text(request))  # prompt tokens by tier, swaps' cost (if any)
     if request.spec is not None and (request.spec.num_drafts or request.spec.decision):
         text.append(speculation_text(request.spec))
     if finished:

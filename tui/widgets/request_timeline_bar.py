@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 from textual.widgets import Static
 
-from kvdeck.engine.types.request_timeline import DECODE, PREEMPTED, PREFILL, QUEUED
+from kvdeck.engine.types.request_timeline import DECODE, PREEMPTED, PREFILL, QUEUED, SWAPPED
 
 if TYPE_CHECKING:
     from rich.console import Console, ConsoleOptions, RenderResult
@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from kvdeck.engine.types.request_timeline import TimelineSnapshot, TTFTParts
     from kvdeck.engine.types.stats import RequestStats
 
-PHASE_COLOURS = {QUEUED: "#a9a9a9", PREFILL: "#f58231", DECODE: "#3cb44b", PREEMPTED: "#e6194b"}
+PHASE_COLOURS = {QUEUED: "#a9a9a9", PREFILL: "#f58231", DECODE: "#3cb44b", PREEMPTED: "#e6194b",
+                 SWAPPED: "#f032e6"}
 BAR = "█"
 DEFAULT_WIDTH = 40
 
@@ -62,6 +63,10 @@ def phase_totals(timeline: TimelineSnapshot) -> Text:
         text.append(f" {seconds_text(seconds)}")
     if timeline.preemptions:
         text.append(f" · {len(timeline.preemptions)}× preempted")
+        if timeline.swaps:  # of those, the swaps: their K/V went to host memory and back
+            nbytes, seconds = sum(s[1] for s in timeline.swaps), sum(s[2] for s in timeline.swaps)
+            text.append(f" ({len(timeline.swaps)} swapped: {nbytes / (1 << 20):.1f} MiB, "
+                        f"{seconds_text(seconds)})")
     return text
 
 
