@@ -46,6 +46,11 @@ _FLAG_HELP = {  # the flags whose value a name alone does not explain
                        "space and back), recompute (drop them), auto (swap requests of 16+ computed "
                        "tokens while the swap space has room) ",
     "swap_space": "GiB of host memory for swapped-out KV blocks (at most half the free memory) ",
+    "enable_lora": "serve LoRA adapters (PEFT folders) over the model: a request's lora_request, "
+                   "or with --serve its model name (--lora-modules) ",
+    "max_loras": "distinct LoRA adapters one step may use (device slots) ",
+    "max_lora_rank": "the largest LoRA rank an adapter may have ",
+    "max_cpu_loras": "LoRA adapters kept in host memory; unset: --max-loras ",
 }
 
 
