@@ -121,7 +121,8 @@ def main() -> int:
                "mixed_over_base_median": median, "target_ratio": TARGET_RATIO,
                "meets_target": median <= TARGET_RATIO}
     config = {"model": str(model_dir), "requests": args.requests, "adapters": args.adapters,
-              "rank": args.rank, "targets": TARGETS, "prompt_len": args.prompt_len, "steps": args.steps, "pairs": args.pairs,
+              "rank": args.rank, "targets": TARGETS, "prompt_len": args.prompt_len, "steps": args.steps,
+              "pairs": args.pairs,
               "dtype": info.dtype, "device": info.device, "threads": torch.get_num_threads(),
               "forward": "python (KVDECK_CPU_NATIVE=0), torch LoRA reference",
               "load_average_before_after": [load_before, os.getloadavg()]}
