@@ -13,8 +13,9 @@ from __future__ import annotations
 import bisect
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
+from kvdeck.app.record.format import ORDER
 from kvdeck.tui.dashboard_state import HISTORY_LEN, LATENCY_LEN, DashboardState
 from kvdeck.tui.widgets.request_inspector import KEEP_FINISHED
 
@@ -34,14 +35,42 @@ class WorstTTFT:
     request_id: str | None  # None: only the latency sample is known (no timeline)
 
 
+@dataclass(slots=True)
+class _SpecCounters:
+    num_drafts: int
+    num_draft_tokens: int
+    num_accepted_tokens: int
+
+
+@dataclass(slots=True)
+class _HistoryPoint:
+    """What DashboardState.add_stats reads of a snapshot for its histories: the snapshots
+    before the shown one are fed as these (building each EngineStats, with its block map,
+    made a step back take half a second on a 10,922-block pool)."""
+
+    timestamp: float
+    kv_cache_usage: float
+    generation_tokens_total: int
+    spec: _SpecCounters | None
+
+
+def _history_point(state: dict) -> _HistoryPoint:
+    spec = state.get("spec")
+    return _HistoryPoint(state["timestamp"], state["kv_cache_usage"],
+                         state["generation_tokens_total"],
+                         _SpecCounters(spec["num_drafts"], spec["num_draft_tokens"],
+                                       spec["num_accepted_tokens"]) if spec else None)
+
+
 class ReplayCursor:
     def __init__(self, recording: Recording, state: DashboardState) -> None:
         self.recording = recording
         self.state = state
         self.times = recording.snapshot_times()
         self.index = -1  # the snapshot shown
-        self.finished: OrderedDict[str, RequestStats] = OrderedDict()  # the inspector's
-        self._last_requests: dict[str, RequestStats] = {}
+        # The requests the inspector had seen finish: id -> the stored snapshot it was last in.
+        self._finished: OrderedDict[str, dict] = OrderedDict()
+        self._last_state: dict | None = None
         self.speed_index = 0
         self.playing = False
         self.version = 0  # bumped on every move (the position bar redraws on change)
@@ -64,6 +93,11 @@ class ReplayCursor:
     def stats(self) -> EngineStats:
         assert self.state.stats is not None
         return self.state.stats
+
+    @property
+    def finished(self) -> list[RequestStats]:
+        """The requests the inspector lists as finished at this moment, oldest first."""
+        return [self.recording.decode_request(state, rid) for rid, state in self._finished.items()]
 
     @property
     def speed(self) -> int:
@@ -146,35 +180,39 @@ class ReplayCursor:
         state.origin = self.times[0]  # the graphs' x axis: seconds since the recording began
         state.latency_feed = True
         state.source = "kvdeck"
-        self.finished.clear()
-        self._last_requests = {}
+        self._finished.clear()
+        self._last_state = None
         first = max(0, index - HISTORY_LEN + 1)
-        for stats in self.recording.snapshot_range(first, index):
-            self._feed(stats)
+        self._feed(self.recording.snapshot_states(first, index))
         latencies = self.recording.latencies(self.times[first] - LATENCY_LOOKBACK_S,
                                              self.times[index])
         for kind, at, seconds in latencies[-LATENCY_LEN:]:
             state.add_feed_latency(kind, at, seconds)
 
     def _advance(self, index: int) -> None:
-        for stats in self.recording.snapshot_range(self.index + 1, index):
-            self._feed(stats)
+        self._feed(self.recording.snapshot_states(self.index + 1, index))
         for kind, at, seconds in self.recording.latencies(self.times[self.index],
                                                           self.times[index]):
             if at > self.times[self.index]:
                 self.state.add_feed_latency(kind, at, seconds)
 
-    def _feed(self, stats: EngineStats) -> None:
-        """One snapshot, as the live dashboard would take it; the requests gone since the
-        previous one join the finished list the inspector keeps (its KEEP_FINISHED)."""
-        self.state.add_stats(stats)
-        current = {r.request_id: r for r in stats.requests}
-        for rid, request in self._last_requests.items():
-            if rid not in current:
-                self.finished.pop(rid, None)
-                self.finished[rid] = request
-        for rid in [rid for rid in self.finished if rid in current]:
-            del self.finished[rid]
-        while len(self.finished) > KEEP_FINISHED:
-            self.finished.popitem(last=False)
-        self._last_requests = current
+    def _feed(self, states: list[dict]) -> None:
+        """Snapshots, as the live dashboard takes them (the last one whole, the others for
+        the histories); the requests gone from one to the next join the finished list the
+        inspector keeps (its KEEP_FINISHED)."""
+        for number, stored in enumerate(states):
+            last = number == len(states) - 1
+            point = self.recording.decode_state(stored) if last else _history_point(stored)
+            self.state.add_stats(cast("EngineStats", point))
+            current = stored["requests"]
+            previous = self._last_state
+            if previous is not None:
+                for rid in previous[ORDER]:
+                    if rid not in current:
+                        self._finished.pop(rid, None)
+                        self._finished[rid] = previous
+            for rid in [rid for rid in self._finished if rid in current]:
+                del self._finished[rid]
+            while len(self._finished) > KEEP_FINISHED:
+                self._finished.popitem(last=False)
+            self._last_state = stored

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import zlib
 
-from kvdeck.engine.types.stats import EngineStats, stats_from_dict, stats_to_dict
+from kvdeck.engine.types.stats import EngineStats, RequestStats, stats_from_dict, stats_to_dict
 
 FORMAT_NAME = "kvdeck-recording"
 FORMAT_VERSION = 1
@@ -68,6 +68,13 @@ def decoded_stats(state: dict) -> EngineStats:
     requests = data.pop("requests", {})
     data["requests"] = [requests[rid] for rid in data.pop(ORDER, requests)]
     return stats_from_dict(data)
+
+
+def decoded_request(state: dict, request_id: str) -> RequestStats:
+    """One request of a stored snapshot (its block map left out: nothing of it is needed)."""
+    light = {**state, "block_ref_counts": [], "block_is_cached": "", "block_group": [],
+             "requests": {request_id: state["requests"][request_id]}, ORDER: [request_id]}
+    return decoded_stats(light).requests[0]
 
 
 def stats_delta(prev: dict, new: dict) -> dict:

@@ -37,11 +37,12 @@ from kvdeck.app.record.format import (
     STEP,
     RecordingError,
     apply_delta,
+    decoded_request,
     decoded_stats,
     unpack_records,
 )
 from kvdeck.engine.types.request_timeline import TimelineSnapshot, timeline_from_dict
-from kvdeck.engine.types.stats import EngineStats
+from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 CACHED_CHUNKS = 48  # decoded chunks kept: replay's window (each snapshot holds its block map)
 STATE = "state"  # a decoded chunk's stats record: (t, STATE, encoded state dict)
@@ -189,6 +190,12 @@ class Recording:
 
     def snapshot_range(self, first: int, last: int) -> list[EngineStats]:
         """Snapshots number `first` to `last` (inclusive; indexes into snapshot_times())."""
+        return [decoded_stats(state) for state in self.snapshot_states(first, last)]
+
+    def snapshot_states(self, first: int, last: int) -> list[dict]:
+        """As snapshot_range, in the stored form (format.encoded_stats: read-only, shared
+        with the reader's cache): what a caller that needs a few fields of many snapshots
+        reads without building each EngineStats; decode_state makes one."""
         times = self.snapshot_times()
         first, last = max(first, 0), min(last, len(times) - 1)
         if first > last:
@@ -197,11 +204,19 @@ class Recording:
         out = []
         for _, state in self._stats_records(times[first], times[last]):
             if index >= first:
-                out.append(decoded_stats(state))
+                out.append(state)
             index += 1
             if index > last:
                 break
         return out
+
+    @staticmethod
+    def decode_state(state: dict) -> EngineStats:
+        return decoded_stats(state)
+
+    @staticmethod
+    def decode_request(state: dict, request_id: str) -> RequestStats:
+        return decoded_request(state, request_id)
 
     def _stats_records(self, t0: float | None, t1: float | None) -> Iterator[tuple[float, dict]]:
         for t, kind, payload in self._records(t0, t1):

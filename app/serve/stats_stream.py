@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 
+from kvdeck.app.record.session import scheduler_limits
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineDeadError
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.stats import stats_to_dict
@@ -69,9 +70,12 @@ class LatencyFeed:
 
 
 def engine_info(client: AsyncLLM, model_name: str) -> dict:
+    """What /kvdeck/v1/info says: the engine's EngineInfo and its scheduler's limits (what an
+    attached dashboard's recording keeps for `kvdeck plan`)."""
     info = client.info
     return {"model": model_name, "engine": "kvdeck", "health": client.health().status,
-            **(dataclasses.asdict(info) if info is not None else {})}
+            **(dataclasses.asdict(info) if info is not None else {}),
+            **scheduler_limits(client.config, info.device if info is not None else None)}
 
 
 async def stats_events(client: AsyncLLM, feed: LatencyFeed, model_name: str,

@@ -24,6 +24,9 @@ async def test_a_served_session_records_and_replays(serve_model_dir, tmp_path):
             reply = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
             assert reply.status_code == 200
         assert path.exists()  # written while it runs
+        # An attached dashboard's recording learns the scheduler's limits from the info.
+        info = httpx.get(f"{server.base_url}/kvdeck/v1/info", timeout=5).json()
+        assert info["max_num_seqs"] == 4 and info["max_num_batched_tokens"] == 2048
     finally:
         stop_server(server)
     with open_recording(path) as rec:

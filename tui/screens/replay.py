@@ -75,7 +75,7 @@ class ReplayScreen(Screen[None]):
     def _moved(self) -> None:
         """After every move: the inspector's finished requests are the moment's, and the
         dashboard draws now rather than at its next tick."""
-        self.query_one(RequestInspector).restore(list(self.cursor.finished.values()))
+        self.query_one(RequestInspector).restore(self.cursor.finished)
         self.dashboard.redraw()
         if self.dashboard.active_tab != "tab-blocks":
             self.dashboard.redraw_plots(force=True)
