@@ -9,6 +9,7 @@ from kvdeck.engine.types.request_timeline import TimelineSnapshot
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.tier_cells import bar_cells, request_tiers_text, tier_rows
 from kvdeck.tui.widgets.dashboard import Dashboard
+from kvdeck.tui.widgets.engine_summary import queue_line
 from kvdeck.tui.widgets.tier_strip import TierStrip, tier_strip_text
 from tests.tui.conftest import wait_for
 from tests.tui.demo_stats import demo_stats
@@ -69,3 +70,11 @@ def test_the_inspector_says_where_the_prompt_came_from_and_what_swaps_cost():
     text = request_tiers_text(request).plain
     assert "prompt from cache: device 32 · host 64 · disk 16 tok" in text
     assert "swapped twice: 4.0 MiB out and back, 3.5 ms of copies" in text
+
+
+def test_the_queue_line_counts_swapped_requests_only_when_there_are_some():
+    state = DashboardState()
+    state.add_stats(_with_tiers(0))
+    assert "swapped 2  preemptions" in queue_line(state).plain
+    state.add_stats(demo_stats(1))
+    assert "swapped" not in queue_line(state).plain

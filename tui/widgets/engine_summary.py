@@ -73,6 +73,10 @@ def queue_line(state: DashboardState) -> Text:
         text.append(f"{label} ")
         text.append(str(value), style=style)
         text.append("  ")
+    if stats.num_swapped:  # waiting with their K/V in host swap space (KV tiers)
+        text.append("swapped ")
+        text.append(str(stats.num_swapped), style="bold #f032e6")
+        text.append("  ")
     text.append(f"preemptions {stats.num_preemptions}")
     return text
 
