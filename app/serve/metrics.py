@@ -244,7 +244,7 @@ class _EngineStatsCollector(Collector):
                       stats.prefix_cache_queries)
         yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
                       stats.prefix_cache_hits)
-        yield counter("vllm:num_preemptions", "Requests preempted (recomputed later).",
+        yield counter("vllm:num_preemptions", "Requests preempted (recomputed, or swapped out and back).",
                       stats.num_preemptions)
         yield counter("kvdeck:engine_steps", "Engine steps run.", stats.num_steps)
         yield counter("kvdeck:kernel_compiles", "Kernel variants the engine compiled: the start-up "
