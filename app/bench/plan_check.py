@@ -93,6 +93,28 @@ def run_engine(engine: LLMEngine, workload: Workload) -> EngineRun:
     return run
 
 
+def calibrate(model: str, max_num_seqs: int, max_num_batched_tokens: int | None):
+    """Step costs of the real engine on this machine: a short mixed run (12 prompts of 32 to
+    384 tokens arriving over about 0.3 s, then their decodes) of `model`, fitted.
+    ValueError naming the problem if the model cannot be loaded."""
+    from kvdeck.app.plan.cost_model import FittedCostModel
+    from kvdeck.app.plan.workload import Lengths, SyntheticWorkload
+    from kvdeck.engine.types.config import EngineConfig
+
+    engine = LLMEngine(EngineConfig(model=None if model == "demo" else model,
+                                    max_num_seqs=max_num_seqs,
+                                    max_num_batched_tokens=max_num_batched_tokens))
+    try:
+        info = engine.info
+        workload = SyntheticWorkload(users=min(12, max_num_seqs * 2), prompt_len=Lengths(32, 384),
+                                     output_len=Lengths(8, 32), vocab_size=info.vocab_size,
+                                     max_model_len=info.max_model_len, rate=40.0, seed=0)
+        run = run_engine(engine, workload)
+    finally:
+        engine.shutdown()
+    return FittedCostModel.fit(run.steps[1:], f"a calibration run of {model} here")  # 1st: warm-up
+
+
 def _token(result: RequestResult, now: float) -> None:
     if result.first_token_s is None:
         result.first_token_s = now

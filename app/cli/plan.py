@@ -48,6 +48,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     work.add_argument("--think-time", type=float, default=0.0,
                       help="mean seconds between a reply and the user's next turn (exponential)")
     work.add_argument("--seed", type=int, default=0)
+    engine.add_argument("--calibrate", action="store_true",
+                        help="fit the step costs to a short run of the real engine on this machine "
+                             "(the --model directory, or the demo model; loads torch)")
     out = parser.add_argument_group("the comparison")
     out.add_argument("--try", dest="tries", action="append", default=[], metavar="KEY=VALUE[,...]",
                      help="an alternative (repeatable): block_size, num_blocks, gpu, kv_cache_dtype, "
@@ -75,6 +78,12 @@ def run_plan(args: argparse.Namespace) -> int:
         shared_prefix=args.shared_prefix, rate=args.rate, ramp_s=args.ramp,
         think_time_s=args.think_time, seed=args.seed, tries=args.tries, ttft_slo_s=args.ttft_slo)
     try:
+        if args.calibrate:
+            from kvdeck.app.bench.plan_check import calibrate
+
+            options.model = options.model or "demo"
+            options.cost_model = calibrate(options.model, options.max_num_seqs,
+                                           options.max_num_batched_tokens)
         report = plan(options)
     except ValueError as exc:  # a bad option or file: named, without a traceback
         print(f"kvdeck plan: error: {exc}", file=sys.stderr)

@@ -44,6 +44,9 @@ class PlanOptions:
     seed: int = 0
     tries: list[str] = field(default_factory=list)
     ttft_slo_s: float | None = None
+    # Step costs measured elsewhere (kvdeck plan --calibrate: the real engine on this machine);
+    # used unless --gpu asks for the roofline.
+    cost_model: CostModel | None = None
 
 
 @dataclass(slots=True)
@@ -133,11 +136,13 @@ def _base_setup(options: PlanOptions, session) -> _Setup:
                         shape.kv_bytes_per_block(block_size, options.kv_cache_dtype))
     if gpu is not None:
         cost: CostModel = RooflineCostModel(gpu, shape, options.quant, options.kv_cache_dtype)
+    elif options.cost_model is not None:
+        cost = options.cost_model
     elif session is not None:
         cost = session.cost_model
     else:
-        raise ValueError("no step-cost model: give --gpu NAME (a roofline for --model) or a "
-                         "recording to fit one on")
+        raise ValueError("no step-cost model: give --gpu NAME (a roofline for --model), a "
+                         "recording to fit one on, or --calibrate (time the real engine here)")
     return _Setup(shape, gpu, base, cost)
 
 

@@ -47,3 +47,12 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     assert "'block_sise=32' is not KEY=VALUE" in capsys.readouterr().err
     assert main(["plan", "--model", "Qwen3-8B", "--users", "2"]) == 2  # no pool, no cost model
     assert "no KV pool size" in capsys.readouterr().err
+
+
+def test_calibrate_fits_step_costs_to_the_real_engine_here(capsys):
+    assert main(["plan", "--calibrate", "--num-blocks", "60", "--users", "4", "--prompt-len", "64",
+                 "--output-len", "8", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    base = report["summaries"][0]
+    assert "a calibration run of demo here" in base["cost_model"]
+    assert base["finished"] == 4 and 0 < base["ttft_s"]["p50"] < 5
