@@ -100,7 +100,7 @@ def test_model_picks_the_adapter(server, serve_model_dir, adapters, expected):
 
 def test_load_and_unload_while_another_request_streams(server, adapters, expected):
     url = server.base_url
-    body = {"model": "sql", "prompt": PROMPT, "max_tokens": 120, "temperature": 0,
+    body = {"model": "sql", "prompt": PROMPT, "max_tokens": 400, "temperature": 0,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as stream:
         lines = stream.iter_lines()
@@ -123,6 +123,9 @@ def test_load_and_unload_while_another_request_streams(server, adapters, expecte
         events = [json.loads(line[6:]) for line in lines
                   if line.startswith("data: ") and line != "data: [DONE]"]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert sum(len(e["choices"][0]["text"]) > 0 for e in events) > 1
+    # It was still running when its adapter was unloaded (so it finished under it).
+    assert "unloaded LoRA adapter 'sql' (its running requests finish under it)" in server.log()
     ids = [c["id"] for c in httpx.get(f"{url}/v1/models").json()["data"]]
     assert ids[1:] == ["code"]
     # Loaded again, under the same name: served again (a new adapter id to the engine).
