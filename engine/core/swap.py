@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 # auto's threshold in computed tokens: one block. Measured on the CPU with SmolLM2-135M
 # (benchmarks/results/swap_preemption_smollm2_cpu.json), a swap-out plus swap-in costs less
 # than recomputing at every length from 8 tokens on (1.5 ms against 13 ms as 8 tokens' share of
-# a batch's prefill, 12 ms against 0.4 s at 256); a victim of less than a block holds no full
-# block and costs next to nothing to recompute.
+# a batch's prefill, 12 ms against 0.45 s at 256). One block, not zero: below it the saving is
+# a few ms at most, and on a GPU (copies over PCIe, a far faster prefill) recompute gains.
 SWAP_MIN_TOKENS = 16
 
 
