@@ -102,7 +102,11 @@ class AdapterRegistry:
         """ValueError unless an adapter may be added as `name` from `path` (the folder read
         and checked: a PEFT LoRA adapter, its rank within max_lora_rank)."""
         self.check_name(name)
-        info = read_adapter_info(path)
+        try:
+            info = read_adapter_info(path)
+        except OSError as exc:  # a name too long for the file system, a folder not readable
+            raise ValueError(f"cannot read LoRA adapter folder {path[:200]!r}: "
+                             f"{exc.strerror or exc}") from None
         if info.rank > self.max_lora_rank:
             raise ValueError(f"LoRA adapter {path!r} has rank {info.rank}, above max_lora_rank "
                              f"{self.max_lora_rank} (raise --max-lora-rank)")

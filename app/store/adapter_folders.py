@@ -62,7 +62,10 @@ def add_adapter_folder(path: str | Path, models: list[LocalModel]) -> AdapterFol
     if not folder.is_dir():
         raise ValueError(f"{path}: no such folder")
     folder = folder.resolve()
-    read_adapter_info(folder)
+    try:
+        read_adapter_info(folder)
+    except OSError as exc:
+        raise ValueError(f"cannot read {folder}: {exc.strerror or exc}") from None
 
     def change(data: dict) -> None:
         data.setdefault(ADDED_KEY, {})[str(folder)] = folder.name
@@ -74,7 +77,7 @@ def add_adapter_folder(path: str | Path, models: list[LocalModel]) -> AdapterFol
 def describe_adapter(folder: Path, models: list[LocalModel]) -> AdapterFolder:
     try:
         info = read_adapter_info(folder)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: a folder we may not read
         return AdapterFolder(folder.name, folder, None, (), None, None, str(exc))
     base = info.base_model_name_or_path
     return AdapterFolder(folder.name, folder, info.rank, info.target_modules, base,
