@@ -150,3 +150,22 @@ def test_an_unloaded_adapter_leaves_the_engine_when_its_last_request_ends(tmp_pa
     # Loaded again under the same name, it is a new adapter to the engine.
     again = registry.new_request("a", registry.check_new("a", str(tmp_path / "a")))
     assert again.lora_int_id != lora.lora_int_id
+
+
+def test_lora_requests_info_names_running_and_waiting_adapters():
+    from kvdeck.app.serve.metrics import lora_requests_info
+    from kvdeck.engine.types.stats import RequestStats
+    from tests.tui.demo_stats import demo_stats
+
+    stats = demo_stats()
+    stats.requests = [RequestStats("a", "decoding", 4, 4, 1, [1], 0, lora_name="sql"),
+                      RequestStats("b", "prefilling", 4, 2, 0, [2], 0, lora_name="code"),
+                      RequestStats("c", "waiting", 4, 0, 0, [], 0, lora_name="chat"),
+                      RequestStats("d", "preempted", 4, 0, 0, [], 0, lora_name="sql"),
+                      RequestStats("e", "decoding", 4, 4, 1, [3], 0)]
+    (sample,) = lora_requests_info(stats, 4).samples
+    assert sample.labels == {"running_lora_adapters": "code,sql", "waiting_lora_adapters": "chat,sql",
+                             "max_lora": "4"}
+    assert sample.value == stats.timestamp
+    (idle,) = lora_requests_info(None, 2).samples
+    assert idle.labels["running_lora_adapters"] == "" and idle.labels["max_lora"] == "2"
