@@ -93,7 +93,7 @@ class AdapterRegistry:
             raise ValueError("LoRA is off: start the server with --enable-lora")
         if not name or not name.strip():
             raise ValueError("the adapter's name must not be empty")
-        if name in self.reserved or name == self.base_name:
+        if {name, name.removesuffix(":latest")} & {*self.reserved, self.base_name}:  # Ollama's tag
             raise ValueError(f"the name {name!r} is the base model's; give the adapter another")
         if name in self.adapters or name in self.loading:
             raise ValueError(f"The lora adapter '{name}' has already been loaded.")

@@ -112,6 +112,7 @@ def test_runtime_routes_check_before_the_engine(serve_model_dir, tmp_path):
         ({"lora_name": "sql", "lora_path": str(tmp_path / "sql")}, 400,
          "The lora adapter 'sql' has already been loaded."),
         ({"lora_name": "llama", "lora_path": str(tmp_path / "sql")}, 400, "is the base model's"),
+        ({"lora_name": "llama:latest", "lora_path": str(tmp_path / "sql")}, 400, "is the base model's"),
         ({"lora_name": "b", "lora_path": str(tmp_path / "nowhere")}, 400, "does not exist"),
         ({"lora_name": "b", "lora_path": str(tmp_path / "big")}, 400, "above max_lora_rank 64"),
         ({"lora_name": "b", "lora_path": "x" * 5000}, 400, "File name too long"),
