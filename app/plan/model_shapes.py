@@ -19,7 +19,9 @@ LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "awq": 0.5 + 2.5 / 128, "gptq": 0.5 + 
                 "int8": 1.0}
 QUANTS = tuple(LINEAR_BYTES)
 # Bytes per (token, head) element of K or V, plus any scale per (token, head) (int8: fp16).
-KV_DTYPES = {"auto": (2, 0), "bf16": (2, 0), "fp16": (2, 0), "fp8": (1, 0), "int8": (1, 2)}
+KV_DTYPES = {"auto": (2, 0), "bf16": (2, 0), "fp16": (2, 0), "fp8": (1, 0), "int8": (1, 2),
+             # the engine's spellings (--kv-cache-dtype) too
+             "bfloat16": (2, 0), "float16": (2, 0), "fp8_e4m3": (1, 0), "fp8_e5m2": (1, 0)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,8 @@ class ModelShape:
 
     def kv_bytes_per_token(self, kv_dtype: str) -> int:
         """K and V of one token in every layer (what attention reads per context token)."""
+        if kv_dtype not in KV_DTYPES:
+            raise ValueError(f"unknown KV dtype {kv_dtype!r}; known: {', '.join(KV_DTYPES)}")
         element, scale = KV_DTYPES[kv_dtype]
         return 2 * self.num_layers * self.num_kv_heads * (element * self.head_dim + scale)
 

@@ -126,6 +126,14 @@ def _base_setup(options: PlanOptions, session) -> _Setup:
     max_model_len = options.max_model_len or (
         session.engine.max_model_len if session is not None and session.engine.max_model_len
         else min(shape.max_position_embeddings, num_blocks * block_size))
+    if max_model_len > shape.max_position_embeddings:
+        raise ValueError(f"context {max_model_len} exceeds {shape.name}'s max_position_embeddings "
+                         f"{shape.max_position_embeddings}")
+    if shape.blocks_per_context(max_model_len, block_size) > num_blocks:
+        raise ValueError(
+            f"one {max_model_len}-token request needs {shape.blocks_per_context(max_model_len, block_size)} "
+            f"blocks and the pool holds {num_blocks}{' (' + note + ')' if note else ''}: the engine "
+            "would refuse this max_model_len; lower --context or give more memory")
     prefix = options.enable_prefix_caching
     if session is not None and session.engine.enable_prefix_caching is not None and prefix:
         prefix = session.engine.enable_prefix_caching

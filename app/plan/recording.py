@@ -32,6 +32,7 @@ class RecordedSession:
     num_steps: int | None
     notes: list[str] = field(default_factory=list)
     snapshot_times: list[float] = field(default_factory=list)  # workload time of each snapshot
+    every_step: bool = False  # a snapshot after every step (else sampled, ~15 a second)
 
     def compare(self, result: SimResult) -> list[Comparison]:
         ttfts = [r.ttft_s for r in result.requests if r.ttft_s is not None]
@@ -39,8 +40,10 @@ class RecordedSession:
         return [
             Comparison("TTFT p50 (s)", self.ttft_p50_s, percentile(ttfts, 50), TTFT_TOLERANCE),
             Comparison("ITL p50 (s)", self.itl_p50_s, percentile(gaps, 50), ITL_TOLERANCE),
-            # The fullest snapshot against the simulation's pool at the snapshots' times.
-            Comparison("peak KV blocks", self.peak_blocks, result.peak_blocks_sampled, 0),
+            # The fullest snapshot against the simulation's pool after every step when every
+            # step was snapshotted, else at the snapshots' times.
+            Comparison("peak KV blocks", self.peak_blocks,
+                       result.peak_blocks_after_step if self.every_step else result.peak_blocks_sampled, 0),
             Comparison("preemptions", self.num_preemptions, result.num_preemptions, None),
             Comparison("steps", self.num_steps, result.num_steps, None),
         ]
@@ -107,7 +110,8 @@ def _load(open_recording, path: str) -> RecordedSession:
         FixedWorkload(requests, f"recorded: {len(requests)} requests from {path}", start_s),
         cost, percentile(ttfts, 50), percentile(itls, 50), peak,
         last.num_preemptions if last else None, last.num_steps if last else None, notes,
-        [t - t0 for t, _ in timed_snapshots])
+        [t - t0 for t, _ in timed_snapshots],
+        bool(last) and len({s.num_steps for s in snapshots}) >= last.num_steps)
 
 
 def _host_overhead(steps: list) -> float | None:

@@ -47,6 +47,15 @@ def test_bad_input_is_a_clear_error(capsys, tmp_path):
     assert "'block_sise=32' is not KEY=VALUE" in capsys.readouterr().err
     assert main(["plan", "--model", "Qwen3-8B", "--users", "2"]) == 2  # no pool, no cost model
     assert "no KV pool size" in capsys.readouterr().err
+    assert main(QUESTION + ["--kv-cache-dtype", "fp4"]) == 2
+    assert "unknown KV dtype 'fp4'" in capsys.readouterr().err
+    assert main(QUESTION[:-6] + ["--context", "65536", "--users", "2"]) == 2
+    assert "exceeds Qwen3-8B's max_position_embeddings 40960" in capsys.readouterr().err
+    assert main(["plan", "--model", "Qwen3-8B", "--gpu", "L4", "--quant", "awq", "--context", "40960",
+                 "--num-blocks", "100", "--users", "2"]) == 2
+    assert "needs 2560 blocks and the pool holds 100" in capsys.readouterr().err
+    assert main(["plan", "--model", "Qwen3-32B", "--gpu", "RTX 4090", "--users", "2"]) == 2
+    assert "does not fit on RTX 4090" in capsys.readouterr().err
 
 
 def test_calibrate_fits_step_costs_to_the_real_engine_here(capsys):
