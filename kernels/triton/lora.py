@@ -19,7 +19,7 @@ _BLOCK_N = 64  # output columns an expand program writes
 @jit(do_not_specialize=("num_rows",))
 def _lora_shrink_kernel(
     x_ptr, a_ptr, rows_ptr, slots_ptr, h_ptr,
-    num_rows, in_size, rank, padded_rank, stride_x, stride_a_slot, stride_a_rank, stride_h,
+    num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank, stride_h,
     HAS_ROWS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     j = tl.program_id(0)
@@ -30,7 +30,7 @@ def _lora_shrink_kernel(
         token = j.to(tl.int64)
     slot = tl.load(slots_ptr + j).to(tl.int64)
     r = tl.arange(0, BLOCK_R)
-    a_rows = a_ptr + slot * stride_a_slot + (piece * padded_rank + r).to(tl.int64)[:, None] * stride_a_rank
+    a_rows = a_ptr + piece * stride_a_piece + slot * stride_a_slot + r.to(tl.int64)[:, None] * stride_a_rank
     acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
     for k0 in range(0, in_size, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -92,9 +92,8 @@ def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | No
         x = x.contiguous()
     launch(_lora_shrink_kernel, (num_rows, num_slices),
            x, a, rows if rows is not None else row_slots, row_slots, h,
-           num_rows, x.shape[1], rank, a.shape[1] // num_slices, x.stride(0), a.stride(0), a.stride(1),
-           h.stride(0), HAS_ROWS=rows is not None, BLOCK_R=max(2, triton.next_power_of_2(rank)),
-           BLOCK_K=_BLOCK_K)
+           num_rows, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0),
+           HAS_ROWS=rows is not None, BLOCK_R=max(2, triton.next_power_of_2(rank)), BLOCK_K=_BLOCK_K)
     return h
 
 
@@ -122,4 +121,4 @@ def lora_linear_delta_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor
                              rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
                              rank: int) -> torch.Tensor:
     h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank)
-    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[1] // len(output_sizes))
+    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[2])

@@ -13,7 +13,7 @@ def _case(seed: int, output_sizes: list[int], dtype=torch.float32, slots: int = 
           in_size: int = 48, tokens: int = 7):
     gen = torch.Generator().manual_seed(seed)
     n = len(output_sizes)
-    a = torch.randn(slots, n * padded, in_size, generator=gen).to(dtype)
+    a = torch.randn(n, slots, padded, in_size, generator=gen).to(dtype)
     b = torch.randn(sum(output_sizes), slots * padded, generator=gen).to(dtype)
     x = torch.randn(tokens, in_size, generator=gen).to(dtype)
     out = torch.randn(tokens, sum(output_sizes), generator=gen).to(dtype)
@@ -23,13 +23,13 @@ def _case(seed: int, output_sizes: list[int], dtype=torch.float32, slots: int = 
 def _loop(x, out, a, b, token_slots: list[int], output_sizes: list[int], rank: int) -> torch.Tensor:
     """Row by row: out[t, slice i] += B_i[:rank] @ (A_i[:rank] @ x[t]) for rows with a slot."""
     expected = out.clone().double()
-    padded = a.shape[1] // len(output_sizes)
+    padded = a.shape[2]
     for t, slot in enumerate(token_slots):
         if slot < 0:
             continue
         offset = 0
         for i, size in enumerate(output_sizes):
-            h = a[slot, i * padded : i * padded + rank].double() @ x[t].double()
+            h = a[i, slot, :rank].double() @ x[t].double()
             columns = slice(slot * padded, slot * padded + rank)
             expected[t, offset : offset + size] += b[offset : offset + size, columns].double() @ h
             offset += size

@@ -30,7 +30,7 @@ class LoRAContext:
 
 
 class LinearSlots:
-    """A [slots, n * R, in] and B [out, slots * R] (R: max_lora_rank) of one fused linear
+    """A [n, slots, R, in] and B [out, slots * R] (R: max_lora_rank) of one fused linear
     (the layout of kernels/reference/lora.py)."""
 
     __slots__ = ("context", "output_sizes", "offsets", "max_rank", "a", "b")
@@ -41,18 +41,17 @@ class LinearSlots:
         self.output_sizes = list(output_sizes)
         self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
         self.max_rank = max_rank
-        self.a = torch.zeros(num_slots, len(output_sizes) * max_rank, in_size, dtype=dtype, device=device)
+        self.a = torch.zeros(len(output_sizes), num_slots, max_rank, in_size, dtype=dtype, device=device)
         self.b = torch.zeros(sum(output_sizes), num_slots * max_rank, dtype=dtype, device=device)
 
     def clear(self, slot: int) -> None:
-        self.a[slot].zero_()
+        self.a[:, slot].zero_()
         self.b[:, slot * self.max_rank : (slot + 1) * self.max_rank].zero_()
 
     def load(self, slot: int, index: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Slice `index`'s A [r, in] and B [out_index, r] into `slot` (the rest stays zero)."""
         rank = a.shape[0]
-        start = index * self.max_rank
-        self.a[slot, start : start + rank].copy_(a, non_blocking=True)
+        self.a[index, slot, :rank].copy_(a, non_blocking=True)
         offset = self.offsets[index]
         column = slot * self.max_rank
         self.b[offset : offset + self.output_sizes[index], column : column + rank].copy_(b, non_blocking=True)
