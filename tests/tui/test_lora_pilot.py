@@ -96,6 +96,9 @@ async def test_the_chat_picks_an_adapter_and_replies_run_under_it(tmp_path):
         assert await wait_for(pilot, lambda: clients[-1].lora_requests, timeout=5)
         lora = clients[-1].lora_requests[-1]
         assert (lora.lora_name, lora.lora_path) == ("sql", str(sql.resolve()))
+        chat = app.screen.chat
+        assert await wait_for(pilot, lambda: not chat.generating, timeout=10)
+        assert chat.transcript.turns[-1].stats.endswith(" · LoRA sql")  # the reply says so
 
 
 async def test_no_model_choice_without_lora(make_app):

@@ -218,14 +218,16 @@ class ChatPane(Vertical):
         text = ""
         error = ""
         last_save = time.monotonic()
+        adapter: dict = {}  # the LoRA adapter it runs under, as generate's keyword
         # The reply counts as streaming (`generating`) until its final text is in the
         # transcript: whoever waits for it to end reads the whole reply.
         try:
             try:
+                adapter = self._adapter_for(client)
                 params = self.settings.current.sampling_params(fitted.max_tokens)
                 async for out in client.generate(None, params, request_id=request_id,
                                                  messages=fitted.messages,
-                                                 **self._adapter_for(client)):
+                                                 **adapter):
                     meter.observe(out)
                     if out.outputs:
                         text = out.outputs[0].text
@@ -246,6 +248,8 @@ class ChatPane(Vertical):
                     await stream.stop()
             reply.content = text
             stats = meter.result().describe()
+            if adapter:
+                stats += f" · LoRA {adapter['lora_request'].lora_name}"
             if fitted.dropped:
                 stats += f" · {fitted.dropped} earlier messages left out"
             if error:
