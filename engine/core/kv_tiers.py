@@ -23,6 +23,7 @@ contents and does the copies a step's `TierTransfers` lists.
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -230,8 +231,23 @@ class KVTiers:
                 self._chains.popitem(last=False)
         keys = chain[2]
         size = self.block_size
-        parent = keys[-1] if keys else root_key(self.fingerprint, root)
+        parent = keys[-1] if keys else root_key(self.fingerprint + _adapter_files(request), root)
         for i in range(len(keys), num_blocks):
             parent = chain_key(parent, request.token_ids_between(i * size, (i + 1) * size))
             keys.append(parent)
         return keys
+
+
+def _adapter_files(request: Request) -> str:
+    """A LoRA request's adapter files (names, sizes, mtimes): its root hash names the adapter's
+    name and folder, and an adapter trained again in place must not reuse the old K/V."""
+    lora = getattr(request, "lora_request", None)
+    if lora is None:
+        return ""
+    folder = Path(lora.lora_path).expanduser()
+    try:
+        stats = [(p.name, p.stat()) for p in folder.iterdir() if p.is_file()]
+        files = sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats)
+    except OSError:
+        files = []
+    return f":{folder}:{files}"

@@ -225,3 +225,27 @@ def test_bad_tier_options_are_refused_by_name(tiny_llama_dir):
         LLM(str(tiny_llama_dir), kv_cache_dir="/tmp/x", kv_cache_dir_gib=0)
     with pytest.raises(ValueError, match="kv_offload_gib"):
         LLM(str(tiny_llama_dir), kv_offload_gib=1e-9, **POOL)
+
+
+def test_lora_blocks_are_keyed_by_the_adapter_files(tiny_llama_dir, tmp_path):
+    from kvdeck import LoRARequest
+    from tests.lora_factory import build_adapter
+
+    adapter = build_adapter(tiny_llama_dir, tmp_path / "adapter", rank=4, seed=3)
+    cache = tmp_path / "kv"
+    config = dict(kv_cache_dir=str(cache), enable_lora=True, max_loras=1, max_lora_rank=8, **POOL)
+
+    def run() -> tuple[int, list[int], int]:
+        with LLM(str(tiny_llama_dir), **config) as llm:
+            out = llm.generate([PROMPT], PARAMS, lora_request=LoRARequest("a", 1, str(adapter)))[0]
+            return out.num_cached_tokens, out.outputs[0].token_ids, llm.stats().disk_cache_blocks
+
+    _, first, _ = run()
+    cached, again, _ = run()
+    assert cached == 96 and again == first
+    with LLM(str(tiny_llama_dir), kv_cache_dir=str(cache), **POOL) as base:  # the base model's own
+        assert base.generate([PROMPT], PARAMS)[0].num_cached_tokens == 0
+    weights = next(adapter.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    cached, retrained, _ = run()  # the adapter's files changed: its old blocks are not used
+    assert cached == 0 and retrained == first
