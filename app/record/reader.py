@@ -226,8 +226,15 @@ class Recording:
     # ---- events ------------------------------------------------------------------------------
     def latencies(self, t0: float | None = None, t1: float | None = None
                   ) -> list[tuple[str, float, float]]:
-        return [(payload[0], t, payload[1]) for t, kind, payload in self._records(t0, t1)
-                if kind == LATENCY and _within(t, t0, t1)]
+        """(kind "ttft" | "itl", when, seconds) in time order."""
+        out = []
+        for _, kind, payload in self._records(t0, t1):
+            if kind == LATENCY:
+                for name, (times, values) in payload.items():
+                    out.extend((name, at, seconds) for at, seconds in zip(times, values)
+                               if _within(at, t0, t1))
+        out.sort(key=lambda sample: sample[1])
+        return out
 
     def finished_requests(self, t0: float | None = None, t1: float | None = None
                           ) -> list[FinishedRequest]:

@@ -94,3 +94,19 @@ def test_a_newer_engines_fields_are_ignored(tmp_path):
     with open_recording(path) as rec:
         assert all("kv_host_tier_blocks" in state for _, state in rec._stats_records(None, None))
         assert [s for _, s in rec.snapshots()] == stats
+
+
+def test_the_stored_form_is_the_stats_streams():
+    """encoded_stats builds stats_to_dict's dict (its own faster way), but for the two
+    per-block lists, kept diffable."""
+    from kvdeck.app.record.format import ORDER, encoded_stats
+    from kvdeck.engine.types.stats import stats_to_dict
+
+    for snapshot in session_stats(30)[::7]:
+        stored = encoded_stats(snapshot)
+        expected = stats_to_dict(snapshot)
+        assert stored.pop("block_ref_counts") == snapshot.block_ref_counts
+        expected.pop("block_ref_counts")
+        assert stored.pop(ORDER) == [r.request_id for r in snapshot.requests]
+        assert list(stored.pop("requests").values()) == expected.pop("requests")
+        assert stored == expected

@@ -44,8 +44,8 @@ async def test_record_flag_starts_at_launch_and_quitting_closes(tmp_path):
     async with app.run_test(size=(160, 48)) as pilot:
         assert await wait_for(pilot, lambda: app.engine_ready)
         assert app.recording.path == path and REC_MARK in app.sub_title
-        assert await wait_for(pilot, lambda: app.recording.recorder is not None
-                              and app.recording.recorder.counters.records > 3)
+        assert await wait_for(pilot, lambda: len(app.dashboard_state.kv_history) > 3,
+                              timeout=10)
     with open_recording(path) as rec:  # unmounting closed it: complete, one file
         assert rec.complete and len(rec.snapshot_times()) > 3
     assert not (tmp_path / "launch.kvrec-wal").exists()
