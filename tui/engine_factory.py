@@ -69,8 +69,26 @@ def tui_pool_gib(model_dir: Path, engine_kwargs: dict, cpu: CpuFeatures | None =
     return min(ENGINE_DEFAULT_POOL_GIB, (blocks + 0.5) * bytes_per_block / 2**30)
 
 
+def tui_kv_cache_dir(engine_kwargs: dict) -> dict:
+    """The TUI keeps the prefix cache on disk across restarts (a saved chat resumes without its
+    prefill) under the user cache dir, unless --kv-cache-dir names another folder or 'off'."""
+    from kvdeck.app.store.paths import cache_dir
+
+    folder = engine_kwargs.get("kv_cache_dir")
+    if folder is None:
+        return {**engine_kwargs, "kv_cache_dir": str(cache_dir() / "kv")}
+    if str(folder).strip().lower() in KV_CACHE_DIR_OFF:
+        return {key: value for key, value in engine_kwargs.items() if key != "kv_cache_dir"}
+    return engine_kwargs
+
+
+KV_CACHE_DIR_OFF = ("off", "none", "")
+
+
 def tui_engine_kwargs(model: str | None, engine_kwargs: dict) -> dict:
-    """The user's engine options, plus a pool sized for the dashboard if they set none."""
+    """The user's engine options, plus a pool sized for the dashboard if they set none, and
+    the disk tier's folder (tui_kv_cache_dir)."""
+    engine_kwargs = tui_kv_cache_dir(engine_kwargs)
     if any(key in engine_kwargs for key in _SIZED_BY_USER):
         return engine_kwargs
     from kvdeck.engine.types.model_path import resolve_model_path

@@ -33,6 +33,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _FLAG_HELP = {  # the flags whose value a name alone does not explain
+    "kv_offload_gib": "GiB of host memory keeping KV blocks evicted from the pool, copied back on a "
+                      "prefix hit instead of recomputed (0: off) ",
+    "kv_cache_dir": "a folder keeping full KV blocks across restarts (a resumed chat skips its "
+                    "prefill); the TUI's default is the user cache dir's kv/ ('off': none), the "
+                    "server's none ",
+    "kv_cache_dir_gib": "the --kv-cache-dir folder's size bound; least recently used blocks go first ",
     "speculative_config": "speculative decoding, vLLM's JSON: '{\"method\": \"ngram\", "
                           "\"num_speculative_tokens\": 4}', '{\"method\": \"suffix\"}' or "
                           "'{\"model\": \"demo-draft\", \"num_speculative_tokens\": 3}'; '{\"method\": "
