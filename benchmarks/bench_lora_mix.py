@@ -2,7 +2,7 @@
 the base against the same batch on the base alone, decode step time, on the torch path.
 
     python benchmarks/bench_lora_mix.py --out benchmarks/results/lora_mix_demo_cpu.json
-    python benchmarks/bench_lora_mix.py --model TINY_DIR --out ...
+    python benchmarks/bench_lora_mix.py --tiny-llama --out benchmarks/results/lora_mix_tiny_cpu.json
 
 One engine (enable_lora, max_loras 4) serves both sides, so both run the Python forward
 (KVDECK_CPU_NATIVE=0: the CPU decoder stack, which a step with adapter rows cannot take,
@@ -70,6 +70,8 @@ def decode_step_s(llm, prompts: list[list[int]], loras: list, steps: int) -> flo
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None, help="a model folder (default: the bundled demo)")
+    parser.add_argument("--tiny-llama", action="store_true",
+                        help="the tests' tiny random Llama (hidden 64, 2 layers; tests/model_factory.py)")
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--adapters", type=int, default=4)
     parser.add_argument("--rank", type=int, default=16)
@@ -85,9 +87,14 @@ def main() -> int:
     from kvdeck.app.bench.result import build_result, write_json_atomic
     from kvdeck.engine.types.model_path import resolve_model_path
 
-    model_dir = resolve_model_path(args.model)
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.tiny_llama:
+            from tests.model_factory import build_tiny_model
+
+            model_dir = build_tiny_model(Path(tmp) / "tiny-llama", "llama")
+        else:
+            model_dir = resolve_model_path(args.model)
         folders = [make_adapter(model_dir, Path(tmp) / f"a{i}", args.rank, i) for i in range(args.adapters)]
         loras = [LoRARequest(f"adapter{i}", i + 1, str(folder)) for i, folder in enumerate(folders)]
         llm = LLM(str(model_dir), enable_lora=True, max_loras=args.adapters, max_lora_rank=max(16, args.rank))
@@ -120,7 +127,8 @@ def main() -> int:
     figures = {"step_s": runs, "mixed_over_base_per_pair": ratios,
                "mixed_over_base_median": median, "target_ratio": TARGET_RATIO,
                "meets_target": median <= TARGET_RATIO}
-    config = {"model": str(model_dir), "requests": args.requests, "adapters": args.adapters,
+    model_name = "tests' tiny random Llama" if args.tiny_llama else str(model_dir)
+    config = {"model": model_name, "requests": args.requests, "adapters": args.adapters,
               "rank": args.rank, "targets": TARGETS, "prompt_len": args.prompt_len, "steps": args.steps,
               "pairs": args.pairs,
               "dtype": info.dtype, "device": info.device, "threads": torch.get_num_threads(),
