@@ -77,6 +77,9 @@ def run_engine_core(config: EngineConfig, input_conn: Connection, output_conn: C
         except OSError:
             pass
         sys.exit(1)
+    finally:
+        if core.kv_tiers is not None:  # the disk tier's queued writes reach the disk
+            core.kv_tiers.close()
 
 
 def _build_core(config: EngineConfig, output_conn: Connection) -> EngineCore | None:

@@ -249,3 +249,22 @@ def test_lora_blocks_are_keyed_by_the_adapter_files(tiny_llama_dir, tmp_path):
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
     cached, retrained, _ = run()  # the adapter's files changed: its old blocks are not used
     assert cached == 0 and retrained == first
+
+
+async def test_engine_process_leaves_its_blocks_on_disk(tiny_llama_dir, tmp_path, expected):
+    """The TUI's and the server's engine runs in a process of its own: stopping it writes what
+    its disk tier still had queued."""
+    from kvdeck.engine.api.async_llm import AsyncLLM
+
+    cache = tmp_path / "kv"
+    client = AsyncLLM(str(tiny_llama_dir), kv_cache_dir=str(cache), **POOL)
+    await client.start()
+    try:
+        outputs = [out async for out in client.generate(PROMPT, PARAMS)]
+    finally:
+        await client.shutdown()
+    assert outputs[-1].outputs[0].token_ids == expected
+    assert len(_files(cache)) == 6
+    with LLM(str(tiny_llama_dir), kv_cache_dir=str(cache), **POOL) as llm:
+        out = llm.generate([PROMPT], PARAMS)[0]
+    assert out.num_cached_tokens == 96 and out.outputs[0].token_ids == expected
