@@ -74,6 +74,7 @@ class ReplayCursor:
         self.speed_index = 0
         self.playing = False
         self.version = 0  # bumped on every move (the position bar redraws on change)
+        self._worst: tuple[WorstTTFT | None] | None = None
         self.seek_index(0)
 
     # ---- where ------------------------------------------------------------------------------
@@ -162,7 +163,9 @@ class ReplayCursor:
     def worst_ttft(self) -> WorstTTFT | None:
         """The slowest first token of the recording: a finished request's (its timeline's
         TTFT, so the inspector can show the request) or a TTFT sample's, whichever is
-        slower."""
+        slower. Found once (it reads the whole file)."""
+        if self._worst is not None:
+            return self._worst[0]
         candidates = [WorstTTFT(s, at, None) for kind, at, s in self.recording.latencies()
                       if kind == "ttft"]
         for request in self.recording.finished_requests():
@@ -171,7 +174,9 @@ class ReplayCursor:
                 candidates.append(WorstTTFT(ttft.total_s, request.arrival_time + ttft.total_s,
                                             request.request_id))
         # The slowest; at a tie, one that names its request.
-        return max(candidates, key=lambda w: (w.ttft_s, w.request_id is not None), default=None)
+        worst = max(candidates, key=lambda w: (w.ttft_s, w.request_id is not None), default=None)
+        self._worst = (worst,)
+        return worst
 
     # ---- the state ---------------------------------------------------------------------------
     def _rebuild(self, index: int) -> None:
