@@ -66,6 +66,7 @@ class LoRAManager:
         self.host: OrderedDict[int, HostAdapter] = OrderedDict()  # LRU, newest last
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU, newest last
         self.rank_of: dict[int, int] = {}  # adapter id -> its rank (slotted adapters)
+        self.slot_request: dict[int, LoRARequest] = {}  # adapter id -> the adapter in its slot
         self.free_slots = list(range(max_loras))
         self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
 
@@ -76,8 +77,11 @@ class LoRAManager:
         another adapter."""
         with self._lock:
             held = self.host.get(request.lora_int_id)
+            # The id may name an adapter still in a slot whose host copy the LRU dropped.
+            known = held.request if held is not None else self.slot_request.get(request.lora_int_id)
+            if known is not None:
+                _check_same(known, request)
             if held is not None:
-                _check_same(held.request, request)
                 self.host.move_to_end(request.lora_int_id)
                 return False
         adapter = self._read(request)  # outside the lock: it reads the file
@@ -96,6 +100,7 @@ class LoRAManager:
             slot = self.slot_of.pop(lora_int_id, None)
             if slot is not None:
                 self.rank_of.pop(lora_int_id, None)
+                self.slot_request.pop(lora_int_id, None)
                 self.free_slots.append(slot)
             return held or slot is not None
 
@@ -161,6 +166,7 @@ class LoRAManager:
                     self._load_slot(slot, adapter)
                     self.slot_of[lora_int_id] = slot
                     self.rank_of[lora_int_id] = adapter.rank
+                    self.slot_request[lora_int_id] = adapter.request
                 self.slot_of.move_to_end(lora_int_id)
                 table[lora_int_id] = slot
             return table
@@ -173,6 +179,7 @@ class LoRAManager:
             if lora_int_id not in needed:
                 del self.slot_of[lora_int_id]
                 self.rank_of.pop(lora_int_id, None)
+                self.slot_request.pop(lora_int_id, None)
                 return slot
         raise RuntimeError(f"a step needs {len(needed)} LoRA adapters, more than max_loras "
                            f"({self.max_loras}) slots")

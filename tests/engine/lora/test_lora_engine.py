@@ -123,8 +123,13 @@ def test_add_remove_list(lora_llama):
         assert llm.list_loras() == [2]  # one host copy: the least recently used went
         # An adapter the host no longer holds is read again when a request needs it.
         assert _tokens(llm.generate([PROMPTS[1]], GREEDY, lora_request=sql)) == [setup.expected("sql", 1)]
+        # Its host copy dropped again, sql still holds the slot: id 1 is still sql's.
+        assert llm.add_lora(code) is True and llm.list_loras() == [2]
+        with pytest.raises(ValueError, match="lora_int_id 1 is already adapter 'sql'"):
+            llm.add_lora(LoRARequest("other", 1, str(setup.adapters["code"])))
         assert llm.remove_lora(1) is True
         assert llm.remove_lora(1) is False
+        assert llm.remove_lora(2) is True
         assert llm.list_loras() == []
         # Requests carry their adapter's folder: a removed one is loaded again.
         assert _tokens(llm.generate([PROMPTS[2]], GREEDY, lora_request=code)) == [setup.expected("code", 2)]
