@@ -66,7 +66,7 @@ SCENARIOS = {"steady": {"rate": 3.0, "num_blocks": 160}, "saturated": {"rate": 6
 def run_scenario(name: str, args: argparse.Namespace) -> dict:
     scenario = argparse.Namespace(**(vars(args) | SCENARIOS[name]))
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / f"{name}.kvrec"
+        path = (args.keep or Path(tmp)) / f"{name}.kvrec"
         load_before = os.getloadavg()
         asyncio.run(record_session(path, scenario))
         report = plan(PlanOptions(recording=str(path)))
@@ -86,6 +86,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/plan_validation_cpu.json")
     parser.add_argument("--scenario", choices=[*SCENARIOS, "both"], default="both")
+    parser.add_argument("--keep", type=Path, help="a folder to keep the recordings in")
     parser.add_argument("--users", type=int, default=48)
     parser.add_argument("--prompt-len", default="64-320")
     parser.add_argument("--output-len", default="32-128")
@@ -96,7 +97,8 @@ def main() -> int:
     args = parser.parse_args()
     names = list(SCENARIOS) if args.scenario == "both" else [args.scenario]
     figures = {name: run_scenario(name, args) for name in names}
-    write_json_atomic(args.out, build_result("plan_validation", vars(args) | {"out": str(args.out)},
+    write_json_atomic(args.out, build_result("plan_validation", vars(args) | {
+        "out": str(args.out), "keep": str(args.keep) if args.keep else None},
                                              {"scenarios": figures}))
     return 0
 

@@ -119,18 +119,26 @@ def _load(open_recording, path: str) -> RecordedSession:
 
 def _host_overhead(steps: list) -> float | None:
     """What a step costs beyond its recorded duration (the runner's prepare, forward and
-    sampling): the median of (time since the previous step was seen - duration) over the
-    steps that say both, the previous seen just before (a gap after idling is no step's)."""
-    extra = []
-    for previous, step in zip(steps, steps[1:]):
-        if step.duration_s and step.step == previous.step + 1:
-            gap = step.t - previous.t
-            if 0 < gap < 2 * step.duration_s + 0.05:
-                extra.append(gap - step.duration_s)
-    if len(extra) < 5:
+    sampling): the median time between two decode steps the step listener saw one after the
+    other, less the median duration of the decode steps a snapshot described. (Not the
+    described steps' own gaps: building the snapshot lands in those, about a quarter of a
+    millisecond on the demo model.) None without enough of either."""
+    described = {s.step for s in steps if s.duration_s}
+    decode = [s for s in steps if s.duration_s and s.prefill_tokens == 0 and s.decode_tokens]
+    if len(decode) < 5:
         return None
-    extra.sort()
-    return max(0.0, extra[len(extra) // 2])
+    most_rows = max(s.decode_tokens for s in decode)
+    gaps = [step.t - previous.t for previous, step in zip(steps, steps[1:])
+            if step.step == previous.step + 1 and not {step.step, previous.step} & described
+            and 0 < step.tokens <= most_rows and 0 < step.t - previous.t < 0.05]
+    if len(gaps) < 5:
+        return None
+    return max(0.0, _median(gaps) - _median([s.duration_s for s in decode]))
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
 
 
 def _host_overhead_from_snapshots(snapshots: list, samples: list[StepSample]) -> float | None:
