@@ -112,7 +112,7 @@ async def run(args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
