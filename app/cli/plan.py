@@ -24,9 +24,9 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
                         "roofline step costs")
     engine.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     engine.add_argument("--num-blocks", type=int, help="the KV pool in blocks (instead of --gpu)")
-    engine.add_argument("--block-size", type=int, default=16)
+    engine.add_argument("--block-size", type=int, help="default: the recording's, else 16")
     engine.add_argument("--kv-cache-dtype", default="auto", help="auto, bf16, fp16, fp8, int8")
-    engine.add_argument("--max-num-seqs", type=int, default=256)
+    engine.add_argument("--max-num-seqs", type=int, help="default: the recording's, else 256")
     engine.add_argument("--max-num-batched-tokens", type=int,
                         help="the token budget (default: 8192 with --gpu, else 2048 or the recording's)")
     engine.add_argument("--context", "--max-model-len", dest="context", type=int,
@@ -82,7 +82,7 @@ def run_plan(args: argparse.Namespace) -> int:
             from kvdeck.app.bench.plan_check import calibrate
 
             options.model = options.model or "demo"
-            options.cost_model = calibrate(options.model, options.max_num_seqs,
+            options.cost_model = calibrate(options.model, options.max_num_seqs or 256,
                                            options.max_num_batched_tokens)
         report = plan(options)
     except ValueError as exc:  # a bad option or file: named, without a traceback

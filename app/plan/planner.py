@@ -24,9 +24,9 @@ class PlanOptions:
     gpu: str | None = None
     gpu_memory_utilization: float = 0.9
     num_blocks: int | None = None
-    block_size: int = 16
+    block_size: int | None = None  # None: the recording's, else 16
     kv_cache_dtype: str = "auto"
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = None  # None: the recording's, else the engine's 256
     max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # --context
     enable_prefix_caching: bool = True
@@ -104,25 +104,25 @@ def _base_setup(options: PlanOptions, session) -> _Setup:
     budget = options.max_num_batched_tokens or (
         session.engine.max_num_batched_tokens if session is not None and
         session.engine.max_num_batched_tokens else DEFAULT_BUDGET["gpu" if gpu else "cpu"])
-    max_num_seqs = options.max_num_seqs
-    if session is not None and session.engine.max_num_seqs and options.max_num_seqs == 256:
-        max_num_seqs = session.engine.max_num_seqs
+    recorded = session.engine if session is not None else None
+    max_num_seqs = options.max_num_seqs or (recorded and recorded.max_num_seqs) or 256
+    block_size = options.block_size or (recorded and recorded.block_size) or 16
     note = ""
     if options.num_blocks is not None:
         num_blocks = options.num_blocks
     elif gpu is not None:
-        pool = pool_on_gpu(gpu, shape, options.quant, options.kv_cache_dtype, options.block_size,
+        pool = pool_on_gpu(gpu, shape, options.quant, options.kv_cache_dtype, block_size,
                            options.gpu_memory_utilization, budget, max_num_seqs)
         num_blocks, note = pool.num_blocks, pool.describe(gpu, options.gpu_memory_utilization)
-    elif session is not None and session.engine.num_blocks:
-        num_blocks, note = session.engine.num_blocks, "the recorded engine's pool"
+    elif recorded is not None and recorded.num_blocks and recorded.block_size:
+        # The recorded pool's memory, in blocks of this size.
+        num_blocks = recorded.num_blocks * recorded.block_size // block_size
+        note = "the recorded engine's pool" + (
+            f" ({recorded.num_blocks} blocks of {recorded.block_size})"
+            if block_size != recorded.block_size else "")
     else:
         raise ValueError("no KV pool size: give --gpu NAME (sized from the card), --num-blocks N, "
                          "or a recording")
-    block_size = options.block_size
-    if session is not None and session.engine.block_size and options.num_blocks is None \
-            and gpu is None:
-        block_size = session.engine.block_size
     max_model_len = options.max_model_len or (
         session.engine.max_model_len if session is not None and session.engine.max_model_len
         else min(shape.max_position_embeddings, num_blocks * block_size))
@@ -171,11 +171,13 @@ def _alternative(options: PlanOptions, setup: _Setup, changes: dict, label: str,
                            choice.max_num_batched_tokens, choice.max_num_seqs)
         choice = replace(choice, num_blocks=pool.num_blocks,
                          pool_note=pool.describe(gpu, options.gpu_memory_utilization))
+    elif "block_size" in changes and "num_blocks" not in changes:  # the same memory
+        choice = replace(choice, num_blocks=setup.base.num_blocks * setup.base.block_size
+                         // choice.block_size)
     cost = setup.cost
     if gpu is not None and ("gpu" in changes or "kv_cache_dtype" in changes):
+        # gpu= on a fitted base: the same workload on that card's roofline.
         cost = RooflineCostModel(gpu, setup.shape, options.quant, choice.kv_cache_dtype)
-    elif "gpu" in changes:
-        raise ValueError(f"{label}: gpu= needs --gpu for the base too (or a roofline model)")
     return choice, cost
 
 

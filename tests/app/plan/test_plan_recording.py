@@ -61,7 +61,7 @@ def test_plan_replays_a_recording_of_the_real_engine(tmp_path):
         assert got.arrival_s < 0.5
     assert session.cost_model.num_samples > 10
 
-    report = plan(PlanOptions(recording=str(path), tries=["num_blocks=80"]))
+    report = plan(PlanOptions(recording=str(path), tries=["num_blocks=80", "block_size=32"]))
     by_name = {c.name: c for c in report.comparisons}
     assert by_name["preemptions"].predicted == recorded["preemptions"]
     assert by_name["steps"].predicted == recorded["steps"]
@@ -69,3 +69,4 @@ def test_plan_replays_a_recording_of_the_real_engine(tmp_path):
     assert by_name["peak KV blocks"].predicted == by_name["peak KV blocks"].recorded == recorded["peak"]
     assert by_name["peak KV blocks"].ok
     assert report.summaries[1].preemptions == 0  # twice the pool: nobody is preempted
+    assert report.summaries[2].num_blocks == 20  # the same memory in blocks twice as large
