@@ -11,6 +11,7 @@ keyframe, so what remains still decodes from its first chunk (meta "trimmed_befo
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
@@ -37,6 +38,8 @@ from kvdeck.app.record.format import (
     stats_delta,
 )
 from kvdeck.engine.types.stats import EngineStats
+
+logger = logging.getLogger(__name__)
 
 CHUNK_S = 1.0  # a chunk spans about this much time (the crash-safety granularity)
 KEYFRAME_S = 10.0  # a full snapshot at least this often (how far a seek decodes)
@@ -96,6 +99,7 @@ class RecordingWriter:
         self._db = self._create(info or {})
         self._thread = threading.Thread(target=self._run, name="kvdeck-recorder", daemon=True)
         self._closed = False
+        self.error: str | None = None  # why the writer thread stopped early (disk full...)
         # Writer-thread state.
         self._chunk = _Chunk()
         self._prev_state: dict | None = None
@@ -148,7 +152,7 @@ class RecordingWriter:
         self._put(("info", at, info))
 
     def _put(self, item: Any) -> None:
-        if self._closed:
+        if self._closed or self.error is not None:
             return
         if len(self._queue) >= self._queue_len:
             self.counters.dropped += 1
@@ -180,6 +184,9 @@ class RecordingWriter:
                     self._flush()
             self._flush()
             self._finish()
+        except Exception as exc:  # what was committed stays readable; the rest is lost
+            self.error = f"{type(exc).__name__}: {exc}"
+            logger.exception("recording into %s stopped", self.path)
         finally:
             self._db.close()
             self.counters.thread_cpu_s = time.thread_time()
