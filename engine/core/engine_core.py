@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
 from kvdeck.engine.core.kv_tiers_setup import build_kv_tiers, tier_stats_fields
-from kvdeck.engine.core.lora_admission import LoRAAdmission
+from kvdeck.engine.core.lora_admission import LoRAAdmission, check_id_free
 from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus, token_output
 from kvdeck.engine.core.request_reason import add_extras, describe_requests
@@ -137,6 +137,7 @@ class EngineCore:
                              "front-end sends a request's choices as requests of their own")
         if request.lora_request is not None:  # checked and loaded to the host now, not in a step
             check_lora_request(request.lora_request, self.config.enable_lora)
+            check_id_free(request.lora_request, self.requests.values())
             self._lora().add(request.lora_request)
         core_request = Request(
             request_id=request.request_id,

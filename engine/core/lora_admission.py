@@ -8,6 +8,17 @@ behind it (the base's, or running adapters') are admitted meanwhile, so nobody i
 from collections.abc import Iterable
 
 from kvdeck.engine.core.request import Request
+from kvdeck.engine.types.lora import LoRARequest
+
+
+def check_id_free(lora: LoRARequest, live: Iterable[Request]) -> None:
+    """ValueError if a live request runs another adapter under `lora`'s id: while any request
+    uses an id, it names one adapter (its slot, its host copy)."""
+    for request in live:
+        other = request.lora_request
+        if other is not None and other.lora_int_id == lora.lora_int_id and other != lora:
+            raise ValueError(f"lora_int_id {lora.lora_int_id} is adapter {other.lora_name!r} "
+                             f"({other.lora_path}) for requests still running; use another id")
 
 
 class LoRAAdmission:

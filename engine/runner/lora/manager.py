@@ -160,8 +160,8 @@ class LoRAManager:
             table = {}
             for lora_int_id, request in adapters.items():
                 slot = self.slot_of.get(lora_int_id)
-                if slot is None:
-                    slot = self._take_slot(adapters)
+                if slot is None or self.slot_request.get(lora_int_id) != request:
+                    slot = self._take_slot(adapters) if slot is None else slot
                     adapter = self._host_copy(request)
                     self._load_slot(slot, adapter)
                     self.slot_of[lora_int_id] = slot
@@ -187,6 +187,9 @@ class LoRAManager:
     def _host_copy(self, request: LoRARequest) -> HostAdapter:
         """The adapter's host copy, read again if the LRU dropped it."""
         adapter = self.host.get(request.lora_int_id)
+        if adapter is not None and adapter.request != request:  # the id was given to another since
+            del self.host[request.lora_int_id]
+            adapter = None
         if adapter is None:
             adapter = self.host[request.lora_int_id] = self._read(request)
             while len(self.host) > self.max_cpu_loras:

@@ -142,6 +142,11 @@ def test_request_stats_name_the_adapter(lora_llama):
         llm.engine.add_request("b", PROMPTS[1], GREEDY)
         names = {r.request_id: r.lora_name for r in llm.stats().requests}
         assert names == {"a": "sql", "b": None}
+        # While a request runs under id 1, id 1 names sql, even once its host copy is gone.
+        llm.engine.core.runner.lora.host.clear()
+        with pytest.raises(ValueError, match="lora_int_id 1 is adapter 'sql'"):
+            llm.engine.add_request("c", PROMPTS[2], GREEDY,
+                                   lora_request=LoRARequest("other", 1, str(setup.adapters["code"])))
         llm.engine.abort_request(["a", "b"])
 
 
