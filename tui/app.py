@@ -25,6 +25,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 
 from kvdeck.tui.activity import ActivityTracker
+from kvdeck.tui.alerts import EngineAlerts
 from kvdeck.tui.chat_settings import ChatSettings
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.engine_protocol import (
@@ -124,6 +125,7 @@ class KvdeckApp(App[int]):
         self.load_spec = LoadSpec()
         self.load: LoadGenerator | None = None
         self.recording = RecordingControl(self.dashboard_state, record_max_mb)  # f7, --record
+        self.alerts = EngineAlerts()  # fallbacks, mid-run compiles, repeated preemptions
         self._record_to = record_to
         self._quitting = False
         self._engine_stopped = False
@@ -210,6 +212,8 @@ class KvdeckApp(App[int]):
         self.load = LoadGenerator(client, state)
         engine.ready = True
         self._close_startup(startup)
+        self.alerts.reset()
+        self._say_alerts(self.alerts.on_ready(engine.info))
         if state.source == "openai":
             self.consume_metrics(cast("MetricsSource", client))
         else:
@@ -230,12 +234,17 @@ class KvdeckApp(App[int]):
                 if client is not self.engine.client:
                     return
                 self.dashboard_state.add_stats(stats)
+                self._say_alerts(self.alerts.observe(stats))
                 drain = getattr(client, "drain_latencies", None)  # a kvdeck server's feed
                 for kind, at, seconds in drain() if drain is not None else ():
                     self.dashboard_state.add_feed_latency(kind, at, seconds)
         except Exception as exc:
             if client is self.engine.client and not self._quitting:
                 self.show_engine_error("The engine stopped", f"{type(exc).__name__}: {exc}")
+
+    def _say_alerts(self, alerts: list[str]) -> None:
+        for alert in alerts:
+            self.notify(alert, severity="warning", timeout=10)
 
     @work(group="stats", exclusive=True)
     async def consume_metrics(self, client: MetricsSource) -> None:

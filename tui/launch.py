@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvdeck.tui.app import KvdeckApp
 from kvdeck.tui.engine_session import display_model_name
+from kvdeck.tui.engine_settings import TUI_DEFAULT_SPECULATION
 from kvdeck.tui.settings_store import SettingsStore
 
 if TYPE_CHECKING:
@@ -15,13 +16,16 @@ if TYPE_CHECKING:
 RECORD_MAX_MB = 20.0
 
 
-def run_tui(model: str | None, engine_kwargs: dict, record_to: Path | None = None,
-            record_max_mb: float = RECORD_MAX_MB) -> int:
-    """Open the TUI; the engine starts in its background process once the window is up."""
+def run_tui(model: str | None, engine_kwargs: dict, default_speculation: bool = True,
+            record_to: Path | None = None, record_max_mb: float = RECORD_MAX_MB) -> int:
+    """Open the TUI; the engine starts in its background process once the window is up.
+    Speculation is on (suffix drafts under the gain policy) unless the flags say otherwise."""
 
     from kvdeck.tui.engine_factory import real_client_factory
     from kvdeck.tui.settings_store import default_settings_path
 
+    if default_speculation and engine_kwargs.get("speculative_config") is None:
+        engine_kwargs = {**engine_kwargs, "speculative_config": dict(TUI_DEFAULT_SPECULATION)}
     app = KvdeckApp(real_client_factory(model, engine_kwargs), display_model_name(model),
                     model=model, settings_store=SettingsStore(default_settings_path()),
                     factory_for_model=real_client_factory, engine_options=engine_kwargs,

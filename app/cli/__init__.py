@@ -16,7 +16,7 @@ import argparse
 import importlib
 import sys
 
-from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from_args
+from kvdeck.app.cli.engine_flags import add_engine_arguments, engine_kwargs_from_args, speculation_turned_off
 from kvdeck.app.cli.parse_errors import CliParser, given_options
 from kvdeck.app.cli.record_flags import add_record_arguments, record_options
 from kvdeck.app.cli.serve_flags import add_serve_arguments, serve_only_error
@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_server(args, engine_kwargs, requested_model)
         from kvdeck.tui.launch import run_tui
 
-        return run_tui(args.model, engine_kwargs, record_to=record.path if record else None,
+        return run_tui(args.model, engine_kwargs, default_speculation=not speculation_turned_off(args),
+                       record_to=record.path if record else None,
                        record_max_mb=record.max_mb if record else 20.0)
     except ValueError as exc:
         print(f"kvdeck: error: {exc}", file=sys.stderr)
