@@ -268,3 +268,14 @@ async def test_engine_process_leaves_its_blocks_on_disk(tiny_llama_dir, tmp_path
     with LLM(str(tiny_llama_dir), kv_cache_dir=str(cache), **POOL) as llm:
         out = llm.generate([PROMPT], PARAMS)[0]
     assert out.num_cached_tokens == 96 and out.outputs[0].token_ids == expected
+
+
+def test_tiers_are_off_with_a_warning_for_several_kv_groups(tmp_path, caplog):
+    from tests.model_factory import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "gemma2", "gemma2")  # local and global layers
+    with caplog.at_level("WARNING"), LLM(str(model), kv_cache_dir=str(tmp_path / "kv"), **POOL) as llm:
+        assert llm.engine.core.kv_tiers is None
+        assert llm.generate([PROMPT[:40]], PARAMS)[0].outputs[0].token_ids
+    assert "several KV cache groups" in caplog.text
+    assert not list((tmp_path / "kv").rglob("*.kvb"))
