@@ -80,8 +80,8 @@ class KvdeckApp(App[int]):
         Binding("f6", "next_server", "Next server", id="next_server",
                 tooltip="Attached to several servers: chat with and map the next one"),
         # priority: the chat input (a TextArea) takes f7 as "select all" (ctrl+a does that too).
-        Binding("f7", "toggle_recording", "Record", id="toggle_recording", priority=True,
-                tooltip="Start or stop recording the session (kvdeck replay FILE plays it)"),
+        Binding("f7", "toggle_recording", "Record", id="toggle_recording", priority=True, show=False,
+                tooltip="Start/stop recording the session (kvdeck replay plays it)"),
         Binding("ctrl+t", "toggle_theme", "Light/dark", id="toggle_theme", show=False,
                 tooltip="Switch between the light and dark theme"),
         # ctrl chords, not "q": a printable key with no input focused is typed into the
