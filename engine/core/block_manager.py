@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.request import NO_BLOCK, Request
 from kvdeck.engine.types.arith import cdiv
+from kvdeck.engine.types.lora import lora_cache_key
 
 if TYPE_CHECKING:
     from kvdeck.engine.core.kv_tiers import KVTiers
-from kvdeck.engine.types.lora import lora_cache_key
 
 _ROOT_HASH = -1
 # The same tokens rotated with LongRoPE's long factors differ. (Not -2: hash(-1) == -2.)
