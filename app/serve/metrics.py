@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from kvdeck.app.serve.tier_metrics import kv_tier_families
+from kvdeck.app.serve.tier_metrics import SampleFamilies, kv_tier_families
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.stats import EngineStats
 from kvdeck.engine.types.wire import EngineInfo
@@ -209,15 +209,8 @@ class _EngineStatsCollector(Collector):
         labels = ["model_name"]
         values = [self.model_name]
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            family = GaugeMetricFamily(name, doc, labels=labels)
-            family.add_metric(values, value)
-            return family
-
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            family = CounterMetricFamily(name, doc, labels=labels)
-            family.add_metric(values, value)
-            return family
+        families = SampleFamilies(labels, values)
+        gauge, counter = families.gauge, families.counter
 
         info = self.engine.info if self.engine is not None else None
         if info is not None:

@@ -18,16 +18,27 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from kvdeck.engine.types.stats import EngineStats
 
 
-def kv_tier_families(stats: EngineStats, labels: list[str], values: list[str]) -> Iterator:
-    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-        family = GaugeMetricFamily(name, doc, labels=labels)
-        family.add_metric(values, value)
+class SampleFamilies:
+    """One-sample metric families under the same labels (the model's name)."""
+
+    def __init__(self, labels: list[str], values: list[str]) -> None:
+        self.labels = labels
+        self.values = values
+
+    def gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        family = GaugeMetricFamily(name, doc, labels=self.labels)
+        family.add_metric(self.values, value)
         return family
 
-    def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-        family = CounterMetricFamily(name, doc, labels=labels)
-        family.add_metric(values, value)
+    def counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        family = CounterMetricFamily(name, doc, labels=self.labels)
+        family.add_metric(self.values, value)
         return family
+
+
+def kv_tier_families(stats: EngineStats, labels: list[str], values: list[str]) -> Iterator:
+    families = SampleFamilies(labels, values)
+    gauge, counter = families.gauge, families.counter
 
     if stats.host_swap_blocks_total:
         yield gauge("vllm:num_requests_swapped", "Requests swapped out to host memory.", stats.num_swapped)
