@@ -75,7 +75,7 @@ def run_engine(engine: LLMEngine, workload: Workload) -> EngineRun:
                 planned, result = live[output.request_id]
                 tokens = output.outputs[0].token_ids
                 for _ in range(len(tokens) - result.num_output_tokens):
-                    _token(result, t)
+                    result.add_token(t)
                 result.num_output_tokens = len(tokens)
                 if output.finished:
                     result.finished_s = t
@@ -113,11 +113,3 @@ def calibrate(model: str, max_num_seqs: int, max_num_batched_tokens: int | None)
     finally:
         engine.shutdown()
     return FittedCostModel.fit(run.steps[1:], f"a calibration run of {model} here")  # 1st: warm-up
-
-
-def _token(result: RequestResult, now: float) -> None:
-    if result.first_token_s is None:
-        result.first_token_s = now
-    else:
-        result.token_gaps_s.append(now - result.last_token_s)
-    result.last_token_s = now

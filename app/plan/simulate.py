@@ -42,6 +42,14 @@ class RequestResult:
     def ttft_s(self) -> float | None:
         return None if self.first_token_s is None else self.first_token_s - self.arrival_s
 
+    def add_token(self, now: float) -> None:
+        """An output token at `now`: the first sets TTFT, the others add a gap."""
+        if self.first_token_s is None:
+            self.first_token_s = now
+        else:
+            self.token_gaps_s.append(now - self.last_token_s)
+        self.last_token_s = now
+
 
 @dataclass(slots=True)
 class SimResult:
@@ -134,7 +142,7 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
                 sampled.append(None)
         for request, token in zip(batch.requests, sampled):
             if token is not None:
-                _token(live[request.request_id][2], now)
+                live[request.request_id][2].add_token(now)
         result.generated_tokens += sum(token is not None for token in sampled)
         while samples and samples[-1] < now:  # snapshots taken while this step ran
             samples.pop()
@@ -194,11 +202,3 @@ def _add(scheduler: Scheduler, planned: PlannedRequest, result: SimResult, live:
     result.requests.append(request_result)
     live[planned.request_id] = (request, planned, request_result, _token_source(planned.request_id))
     scheduler.add_request(request)
-
-
-def _token(result: RequestResult, now: float) -> None:
-    if result.first_token_s is None:
-        result.first_token_s = now
-    else:
-        result.token_gaps_s.append(now - result.last_token_s)
-    result.last_token_s = now
