@@ -56,8 +56,15 @@ class LoRAAdapterInfo:
 
 def read_adapter_info(path: str | Path) -> LoRAAdapterInfo:
     """Read and check a PEFT LoRA folder; ValueError naming the problem (a missing folder or
-    file, not a LoRA adapter, a bad rank, options kvdeck does not serve)."""
-    folder = Path(path).expanduser()
+    file, not a LoRA adapter, a bad rank, options kvdeck does not serve, a path the file
+    system refuses)."""
+    try:
+        return _read_adapter_info(Path(path).expanduser())
+    except OSError as exc:  # a name too long, a folder that cannot be read
+        raise ValueError(f"LoRA adapter {str(path)!r} cannot be read: {exc.strerror or exc}") from None
+
+
+def _read_adapter_info(folder: Path) -> LoRAAdapterInfo:
     if not folder.exists():
         raise ValueError(f"LoRA adapter folder {str(folder)!r} does not exist")
     if not folder.is_dir():

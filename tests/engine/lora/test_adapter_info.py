@@ -131,3 +131,9 @@ def test_exported_from_kvdeck():
     import kvdeck
 
     assert kvdeck.LoRARequest is LoRARequest
+
+
+def test_a_path_the_file_system_refuses_is_a_value_error(tmp_path):
+    too_long = tmp_path / ("a" * 300)  # longer than a file name may be
+    with pytest.raises(ValueError, match="cannot be read"):
+        read_adapter_info(too_long)
