@@ -12,6 +12,7 @@ Two models:
 """
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,12 +58,14 @@ class StepShape:
 COPY_GB_S = 25.0
 
 
-class CostModel:
+class CostModel(ABC):
+    """A step's duration from its shape: fitted to measured steps, or a GPU's roofline."""
+
     description: str = ""
     copy_gb_s: float = COPY_GB_S
 
-    def step_seconds(self, shape: StepShape) -> float:
-        raise NotImplementedError
+    @abstractmethod
+    def step_seconds(self, shape: StepShape) -> float: ...
 
     def copy_seconds(self, nbytes: int) -> float:
         return nbytes / (self.copy_gb_s * 1e9)
