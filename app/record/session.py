@@ -82,12 +82,9 @@ class SessionRecorder:
 
     # ---- an engine client in this process ----------------------------------------------------
     def describe(self, client: Any, model_name: str) -> None:
-        """The engine is ready (again): its description, and where its step count starts."""
-        if self.closed:
-            return
-        self.writer.set_info(time.time(), engine_description(client, model_name))
-        last = getattr(client, "last_stats", None)
-        self.writer.steps_start(last.num_steps if isinstance(last, EngineStats) else 0)
+        """The engine is ready (again): its description."""
+        if not self.closed:
+            self.writer.set_info(time.time(), engine_description(client, model_name))
 
     def watch_engine(self, client: Any, *, latencies: bool) -> None:
         """Listen to a local engine client's outputs and steps (an attached server's client
@@ -103,9 +100,9 @@ class SessionRecorder:
         if add_step is not None:
             add_step(self._on_steps)
 
-    def _on_steps(self, tokens: list[int]) -> None:
+    def _on_steps(self, tokens: list[int], last_step: int) -> None:
         if not self.closed:
-            self.writer.add_steps(time.time(), list(tokens))
+            self.writer.add_steps(time.time(), list(tokens), last_step)
 
     def _on_output(self, output: Any, latencies: bool) -> None:
         if self.closed:

@@ -106,7 +106,6 @@ class RecordingWriter:
         self._last_keyframe_t = float("-inf")
         self._finished_ids: dict[str, None] = {}  # recorded from final outputs (bounded)
         self._last_stats_step = -1
-        self._listener_step = 0  # the step listener's count (steps_start sets where it starts)
         self._info: dict | None = None  # a new engine description, not yet in meta
         self._thread.start()
 
@@ -138,14 +137,10 @@ class RecordingWriter:
         """A finished request from its final output: FINISHED's payload (see recorder.py)."""
         self._put(("finished", at, request))
 
-    def add_steps(self, at: float, tokens: list[int]) -> None:
-        """Tokens of each engine step since the previous call (a step listener), numbered
-        on from steps_start's."""
-        self._put(("steps", at, tokens))
-
-    def steps_start(self, num_steps: int) -> None:
-        """The engine's step count when the step listener was added."""
-        self._put(("steps_start", num_steps))
+    def add_steps(self, at: float, tokens: list[int], last_step: int) -> None:
+        """Tokens of each engine step since the previous call (a step listener); the last
+        of them is the engine's step `last_step`."""
+        self._put(("steps", at, tokens, last_step))
 
     def set_info(self, at: float, info: dict) -> None:
         """The engine's description (known once it is ready; again after a restart)."""
@@ -222,12 +217,9 @@ class RecordingWriter:
                 self._finished_ids.pop(next(iter(self._finished_ids)))
             self._append([at, FINISHED, request])
         elif kind == "steps":
-            _, at, tokens = item
-            for count in tokens:
-                self._listener_step += 1
-                self._append([at, STEP, [self._listener_step, count, None, None, None, None]])
-        elif kind == "steps_start":
-            self._listener_step = item[1]
+            _, at, tokens, last_step = item
+            for step, count in enumerate(tokens, start=last_step - len(tokens) + 1):
+                self._append([at, STEP, [step, count, None, None, None, None]])
         elif kind == "info":
             self._append([item[1], INFO, item[2]])
             self._info = item[2]  # the meta row follows with the chunk's commit

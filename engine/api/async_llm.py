@@ -45,6 +45,8 @@ logger = logging.getLogger(__name__)
 DEMO_MODEL_NAME = "kvdeck-demo"
 
 OutputListener = Callable[[RequestOutput], None]
+# (tokens of each step since the previous call, the engine's step count after the last)
+StepListener = Callable[[list[int], int], None]
 
 
 class AsyncLLM:
@@ -63,7 +65,7 @@ class AsyncLLM:
         self._frontend: Frontend | None = None
         self._streams = StreamRegistry()
         self._output_listeners: list[OutputListener] = []
-        self._step_listeners: list[Callable[[list[int]], None]] = []
+        self._step_listeners: list[StepListener] = []
         self._on_progress: ProgressListener | None = None
         # Tokenising and chat templates run here, one at a time (fast tokenizers must not be
         # used from two threads at once), so a long prompt never stalls the event loop.
@@ -127,8 +129,9 @@ class AsyncLLM:
         under its engine request id): metrics, logging."""
         self._output_listeners.append(listener)
 
-    def add_step_listener(self, listener: Callable[[list[int]], None]) -> None:
-        """Called on the event loop with the tokens computed by each engine step."""
+    def add_step_listener(self, listener: StepListener) -> None:
+        """Called on the event loop with the tokens computed by each engine step since the
+        previous call, and the engine's step count after the last of them."""
         self._step_listeners.append(listener)
 
     # ---- requests ------------------------------------------------------------------
@@ -265,10 +268,10 @@ class AsyncLLM:
 
     def _on_message(self, message: object) -> None:
         match message:
-            case StepOutputs(outputs, stats, iteration_tokens):
+            case StepOutputs(outputs, stats, iteration_tokens, num_steps):
                 if iteration_tokens:
                     for step_listener in self._step_listeners:
-                        step_listener(iteration_tokens)
+                        step_listener(iteration_tokens, num_steps)
                 if outputs and self._frontend is not None:
                     for out in self._frontend.process_outputs(outputs):
                         self._deliver(out)

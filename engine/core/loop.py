@@ -153,7 +153,8 @@ class EngineCoreLoop:
                 self.last_stats_time = now
                 self.stats_dirty = False
             if outputs or stats is not None:
-                self.output_conn.send(StepOutputs(outputs, stats, self.iteration_tokens))
+                self.output_conn.send(StepOutputs(outputs, stats, self.iteration_tokens,
+                                                  self.core.num_steps))
                 self.iteration_tokens = []
 
     def _handle(self, message: object) -> bool:
@@ -182,7 +183,8 @@ class EngineCoreLoop:
         return True
 
     def _send_stats(self) -> None:
-        self.output_conn.send(StepOutputs([], self.core.stats(), self.iteration_tokens))
+        self.output_conn.send(StepOutputs([], self.core.stats(), self.iteration_tokens,
+                                          self.core.num_steps))
         self.iteration_tokens = []
         self.last_stats_time = time.monotonic()
         self.stats_dirty = False

@@ -152,6 +152,9 @@ class StepOutputs:
     stats: EngineStats | None  # throttled: most steps carry none
     # Tokens computed by each step since the previous message (vllm:iteration_tokens_total).
     iteration_tokens: list[int] = field(default_factory=list)
+    # The engine's step count when this was sent: iteration_tokens' last entry is this step
+    # (a listener numbers the steps exactly, however late it started listening).
+    num_steps: int = 0
 
 
 @dataclass(slots=True)

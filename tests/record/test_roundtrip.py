@@ -11,11 +11,10 @@ from tests.record.synthetic import DT, ENGINE_INFO, T0, session_stats
 
 def write_session(path, stats, *, keyframe_s=1.0, chunk_s=0.35, **kwargs):
     writer = RecordingWriter(path, ENGINE_INFO, keyframe_s=keyframe_s, chunk_s=chunk_s, **kwargs)
-    writer.steps_start(0)
     for i, snapshot in enumerate(stats):
         writer.add_stats(snapshot)
         writer.add_latency("ttft" if i % 5 == 0 else "itl", snapshot.timestamp, 0.01 * (i % 7))
-        writer.add_steps(snapshot.timestamp, [5, 6, 7])
+        writer.add_steps(snapshot.timestamp, [5, 6, 7], 3 * i + 3)
     writer.add_finished(stats[-1].timestamp, {
         "request_id": "req-2", "source": "output", "arrival_time": T0 + 10 * DT,
         "prompt_tokens": 64, "output_tokens": 17, "cached_tokens": 16, "finish_reason": "length",
@@ -110,3 +109,26 @@ def test_the_stored_form_is_the_stats_streams():
         assert stored.pop(ORDER) == [r.request_id for r in snapshot.requests]
         assert list(stored.pop("requests").values()) == expected.pop("requests")
         assert stored == expected
+
+
+def test_a_listener_that_joins_late_numbers_steps_as_the_engine_does(tmp_path):
+    """Steps the listener hears after the engine has run some (a server's recorder starts
+    while the first requests run) keep the engine's numbers: none is written over."""
+    stats = session_stats(30)
+    path = tmp_path / "late.kvrec"
+    writer = RecordingWriter(path, ENGINE_INFO)
+    for i, snapshot in enumerate(stats):
+        writer.add_stats(snapshot)
+        if i >= 10:  # steps 31.. heard, in uneven batches
+            writer.add_steps(snapshot.timestamp, [1] * (1 + i % 2) + [2], 3 * i + 3)
+    writer.close()
+    with open_recording(path) as rec:
+        steps = {s.step: s for s in rec.steps()}
+    heard = {step for i in range(10, 30)
+             for step in range(3 * i + 3 - (1 + i % 2), 3 * i + 4)}
+    assert heard <= set(steps)
+    # A snapshot's step is the listener's step of that number: its tokens, the snapshot's parts.
+    for i in range(10, 29):
+        step = steps[3 * i + 3]
+        assert step.tokens == 2 and step.duration_s == stats[i + 1].last_step_duration_s
+        assert steps[3 * i + 2].tokens == 1

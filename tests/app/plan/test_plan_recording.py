@@ -31,7 +31,7 @@ def _record(path) -> tuple[SyntheticWorkload, dict]:
                                               temperature=0.0, detokenize=False))
         while engine.has_unfinished_requests():
             outputs = engine.step()
-            writer.add_steps(time.time(), [1])
+            writer.add_steps(time.time(), [1], engine.core.num_steps)
             stats = engine.stats()
             peak = max(peak, stats.num_blocks - stats.num_free_blocks)
             writer.add_stats(stats)
