@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from kvdeck.engine.runner.async_step import CudaStream, DeviceOutcome, LaunchedStep, SimulatedDevice
-from kvdeck.engine.runner.batch import BatchPlan, ScheduledSequence, TokenMasks
+from kvdeck.engine.runner.batch import BatchPlan, TokenMasks
 from kvdeck.engine.runner.cpu_threads import ThreadGovernor
 from kvdeck.engine.runner.decode_graphs import DecodeGraphs
 from kvdeck.engine.runner.device import resolve_device, resolve_dtype, token_budget
@@ -31,9 +31,9 @@ from kvdeck.engine.runner.models import model_class_for, native_decode
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
-from kvdeck.engine.runner.spec.rejection import RejectionSampler
+from kvdeck.engine.runner.step_copies import StepCopies
+from kvdeck.engine.runner.step_sampling import StepSampler
 from kvdeck.engine.runner.step_state import KVCachePlan, StepInputs, StepResult
-from kvdeck.engine.runner.tier_transfers import TierTransfers
 from kvdeck.engine.runner.warmup import run_step, warm_up, warm_up_steps
 from kvdeck.engine.runner.weight_bytes import weight_bytes_read_per_step
 from kvdeck.engine.types.arith import cdiv
@@ -81,7 +81,7 @@ class ModelRunner:
                                 self.dtype, self.device, config.attention_backend) \
             if config.enable_lora else None
         self.sampler = Sampler(self.device, config.seed)
-        self.rejection = RejectionSampler(self.sampler)
+        self.step_sampler = StepSampler(self.sampler, self.device)
         self.attention_layers = [m for m in self.model.modules() if isinstance(m, PagedAttention)]
         self.num_blocks = 0
         self.decode_graphs: DecodeGraphs | None = None  # CUDA graphs, or compiled CPU graphs
@@ -338,41 +338,26 @@ class ModelRunner:
         from `previous`'s samples. No grammar masks, no drafts: such steps run `execute`."""
         started = time.perf_counter()
         inputs = self.prepare_inputs(batch, previous.index_of if previous is not None else None)
-        inputs.tier_transfers = getattr(batch, "tier_transfers", None)
+        inputs.copies = StepCopies.of(batch)
         step = LaunchedStep(inputs.num_requests, list(inputs.sample_batch_index),
                             {r.request_id: i for i, r in enumerate(inputs.sample_requests)},
                             time.perf_counter() - started, started)
         if self.device_queue is None:
             self.device_queue = CudaStream(self.config.max_num_seqs) if self.device.type == "cuda" \
                 else SimulatedDevice()
-        swaps = self._swaps(batch)
 
         def work() -> DeviceOutcome:
-            self._tier_save(inputs.tier_transfers)  # before a swap-in writes a block it saves
-            if swaps is not None:  # on the queue: after the step before it, before this forward
-                self._copy_swaps(*swaps)
+            if inputs.copies is not None:  # on the queue: after the step before, before this one
+                inputs.copies.save_and_swap(self.kv_tier_io, self.kv_swap)
             return self._device_work(inputs, previous)
 
         return self.device_queue.launch(work, step)
 
-    def _swaps(self, batch: BatchPlan) -> tuple[int, list, list] | None:
-        """The batch's swap copies (step, out, in), or None: copied before its forward, after
-        the step before it (on the device queue's order), outside any graph."""
-        out, back = getattr(batch, "blocks_to_swap_out", None), getattr(batch, "blocks_to_swap_in", None)
-        if not out and not back:
-            return None
-        if self.kv_swap is None:
-            raise RuntimeError("the batch swaps KV blocks but the runner has no swap space")
-        return getattr(batch, "step", 0), list(out or ()), list(back or ())
-
-    @torch.inference_mode()
-    def _copy_swaps(self, step: int, out: list, back: list) -> None:
-        self.kv_swap.copy(step, out, back)
-
     def _device_work(self, inputs: StepInputs, previous: LaunchedStep | None) -> DeviceOutcome:
         with torch.inference_mode():
             self._apply_cpu_threads()
-            self._tier_load(inputs.tier_transfers)
+            if inputs.copies is not None:
+                inputs.copies.load(self.kv_tier_io)
             if inputs.placeholder_dst is not None:
                 inputs.input_ids.index_copy_(0, inputs.placeholder_dst,
                                              previous.tokens().index_select(0, inputs.placeholder_src))
@@ -384,7 +369,7 @@ class ModelRunner:
                 samples = self.sampler.sample_on_device(logits, inputs.sample_requests, None, greedy)
                 return DeviceOutcome(samples)
             except Exception:  # row by row on the host, as `execute` does
-                results, failed = self._sample(logits, inputs.sample_requests)
+                results, failed = self.step_sampler.sample(logits, inputs.sample_requests)
                 return DeviceOutcome(host_results=results, failures=failed)
 
     def _logits(self, inputs: StepInputs, hidden: torch.Tensor,
@@ -399,17 +384,6 @@ class ModelRunner:
         """A request is done: its persistent rows and its sampling state go."""
         self.input_batch.forget(request_id)
         self.sampler.forget(request_id)
-
-    def _tier_save(self, transfers: TierTransfers | None) -> None:
-        """The prefix tiers' first copies: evicted blocks into host rows, before any copy or
-        forward of the step writes into the pool (swap-ins included)."""
-        if transfers is not None and transfers.offload:
-            self.kv_tier_io.save(transfers)
-
-    def _tier_load(self, transfers: TierTransfers | None) -> None:
-        """Then the host and disk tiers' hits into their blocks, after swap-outs read theirs."""
-        if transfers is not None and (transfers.host_loads or transfers.disk_loads):
-            self.kv_tier_io.load(transfers)
 
     def _apply_cpu_threads(self) -> None:
         """Set the thread count the governor chooses, in the thread that runs the steps (OpenMP's
@@ -442,11 +416,10 @@ class ModelRunner:
         self._apply_cpu_threads()
         inputs = self.prepare_inputs(batch)
         prepared = time.perf_counter()
-        self._tier_save(getattr(batch, "tier_transfers", None))
-        swaps = self._swaps(batch)
-        if swaps is not None:  # before the forward writes into blocks a swap-out released
-            self._copy_swaps(*swaps)
-        self._tier_load(getattr(batch, "tier_transfers", None))
+        copies = StepCopies.of(batch)
+        if copies is not None:  # before the forward writes into blocks they release or fill
+            copies.save_and_swap(self.kv_tier_io, self.kv_swap)
+            copies.load(self.kv_tier_io)
         hidden = self._forward(inputs)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         failures: dict[int, str] = {}
@@ -455,8 +428,8 @@ class ModelRunner:
         if num_plain or inputs.spec_rows:
             logits, greedy = self._logits(inputs, hidden, inputs.sample_rows + inputs.spec_rows)
             if num_plain:
-                masks = self._mask_rows(token_masks, inputs.sample_batch_index)
-                sampled, failed = self._sample(logits[:num_plain], inputs.sample_requests, masks,
+                masks = self.step_sampler.mask_rows(token_masks, inputs.sample_batch_index)
+                sampled, failed = self.step_sampler.sample(logits[:num_plain], inputs.sample_requests, masks,
                                                greedy[:num_plain] if greedy is not None else None)
                 if num_plain == inputs.num_requests:  # every row samples, in batch order
                     results = sampled
@@ -465,7 +438,8 @@ class ModelRunner:
                         results[i] = result
                 failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
             if inputs.spec_requests:
-                verified, failed = self._verify(logits[num_plain:], inputs.spec_requests, draft_probs)
+                verified, failed = self.step_sampler.verify(logits[num_plain:], inputs.spec_requests,
+                                                            draft_probs)
                 for i, tokens in zip(inputs.spec_batch_index, verified):
                     if tokens is not None:
                         spec_samples[i] = tokens
@@ -481,66 +455,6 @@ class ModelRunner:
         inputs = self.prepare_inputs(batch)
         hidden = self._forward(inputs)
         return self.model.compute_logits(_rows_of(hidden, inputs.sample_rows)), inputs.sample_batch_index
-
-    def _verify(self, logits: torch.Tensor, requests: list[ScheduledSequence],
-                draft_probs: dict[str, torch.Tensor] | None,
-                ) -> tuple[list[list[SampleResult] | None], dict[int, str]]:
-        """Verify the speculating requests together; if that fails, each alone (as `_sample`)."""
-        try:
-            return list(self.rejection.verify(logits, requests, draft_probs)), {}
-        except Exception as batch_error:
-            verified: list[list[SampleResult] | None] = []
-            failed: dict[int, str] = {}
-            start = 0
-            for row, request in enumerate(requests):
-                width = len(request.spec_token_ids) + 1
-                try:
-                    verified += self.rejection.verify(logits[start : start + width], [request], draft_probs)
-                except Exception as exc:
-                    verified.append(None)
-                    failed[row] = f"{type(exc).__name__}: {exc}"
-                start += width
-            if len(failed) == len(requests) > 1:
-                raise batch_error
-            logger.error("verifying drafts failed for %d of %d requests: %s", len(failed), len(requests),
-                         "; ".join(failed.values()))
-            return verified, failed
-
-    def _mask_rows(self, token_masks: TokenMasks | None,
-                   sample_batch_index: list[int]) -> tuple[list[int], torch.Tensor] | None:
-        """The bitmask rows as rows of the sampled logits (batch index -> sample row)."""
-        if token_masks is None or not token_masks.batch_index:
-            return None
-        row_of = {index: row for row, index in enumerate(sample_batch_index)}
-        rows = [row_of[index] for index in token_masks.batch_index]
-        return rows, torch.from_numpy(token_masks.bitmask).to(self.device, non_blocking=True)
-
-    def _sample(self, logits: torch.Tensor, requests: list[ScheduledSequence],
-                masks: tuple[list[int], torch.Tensor] | None = None, greedy: torch.Tensor | None = None,
-                ) -> tuple[list[SampleResult | None], dict[int, str]]:
-        """Sample the batch; if that fails, sample each row alone, so that a request the
-        sampler cannot serve fails by itself and the others still get their tokens. A failure
-        no single row explains (every row fails) is the engine's, and is raised."""
-        try:
-            if greedy is not None:
-                return list(self.sampler.sample(logits, requests, masks, greedy)), {}
-            return list(self.sampler.sample(logits, requests, masks)), {}
-        except Exception as batch_error:
-            samples: list[SampleResult | None] = []
-            failed: dict[int, str] = {}
-            mask_of = dict(zip(masks[0], masks[1])) if masks is not None else {}
-            for row, request in enumerate(requests):
-                mask = ([0], mask_of[row][None]) if row in mask_of else None
-                try:
-                    samples.append(self.sampler.sample(logits[row : row + 1], [request], mask)[0])
-                except Exception as exc:
-                    samples.append(None)
-                    failed[row] = f"{type(exc).__name__}: {exc}"
-            if len(failed) == len(requests) > 1:
-                raise batch_error
-            logger.error("sampling failed for %d of %d requests: %s", len(failed), len(requests),
-                         "; ".join(failed.values()))
-            return samples, failed
 
 
 def _rows_of(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:

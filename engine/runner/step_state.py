@@ -9,7 +9,7 @@ from kvdeck.engine.runner.batch import ScheduledSequence
 from kvdeck.engine.runner.lora.manager import LoRAStepPlan
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.runner.sampler import SampleResult
-from kvdeck.engine.runner.tier_transfers import TierTransfers
+from kvdeck.engine.runner.step_copies import StepCopies
 
 
 @dataclass(slots=True)
@@ -32,8 +32,8 @@ class StepInputs:
     # Async scheduling: input_ids[placeholder_dst] <- the step in flight's samples[placeholder_src].
     placeholder_dst: torch.Tensor | None = None
     placeholder_src: torch.Tensor | None = None
-    # The prefix cache's host / disk tier copies, done before the forward (async scheduling).
-    tier_transfers: TierTransfers | None = None
+    # The KV tiers' and swaps' copies around the forward (async scheduling; step_copies.py).
+    copies: StepCopies | None = None
 
 
 @dataclass(slots=True, frozen=True)
