@@ -16,14 +16,15 @@ from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.block_manager import BlockManager
 from kvdeck.engine.core.checkpoint_quantization import with_checkpoint_quantization
-from kvdeck.engine.core.kv_tiers_setup import build_kv_tiers, tier_stats_fields
+from kvdeck.engine.core.kv_tiers_setup import build_kv_tiers
 from kvdeck.engine.core.lora_admission import LoRAAdmission, check_id_free
 from kvdeck.engine.core.pipeline import StepPipeline
 from kvdeck.engine.core.request import Request, RequestStatus, token_output
-from kvdeck.engine.core.request_reason import add_extras, describe_requests
+from kvdeck.engine.core.request_reason import add_extras
 from kvdeck.engine.core.scheduler import ScheduledBatch, Scheduler
 from kvdeck.engine.core.spec.setup import SpeculativeSetup
-from kvdeck.engine.core.swap import build_swap_space, swap_stats_fields
+from kvdeck.engine.core.stats_snapshot import engine_stats
+from kvdeck.engine.core.swap import build_swap_space
 from kvdeck.engine.runner.batch import TokenMasks
 from kvdeck.engine.runner.model_runner import ModelRunner, ProgressCallback
 from kvdeck.engine.runner.step_state import KVCachePlan, StepResult
@@ -33,7 +34,7 @@ from kvdeck.engine.types.lora import LoRARequest, check_lora_request
 from kvdeck.engine.types.model_config import ModelConfig, read_model_config
 from kvdeck.engine.types.model_path import resolve_model_path
 from kvdeck.engine.types.request_limits import RequestLimits
-from kvdeck.engine.types.stats import EngineStats, KVOccupancy, RequestStats, StepSummary, StepTimings
+from kvdeck.engine.types.stats import EngineStats, KVOccupancy, StepSummary, StepTimings
 from kvdeck.engine.types.wire import EngineCoreOutput, EngineCoreRequest, EngineInfo
 
 if TYPE_CHECKING:
@@ -410,52 +411,8 @@ class EngineCore:
         )
 
     def stats(self) -> EngineStats:
-        bm = self.block_manager
-        sched = self.scheduler
-        described = [*sched.running, *sched.waiting]
-        requests = [_request_stats(r) for r in described]
-        if self.spec is not None:
-            for entry in requests:
-                entry.spec = self.spec.request_stats(entry.request_id)
-        describe_requests(requests, described, sched)
-        last = self.last_step
-        return EngineStats(
-            timestamp=time.time(),
-            num_running=len(sched.running),
-            num_waiting=len(sched.waiting),
-            num_preempted=sum(1 for r in sched.waiting if r.status is RequestStatus.PREEMPTED),
-            kv_cache_usage=bm.usage,
-            num_blocks=bm.num_blocks,
-            block_size=bm.block_size,
-            num_free_blocks=bm.num_free_blocks,
-            num_cached_blocks=bm.num_cached_free_blocks,
-            block_ref_counts=[b.ref_count for b in bm.blocks],
-            block_is_cached=[b.hash is not None for b in bm.blocks],
-            block_group=[b.group for b in bm.blocks] if bm.num_groups > 1 else [],
-            num_window_released_blocks=bm.num_window_released,
-            kv_cache_dtype=self.runner.kv_pool.format.name,
-            kv_bytes_per_block=self.kv_plan.bytes_per_block,
-            kv_cache_tokens=self.kv_plan.num_tokens,
-            blocks_written_last_step=self.blocks_written_last_step,
-            requests=requests,
-            prefix_cache_queries=bm.prefix_cache_queries,
-            prefix_cache_hits=bm.prefix_cache_hits,
-            num_preemptions=sched.num_preemptions,
-            prompt_tokens_total=self.prompt_tokens_total,
-            generation_tokens_total=self.generation_tokens_total,
-            num_requests_finished=sum(self.finish_counts.values()),
-            num_steps=self.num_steps,
-            last_step_prefill_tokens=last.prefill_tokens,
-            last_step_decode_tokens=last.decode_tokens,
-            last_step_num_seqs=last.num_seqs,
-            last_step_duration_s=last.duration_s,
-            finished_reasons=dict(self.finish_counts),
-            spec=self.spec.stats() if self.spec is not None else None,
-            kernel_compiles_total=self.runner.kernel_compiles(),
-            **tier_stats_fields(self.kv_tiers),
-            **swap_stats_fields(sched.swap),
-        )
-
+        """A snapshot for the dashboard and /metrics (stats_snapshot.py)."""
+        return engine_stats(self)
 
 def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan: KVCachePlan,
                            groups: list[KVCacheGroup], chunk_tokens: int) -> int:
@@ -488,28 +445,6 @@ def _resolve_max_model_len(config: EngineConfig, model_config: ModelConfig, plan
         raise ValueError(f"the KV cache ({plan.num_blocks} blocks) cannot hold one token of this "
                          "model; raise the KV memory")
     return lo
-
-
-def _request_stats(request: Request) -> RequestStats:
-    if request.status is RequestStatus.RUNNING:
-        state = "prefilling" if request.is_prefilling else "decoding"
-    else:
-        state = request.status.value
-    return RequestStats(
-        request_id=request.request_id,
-        state=state,
-        num_prompt_tokens=request.num_prompt_tokens,
-        num_computed_tokens=request.num_computed_tokens,
-        num_output_tokens=request.num_output_tokens,
-        block_table=list(request.block_table),
-        block_tables=[list(t) for t in request.block_tables] if len(request.block_tables) > 1 else [],
-        num_cached_tokens=request.num_cached_tokens,
-        num_host_cached_tokens=request.num_cached_tokens_host,
-        num_disk_cached_tokens=request.num_cached_tokens_disk,
-        constrained=request.grammar is not None,
-        lora_name=request.lora_request.lora_name if request.lora_request is not None else None,
-        grammar_compile_s=request.grammar.compile_s if request.grammar is not None else None,
-    )
 
 
 def _generation_eos(model_dir: Path) -> set[int]:
