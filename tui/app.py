@@ -36,6 +36,7 @@ from kvdeck.tui.engine_protocol import (
 )
 from kvdeck.tui.engine_session import DEMO_MODEL_NAME, EngineSession, display_model_name
 from kvdeck.tui.engine_settings import EngineSettings
+from kvdeck.tui.key_lists import help_groups, section_and_key_commands
 from kvdeck.tui.load_generator import LoadGenerator, LoadSpec, new_seed
 from kvdeck.tui.messages import (
     EngineHealthCheck,
@@ -60,8 +61,6 @@ if TYPE_CHECKING:
 
 SHUTDOWN_TIMEOUT_S = 15.0
 HEALTH_CHECK_S = 1.0
-PALETTE_BINDING = Binding("ctrl+p", "command_palette", "Commands", id="command_palette",
-                          tooltip="Command palette: every action of the app")
 
 
 class KvdeckApp(App[int]):
@@ -476,43 +475,10 @@ class KvdeckApp(App[int]):
             self.run_worker(self.load.stop(), group="load-stop")
             self.notify("Stopping the load burst.", timeout=2)
 
-    # ----- help and command palette -----------------------------------------------------
+    # ----- help and command palette (key_lists.py) ----------------------------------------
     def binding_groups(self) -> list[tuple[str, list[Binding]]]:
-        usable = [b for b in _bindings(self.BINDINGS) if self.check_action(b.action, ())]
-        groups: list[tuple[str, list[Binding]]] = [("Everywhere", [PALETTE_BINDING, *usable])]
-        base = self.screen_stack[0] if self.screen_stack else None
-        if base is not None and _bindings(base.BINDINGS):
-            section = next((s.title for s in SECTIONS if s.id == self.current_mode), "Screen")
-            groups.append((section, _bindings(base.BINDINGS)))
-        # Keys that only act where their widget has focus (a screen lists them).
-        for title, bindings in getattr(base, "HELP_GROUPS", ()):
-            groups.append((title, _bindings(bindings)))
-        return groups
+        return help_groups(self)
 
     def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
         yield from super().get_system_commands(screen)
-        for section in SECTIONS:
-            yield SystemCommand(f"Go to {section.title}", section.description,
-                                lambda s=section.id: self.action_switch_section(s))
-        yield SystemCommand("Stop load burst", "Abort all load-generator requests",
-                            self.action_stop_load)
-        for binding in _bindings(self.BINDINGS):
-            if binding.action in ("quit", "command_palette") or binding.id.startswith("section_"):
-                continue
-            if not self.check_action(binding.action, ()):
-                continue
-            yield SystemCommand(binding.description, _command_help(binding),
-                                lambda a=binding.action: self.run_action(a))
-        base = self.screen_stack[0] if self.screen_stack else screen
-        for binding in _bindings(base.BINDINGS):
-            yield SystemCommand(binding.description, _command_help(binding),
-                                lambda a=binding.action, s=base: self.run_action(a, s))
-
-
-def _command_help(binding: Binding) -> str:
-    return f"{binding.tooltip or binding.description} ({binding.key})"
-
-
-def _bindings(bindings: Iterable[object]) -> list[Binding]:
-    return [b for b in bindings if isinstance(b, Binding) and b.id]
-
+        yield from section_and_key_commands(self, screen)
