@@ -169,7 +169,10 @@ int kvdeck_attention_rows(kvdeck_attend_fn attend, int64_t tile, size_t element,
                           int64_t kv_heads, const int32_t* block_tables, int64_t bt_stride, const int32_t* seq_lens,
                           int64_t block_size, int64_t window, float scale, float soft_cap, void* out) {
     if (attend == NULL || tile < 1 || dim > MAX_HEAD_DIM || kv_heads <= 0 || heads % kv_heads != 0) return -1;
-    const int64_t group = heads / kv_heads, tiles = (heads + tile - 1) / tile, work = rows * tiles;
+    const int64_t group = heads / kv_heads;
+    /* Tiles hold whole groups of heads where they fit: a kv head's keys are widened once a tile. */
+    if (group <= tile) tile = tile / group * group;
+    const int64_t tiles = (heads + tile - 1) / tile, work = rows * tiles;
     int64_t context = 0;
     for (int64_t r = 0; r < rows; r++) context += seq_lens[r];
     const int threads = context * heads * dim >= PARALLEL_MIN_ELEMENTS / 2 ? omp_get_max_threads() : 1;

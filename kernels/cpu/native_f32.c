@@ -96,8 +96,9 @@ static inline __m512 load_kv(const void* cache, int64_t index, __mmask16 lanes, 
 
 /* Up to HEAD_TILE query heads of one row (`heads` of them, from first_head; head h reads kv
  * head h / group) over the row's keys, each with cpu_native.c's online softmax over tiles
- * of sixteen keys. One walk over a key's slot serves every head of the tile (the demo's
- * four heads and two kv heads read each slot's 512 contiguous bytes once), the tile's
+ * of sixteen keys. One walk over a key's slot serves every head of the tile, and a kv
+ * head's key and value are widened once for the heads of its group that follow each other
+ * in the tile (tiles hold whole groups where they fit: kvdeck_attention_rows), the tile's
  * positions step through the block table without a division a key, and a head's sixteen
  * scores are summed across lanes together (sum_lanes16) rather than one reduction a key.
  * Inlined into instances where `heads` and `chunks` are constants, so that the
@@ -129,15 +130,19 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
             if (++in_block == block_size) in_block = 0, block++;
         }
         __m512 dots[HEAD_TILE][KEY_TILE];
-        for (int64_t j = 0; j < KEY_TILE; j++)
+        for (int64_t j = 0; j < KEY_TILE; j++) {
+            __m512 key[MAX_HEAD_DIM / 16];
             for (int64_t g = 0; g < heads; g++) {
                 __m512 dot = _mm512_setzero_ps();
-                if (j < count)
-                    for (int64_t c = 0; c < chunks; c++)
-                        dot = _mm512_fmadd_ps(
-                            qv[g][c], load_kv(k_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format), dot);
+                if (j < count) {
+                    if (g == 0 || kv_offset[g] != kv_offset[g - 1])  /* a kv head's key widened once */
+                        for (int64_t c = 0; c < chunks; c++)
+                            key[c] = load_kv(k_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format);
+                    for (int64_t c = 0; c < chunks; c++) dot = _mm512_fmadd_ps(qv[g][c], key[c], dot);
+                }
                 dots[g][j] = dot;
             }
+        }
         float weight[HEAD_TILE][KEY_TILE];
         for (int64_t g = 0; g < heads; g++) {
             float scores[KEY_TILE];
@@ -146,13 +151,16 @@ static inline __attribute__((always_inline)) void attend_heads_f32(
                 for (int64_t j = 0; j < count; j++) scores[j] = soft_cap * tanhf(scores[j] / soft_cap);
             softmax_tile(scores, count, &running_max[g], &denominator[g], acc[g], chunks, weight[g]);
         }
-        for (int64_t j = 0; j < count; j++)
+        for (int64_t j = 0; j < count; j++) {
+            __m512 value[MAX_HEAD_DIM / 16];
             for (int64_t g = 0; g < heads; g++) {
                 const __m512 w = _mm512_set1_ps(weight[g][j]);
-                for (int64_t c = 0; c < chunks; c++)
-                    acc[g][c] = _mm512_fmadd_ps(
-                        w, load_kv(v_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format), acc[g][c]);
+                if (g == 0 || kv_offset[g] != kv_offset[g - 1])
+                    for (int64_t c = 0; c < chunks; c++)
+                        value[c] = load_kv(v_cache, slots[j] + kv_offset[g] + c * 16, lanes[c], format);
+                for (int64_t c = 0; c < chunks; c++) acc[g][c] = _mm512_fmadd_ps(w, value[c], acc[g][c]);
             }
+        }
     }
     for (int64_t g = 0; g < heads; g++) {
         const __m512 inverse = _mm512_set1_ps(denominator[g] > 0.0f ? 1.0f / denominator[g] : 0.0f);

@@ -295,6 +295,22 @@ def test_fp32_decode_attention_is_the_fp32_reference_up_to_the_order_of_its_sums
 
 
 @needs_kernel
+@pytest.mark.parametrize("heads,kv_heads,dim", [(9, 3, 64), (4, 2, 64), (8, 1, 128), (6, 2, 80)])
+def test_a_heads_attention_does_not_depend_on_the_tile_it_shares(heads, kv_heads, dim):
+    """Tiles take whole groups of heads (a kv head's keys widened once for all of them) and
+    a head's arithmetic is its own: one kv group alone gives its heads the same bits."""
+    q, k_cache, v_cache, tables, seq_lens = paged_case([1, 37, 300], heads, kv_heads, dim, seed=2)
+    scale = dim ** -0.5
+    whole = cpu_native.decode_attention(q, k_cache, v_cache, tables, seq_lens, scale)
+    group = heads // kv_heads
+    for g in range(kv_heads):
+        heads_of_g = slice(g * group, (g + 1) * group)
+        alone = cpu_native.decode_attention(q[:, heads_of_g].contiguous(), k_cache[:, :, g:g + 1].contiguous(),
+                                            v_cache[:, :, g:g + 1].contiguous(), tables, seq_lens, scale)
+        assert torch.equal(alone, whole[:, heads_of_g])
+
+
+@needs_kernel
 def test_decode_attention_refuses_layouts_it_cannot_read():
     q, k_cache, v_cache, tables, seq_lens = paged_case([20], 4, 2, 64)
     with pytest.raises(ValueError, match="kv heads divide"):
