@@ -2,10 +2,12 @@
 Triton pair (under the interpreter) against the reference: fused slices of unequal sizes,
 ranks below the padded one, base rows skipped, rows in any order."""
 
+import numpy as np
 import pytest
 import torch
 
 from kvdeck.kernels.reference.lora import lora_linear_delta
+from kvdeck.kernels.reference.lora_grouped import group_rows, grouped_weights, lora_grouped_delta
 from kvdeck.kernels.triton.lora import lora_linear_delta_triton
 
 
@@ -80,3 +82,31 @@ def test_no_adapter_rows_changes_nothing():
     empty = torch.zeros(0, dtype=torch.long)
     assert torch.equal(lora_linear_delta_triton(x, out.clone(), a, b, empty, empty, [16], 4), out)
     assert torch.equal(lora_linear_delta(x, out.clone(), a, b, empty, empty, [16], 4), out)
+
+
+@pytest.mark.parametrize("token_slots", [
+    [1, 0, 2, 1, 0, 2, 1],  # every row, equal groups: one padded batch
+    [1, -1, 2, -1, 0, 1, -1],  # base rows skipped, padding zeroed
+    [2, 2, 2, 2, 2, 0, -1],  # unequal groups: one after another
+    [1, 1, 1, 1, 1, 1, 1],  # one adapter on every row: no gather
+])
+@pytest.mark.parametrize("output_sizes, rank", [([40], 8), ([32, 16, 16], 5)])
+def test_grouped_cpu_path_matches_a_row_loop(token_slots, output_sizes, rank):
+    x, out, a, b = _case(4, output_sizes, slots=4)
+    groups = group_rows(np.asarray(token_slots), torch.float32, torch.device("cpu"))
+    a_g, b_g = grouped_weights(a, b, output_sizes, rank, groups.slots)
+    got = lora_grouped_delta(x, out.clone(), a_g, b_g, groups)
+    torch.testing.assert_close(got.double(), _loop(x, out, a, b, token_slots, output_sizes, rank),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_grouped_rows_padding_and_modes():
+    cpu = torch.device("cpu")
+    assert group_rows(np.asarray([-1, -1]), torch.float32, cpu) is None
+    padded = group_rows(np.asarray([3, 0, -1, 3, 0, 3]), torch.float32, cpu)
+    assert padded.slots == (0, 3) and padded.rows_per_slot == 3
+    assert padded.index.tolist() == [1, 4, 1, 0, 3, 5]
+    assert padded.valid.flatten().tolist() == [1, 1, 0, 1, 1, 1]
+    apart = group_rows(np.asarray([0] * 9 + [1]), torch.float32, cpu)
+    assert apart.rows_per_slot == 0 and apart.bounds == (0, 9, 10)
+    assert group_rows(np.asarray([2, 2, 2]), torch.float32, cpu).index is None

@@ -24,6 +24,7 @@ from kvdeck.engine.runner.lora.adapter import HostAdapter, LoRATarget, load_adap
 from kvdeck.engine.runner.lora.slots import LinearSlots, LoRAContext, LoRAStep
 from kvdeck.engine.runner.models.linear import Linear
 from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
+from kvdeck.kernels.reference.lora_grouped import group_rows
 
 
 @dataclass(slots=True)
@@ -134,17 +135,16 @@ class LoRAManager:
         """Run the model for a step with adapter rows: the Python forward, eager."""
         slot_table = self._slots_for(plan.adapters)
         token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
-        rows = np.flatnonzero(token_slots >= 0)
-        # The torch path takes every row, base rows masked to zero, once most rows have an
-        # adapter: a gather and a scatter of the rows cost more there than the base rows' share
-        # of small GEMMs. Otherwise (and always for Triton) only the adapter rows are computed.
-        if rows.size == token_slots.size or (self._torch_path and 4 * rows.size >= 3 * token_slots.size):
-            rows_t, row_slots = None, token_slots
-        else:
-            rows_t, row_slots = torch.from_numpy(rows).to(self.device), token_slots[rows]
-        self.context.step = LoRAStep(
-            rows_t, torch.from_numpy(row_slots).to(self.device),
-            max(self.rank_of[i] for i in plan.adapters), max(slot_table.values()) + 1, self.backend)
+        rank = max(self.rank_of[i] for i in plan.adapters)
+        if self._torch_path:  # rows grouped by adapter: each row pays for its own adapter only
+            step = LoRAStep(None, None, rank, len(slot_table), self.backend,
+                            group_rows(token_slots, self.dtype, self.device))
+        else:  # Triton: only the adapter rows are launched
+            rows = np.flatnonzero(token_slots >= 0)
+            rows_t = None if rows.size == token_slots.size else torch.from_numpy(rows).to(self.device)
+            step = LoRAStep(rows_t, torch.from_numpy(token_slots[rows]).to(self.device), rank,
+                            max(slot_table.values()) + 1, self.backend)
+        self.context.step = step
         inner = model.model
         stack, inner.decoder_stack = getattr(inner, "decoder_stack", None), None  # it cannot apply them
         try:

@@ -3,7 +3,10 @@ in tensors of fixed shape, and the step's delta added to the layer's output.
 
 `Linear.forward` calls `apply(x, out)` when the layer has slots (`Linear.lora`). The step
 (which rows use which slot) is the manager's `LoRAContext`, shared by every layer; outside
-a step with adapter rows it is None and the layer costs one attribute read.
+a step with adapter rows it is None and the layer costs one attribute read. On the torch path
+the step's rows come grouped by adapter (kernels/reference/lora_grouped.py) and each layer
+keeps its slots in that layout too, rebuilt only when a slot is loaded or the step's
+adapters or rank change.
 """
 
 from dataclasses import dataclass
@@ -11,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from kvdeck.kernels.dispatch import lora_linear_delta
+from kvdeck.kernels.reference.lora_grouped import RowGroups, grouped_weights, lora_grouped_delta
 
 
 @dataclass(slots=True)
@@ -18,10 +22,11 @@ class LoRAStep:
     """Which rows of this step's tokens use an adapter, and its slot."""
 
     rows: torch.Tensor | None  # int64 [L]: the token rows with an adapter (None: every row)
-    row_slots: torch.Tensor  # int64 [L]: each one's slot (-1, with rows None: a base row, torch path)
+    row_slots: torch.Tensor | None  # int64 [L]: each one's slot (None on the torch path)
     rank: int  # the largest rank among the step's adapters
     num_slots: int  # the step's adapters sit in slots [0, num_slots)
     backend: str  # the kernels' backend (auto | triton | torch)
+    groups: RowGroups | None = None  # the torch path: rows grouped by slot (rows/row_slots unused)
 
 
 @dataclass(slots=True)
@@ -33,7 +38,7 @@ class LinearSlots:
     """A [n, slots, R, in] and B [out, slots * R] (R: max_lora_rank) of one fused linear
     (the layout of kernels/reference/lora.py)."""
 
-    __slots__ = ("context", "output_sizes", "offsets", "max_rank", "a", "b")
+    __slots__ = ("context", "output_sizes", "offsets", "max_rank", "a", "b", "_grouped", "_grouped_key")
 
     def __init__(self, context: LoRAContext, num_slots: int, max_rank: int, in_size: int,
                  output_sizes: list[int], dtype: torch.dtype, device: torch.device) -> None:
@@ -43,13 +48,17 @@ class LinearSlots:
         self.max_rank = max_rank
         self.a = torch.zeros(len(output_sizes), num_slots, max_rank, in_size, dtype=dtype, device=device)
         self.b = torch.zeros(sum(output_sizes), num_slots * max_rank, dtype=dtype, device=device)
+        self._grouped: tuple[torch.Tensor, torch.Tensor] | None = None  # the torch path's layout
+        self._grouped_key: tuple[int, tuple[int, ...]] | None = None  # ... of (rank, slots)
 
     def clear(self, slot: int) -> None:
+        self._grouped_key = None
         self.a[:, slot].zero_()
         self.b[:, slot * self.max_rank : (slot + 1) * self.max_rank].zero_()
 
     def load(self, slot: int, index: int, a: torch.Tensor, b: torch.Tensor) -> None:
         """Slice `index`'s A [r, in] and B [out_index, r] into `slot` (the rest stays zero)."""
+        self._grouped_key = None
         rank = a.shape[0]
         self.a[index, slot, :rank].copy_(a, non_blocking=True)
         offset = self.offsets[index]
@@ -60,5 +69,11 @@ class LinearSlots:
         step = self.context.step
         if step is None:
             return out
+        if step.groups is not None:
+            key = (step.rank, step.groups.slots)
+            if key != self._grouped_key:
+                self._grouped = grouped_weights(self.a, self.b, self.output_sizes, *key)
+                self._grouped_key = key
+            return lora_grouped_delta(x, out, *self._grouped, step.groups)
         return lora_linear_delta(x, out, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
                                  step.rank, step.num_slots, step.backend)
