@@ -10,6 +10,7 @@ from kvdeck.engine.core.kv_tiers_setup import tier_stats_fields
 from kvdeck.engine.core.request import Request, RequestStatus
 from kvdeck.engine.core.request_reason import describe_requests
 from kvdeck.engine.core.swap import swap_stats_fields
+from kvdeck.engine.runner.lora.manager import lora_slot_stats
 from kvdeck.engine.types.stats import EngineStats, RequestStats
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def engine_stats(core: "EngineCore") -> EngineStats:
         finished_reasons=dict(core.finish_counts),
         spec=core.spec.stats() if core.spec is not None else None,
         kernel_compiles_total=core.runner.kernel_compiles(),
+        lora=lora_slot_stats(core.runner.lora),
         **tier_stats_fields(core.kv_tiers),
         **swap_stats_fields(sched.swap),
     )

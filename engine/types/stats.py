@@ -39,6 +39,16 @@ class RequestStats:
 
 
 @dataclass(slots=True)
+class LoRASlotStats:
+    """Multi-LoRA's device slots and host copies (engine/runner/lora/manager.py)."""
+
+    slot_adapters: list[str | None]  # the adapter in each of the max_loras slots (None: free)
+    slot_ranks: list[int]  # its rank (0: free)
+    host_adapters: int  # adapters checked and held on the host (the LRU)
+    max_cpu_loras: int  # the LRU's size
+
+
+@dataclass(slots=True)
 class EngineStats:
     timestamp: float
     num_running: int
@@ -105,6 +115,7 @@ class EngineStats:
     host_cache_hits: int = 0
     disk_cache_queries: int = 0
     disk_cache_hits: int = 0
+    lora: LoRASlotStats | None = None  # with enable_lora
 
 
 @dataclass(slots=True)
@@ -206,6 +217,8 @@ def stats_from_dict(data: dict) -> EngineStats:
     values["requests"] = [_request_stats(r) for r in values.get("requests", [])]
     if values.get("spec") is not None:
         values["spec"] = SpecDecodeStats(**_known(SpecDecodeStats, values["spec"]))
+    if values.get("lora") is not None:
+        values["lora"] = LoRASlotStats(**_known(LoRASlotStats, values["lora"]))
     return EngineStats(**values)
 
 

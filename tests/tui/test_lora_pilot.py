@@ -1,7 +1,7 @@
 """LoRA in the TUI, driven with the Pilot against the fake engine: the request inspector names
 a request's adapter, the chat settings offer the adapters beside the models when the engine
 runs with LoRA on (and no model choice when it does not), the chat's replies then run under
-the chosen adapter, and the dashboard names the adapters in use."""
+the chosen adapter, and the dashboard names the adapters in use and the slots they sit in."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from textual.app import App, ComposeResult
 from textual.widgets import Select, Static
 
 from kvdeck.app.store import paths
+from kvdeck.engine.types.stats import LoRASlotStats
 from kvdeck.tui.app import KvdeckApp
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
-from kvdeck.tui.widgets.engine_summary import lora_line
+from kvdeck.tui.widgets.engine_summary import EngineSummary, lora_line
+from kvdeck.tui.widgets.lora_slots import LoRASlots
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
 from tests.tui.demo_stats import demo_stats
@@ -122,3 +124,26 @@ def test_the_dashboard_line_names_the_adapters_in_use():
     assert line == "LoRA running code×1, sql×2  waiting sql×1  · 2 in the batch"
     stats.requests = requests  # the base model's only: no line
     assert lora_line(DashboardState(stats=stats)).plain == ""
+
+
+class SummaryApp(App):
+    def compose(self) -> ComposeResult:
+        yield EngineSummary()
+
+
+async def test_the_dashboard_shows_each_slots_adapter():
+    stats = demo_stats()
+    stats.lora = LoRASlotStats(["sql", None, "code", None], [8, 0, 4, 0], host_adapters=3, max_cpu_loras=8)
+    app = SummaryApp()
+    async with app.run_test(size=(120, 20)) as pilot:
+        summary = app.query_one(EngineSummary)
+        summary.show(DashboardState(stats=stats))
+        await pilot.pause()
+        slots = app.query_one(LoRASlots)
+        assert slots.display
+        assert str(slots.render()) == "slots [0 sql r8] [1 ·] [2 code r4] [3 ·] · 2/4 in use · host 3/8"
+        assert slots.region.height == 1
+        stats.lora = None  # LoRA off: no slots line
+        summary.show(DashboardState(stats=stats))
+        await pilot.pause()
+        assert not slots.display

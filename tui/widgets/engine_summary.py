@@ -1,5 +1,5 @@
 """The dashboard's headline figures: queues, KV gauge and history, the KV pool's format,
-the LoRA adapters in use, throughput, last batch."""
+the LoRA adapters in use and the slots they sit in, throughput, last batch."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Static
 
 from kvdeck.tui.dashboard_state import DashboardState
+from kvdeck.tui.widgets.lora_slots import LoRASlots
 
 GAUGE_WIDTH = 20
 BARS = " ▁▂▃▄▅▆▇█"
@@ -206,6 +207,7 @@ class EngineSummary(Vertical):
         adapters = Static(id="lora-adapters")
         adapters.display = False  # shown while requests run under adapters
         yield adapters
+        yield LoRASlots(id="lora-slots")  # with LoRA on: each device slot's adapter
         yield Static(id="throughput")
 
     def show(self, state: DashboardState) -> None:
@@ -218,4 +220,5 @@ class EngineSummary(Vertical):
         adapters = self.query_one("#lora-adapters", Static)
         adapters.update(line := lora_line(state))
         adapters.display = bool(line.plain)
+        self.query_one(LoRASlots).show(state.stats)
         self.query_one("#throughput", Static).update(throughput_line(state))

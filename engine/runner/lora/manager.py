@@ -24,6 +24,7 @@ from kvdeck.engine.runner.lora.adapter import HostAdapter, LoRATarget, load_adap
 from kvdeck.engine.runner.lora.slots import LinearSlots, LoRAContext, LoRAStep
 from kvdeck.engine.runner.models.linear import Linear
 from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
+from kvdeck.engine.types.stats import LoRASlotStats
 from kvdeck.kernels.reference.lora_grouped import group_rows
 
 
@@ -108,6 +109,16 @@ class LoRAManager:
     def list(self) -> list[int]:
         with self._lock:
             return sorted(self.host)
+
+    def slot_stats(self) -> LoRASlotStats:
+        """Which adapter sits in which slot, and the host copies held (the stats snapshot's)."""
+        with self._lock:
+            names: list[str | None] = [None] * self.max_loras
+            ranks = [0] * self.max_loras
+            for lora_int_id, slot in self.slot_of.items():
+                names[slot] = self.slot_request[lora_int_id].lora_name
+                ranks[slot] = self.rank_of[lora_int_id]
+            return LoRASlotStats(names, ranks, len(self.host), self.max_cpu_loras)
 
     def _read(self, request: LoRARequest) -> HostAdapter:
         info = read_adapter_info(request.lora_path)
@@ -205,6 +216,11 @@ class LoRAManager:
             target = self.targets[module]
             self.layer_slots[layer][target.linear].load(slot, target.slice, a.to(self.device),
                                                          b.to(self.device))
+
+
+def lora_slot_stats(manager: LoRAManager | None) -> LoRASlotStats | None:
+    """The stats snapshot's `lora` field: None with LoRA off."""
+    return manager.slot_stats() if manager is not None else None
 
 
 def _check_same(held: LoRARequest, asked: LoRARequest) -> None:
