@@ -8,7 +8,9 @@ each W4A16 tile bucket and above the fused GEMM's limit, a mixed step (decode ro
 chunk: both attention launches), and the all-decode steps that run eagerly (each
 flash-decoding split count they can choose; with CUDA graphs only batches above the largest
 bucket run eagerly, and those never split). The decode graphs compile their buckets when
-they are captured. The K/V the dummy steps write lands in blocks no request holds yet.
+they are captured. With LoRA on the Triton path, the first dummy step also launches the
+shrink/expand pair under each class of adapter rank (engine/runner/lora/warm_up.py). The K/V
+the dummy steps write lands in blocks no request holds yet.
 """
 
 import logging
@@ -74,6 +76,9 @@ def run_step(model: torch.nn.Module, query_lens: list[int], seq_lens: list[int],
     )
     input_ids = torch.zeros(positions.shape[0], dtype=torch.long, device=device)
     hidden = model(input_ids, positions, meta)
+    lora = getattr(model, "lora_manager", None)  # engine/runner/lora/manager.py, with enable_lora
+    if lora is not None:
+        lora.warm_up()  # once: the dummy step's size is no part of its variants
     model.compute_logits(hidden[starts[1:].long().to(device) - 1])
 
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from kvdeck.engine.runner.lora.adapter import HostAdapter, LoRATarget, load_adapter, model_targets
 from kvdeck.engine.runner.lora.slots import LinearSlots, LoRAContext, LoRAStep
+from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
 from kvdeck.engine.runner.models.linear import Linear
 from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
 from kvdeck.engine.types.stats import LoRASlotStats
@@ -70,6 +71,8 @@ class LoRAManager:
         self.rank_of: dict[int, int] = {}  # adapter id -> its rank (slotted adapters)
         self.slot_request: dict[int, LoRARequest] = {}  # adapter id -> the adapter in its slot
         self.free_slots = list(range(max_loras))
+        self._warmed = False  # the Triton kernels' variants compiled (warm_up)
+        model.lora_manager = self  # the start-up warm-up's dummy steps find it here (warmup.py)
         self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
 
     # ---- the host copies ---------------------------------------------------------------
@@ -156,12 +159,42 @@ class LoRAManager:
             step = LoRAStep(rows_t, torch.from_numpy(token_slots[rows]).to(self.device), rank,
                             max(slot_table.values()) + 1, self.backend)
         self.context.step = step
+        try:
+            return self._eager_forward(model, input_ids, positions, meta)
+        finally:
+            self.context.step = None
+
+    def warm_up(self) -> int:
+        """Compile the Triton kernels' variants before serving (warm_up.py): each distinct
+        layer's slots applied to one dummy row under each rank class, with every row and with
+        a list of rows, on slot 0 (whatever it holds: the output is thrown away). Once is
+        enough; nothing on the torch path. The launches' count."""
+        if self._torch_path or self._warmed:
+            return 0
+        self._warmed = True
+        layers = {(s.a.shape[-1], tuple(s.output_sizes)): s for s in self.layer_slots[0].values()}
+        row = torch.zeros(1, dtype=torch.long, device=self.device)
+        runs = 0
+        for rank in warm_up_ranks(self.max_rank, (len(sizes) for _, sizes in layers)):
+            for rows in (None, row):
+                self.context.step = LoRAStep(rows, row, rank, 1, self.backend)
+                try:
+                    for (in_size, sizes), slots in layers.items():
+                        x = torch.zeros(1, in_size, dtype=self.dtype, device=self.device)
+                        slots.apply(x, torch.zeros(1, sum(sizes), dtype=self.dtype, device=self.device))
+                        runs += 1
+                finally:
+                    self.context.step = None
+        return runs
+
+    @staticmethod
+    def _eager_forward(model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
+                       meta) -> torch.Tensor:
         inner = model.model
         stack, inner.decoder_stack = getattr(inner, "decoder_stack", None), None  # it cannot apply them
         try:
             return model(input_ids, positions, meta)
         finally:
-            self.context.step = None
             if stack is not None:
                 inner.decoder_stack = stack
 

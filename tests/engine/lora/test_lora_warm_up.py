@@ -1,0 +1,27 @@
+"""The start-up warm-up with LoRA on the Triton path (TRITON_INTERPRET=1 on CPU, set in
+tests/conftest.py; the interpreter's counter works out each launch's variant as Triton would)."""
+
+from kvdeck import LLM, SamplingParams
+
+
+def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
+    """With LoRA on, the warm-up also runs the shrink/expand pair under each rank class:
+    adapters of other ranks, alone or mixed with the base, then compile nothing."""
+    from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
+    from kvdeck.kernels.compile_counter import kernel_compiles
+
+    setup = lora_llama
+    llm = LLM(str(setup.model_dir), attention_backend="triton", kv_cache_memory_gib=0.01, enable_lora=True,
+              max_loras=2, max_lora_rank=8, max_num_batched_tokens=32, max_model_len=128)
+    runner = llm.engine.core.runner
+    assert warm_up_ranks(8, [3, 1, 2]) == [1, 2, 3, 5, 8]
+    runner.warm_up(llm.engine.max_model_len)
+    before = kernel_compiles()
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    sql, code = setup.requests["sql"], setup.requests["code"]  # ranks 8 and 4
+    prompts = [[(7 * i + j) % 200 + 5 for j in range(6 + i)] for i in range(3)]
+    for loras in ([sql, None, code], [code, code, code], [None, sql, None]):
+        llm.generate(prompts, params, lora_request=loras)
+    assert kernel_compiles() == before
+    assert runner.lora.warm_up() == 0  # once
+    llm.shutdown()
