@@ -132,7 +132,7 @@ def main() -> int:
               "rank": args.rank, "targets": TARGETS, "prompt_len": args.prompt_len, "steps": args.steps,
               "pairs": args.pairs,
               "dtype": info.dtype, "device": info.device, "threads": torch.get_num_threads(),
-              "forward": "python (KVDECK_CPU_NATIVE=0), torch LoRA reference",
+              "forward": "python (KVDECK_CPU_NATIVE=0), torch LoRA path (rows grouped by adapter)",
               "load_average_before_after": [load_before, os.getloadavg()]}
     if args.out:
         write_json_atomic(Path(args.out), build_result("lora_mix", config, figures))
