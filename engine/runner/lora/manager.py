@@ -72,6 +72,8 @@ class LoRAManager:
         self.slot_request: dict[int, LoRARequest] = {}  # adapter id -> the adapter in its slot
         self.free_slots = list(range(max_loras))
         self._warmed = False  # the Triton kernels' variants compiled (warm_up)
+        # The torch path's last step: (token ids, slot table, rank, its LoRAStep).
+        self._last_step: tuple[np.ndarray, dict[int, int], int, LoRAStep] | None = None
         model.lora_manager = self  # the start-up warm-up's dummy steps find it here (warmup.py)
         self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
 
@@ -148,12 +150,18 @@ class LoRAManager:
                 plan: LoRAStepPlan) -> torch.Tensor:
         """Run the model for a step with adapter rows: the Python forward, eager."""
         slot_table = self._slots_for(plan.adapters)
-        token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
         rank = max(self.rank_of[i] for i in plan.adapters)
-        if self._torch_path:  # rows grouped by adapter: each row pays for its own adapter only
+        last = self._last_step
+        if (self._torch_path and last is not None and last[1] == slot_table and last[2] == rank
+                and np.array_equal(last[0], plan.token_ids)):
+            step = last[3]  # decode's rows and adapters stay from step to step: the same groups
+        elif self._torch_path:  # rows grouped by adapter: each row pays for its own adapter only
+            token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
             step = LoRAStep(None, None, rank, len(slot_table), self.backend,
                             group_rows(token_slots, self.dtype, self.device))
+            self._last_step = (plan.token_ids, slot_table, rank, step)
         else:  # Triton: only the adapter rows are launched
+            token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
             rows = np.flatnonzero(token_slots >= 0)
             rows_t = None if rows.size == token_slots.size else torch.from_numpy(rows).to(self.device)
             step = LoRAStep(rows_t, torch.from_numpy(token_slots[rows]).to(self.device), rank,
