@@ -73,7 +73,7 @@ class LoRAManager:
         self.free_slots = list(range(max_loras))
         self._warmed = False  # the Triton kernels' variants compiled (warm_up)
         # The torch path's last step: (token ids, slot table, rank, its LoRAStep).
-        self._last_step: tuple[np.ndarray, dict[int, int], int, LoRAStep] | None = None
+        self._last_step: tuple[np.ndarray, dict[int, int], int, LoRAStep | None] | None = None
         model.lora_manager = self  # the start-up warm-up's dummy steps find it here (warmup.py)
         self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
 
@@ -157,8 +157,10 @@ class LoRAManager:
             step = last[3]  # decode's rows and adapters stay from step to step: the same groups
         elif self._torch_path:  # rows grouped by adapter: each row pays for its own adapter only
             token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
-            step = LoRAStep(None, None, rank, len(slot_table), self.backend,
-                            group_rows(token_slots, self.dtype, self.device))
+            groups = group_rows(token_slots, self.dtype, self.device)
+            # No token of an adapter's request in this step (None): the layers add nothing.
+            step = None if groups is None else LoRAStep(None, None, rank, len(slot_table), self.backend,
+                                                        groups)
             self._last_step = (plan.token_ids, slot_table, rank, step)
         else:  # Triton: only the adapter rows are launched
             token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
