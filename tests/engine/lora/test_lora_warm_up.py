@@ -6,7 +6,8 @@ from kvdeck import LLM, SamplingParams
 
 def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
     """With LoRA on, the warm-up also runs the shrink/expand pair under each rank class:
-    adapters of other ranks, alone or mixed with the base, then compile nothing."""
+    adapters of other ranks, alone or mixed with the base, then compile nothing (and give
+    the CPU path's tokens)."""
     from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
     from kvdeck.kernels.compile_counter import kernel_compiles
 
@@ -20,8 +21,15 @@ def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
     params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     sql, code = setup.requests["sql"], setup.requests["code"]  # ranks 8 and 4
     prompts = [[(7 * i + j) % 200 + 5 for j in range(6 + i)] for i in range(3)]
-    for loras in ([sql, None, code], [code, code, code], [None, sql, None]):
-        llm.generate(prompts, params, lora_request=loras)
+    batches = ([sql, None, code], [code, code, code], [None, sql, None])
+    got = [[o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras)]
+           for loras in batches]
     assert kernel_compiles() == before
+    assert got[0][0] != got[2][0] and got[0][2] != got[2][2]  # the adapters change the tokens
     assert runner.lora.warm_up() == 0  # once
     llm.shutdown()
+    with LLM(str(setup.model_dir), attention_backend="torch", kv_cache_memory_gib=0.01, enable_lora=True,
+             max_loras=2, max_lora_rank=8, max_model_len=128) as cpu:
+        assert runner.lora.warm_up() == 0 and cpu.engine.core.runner.lora.warm_up() == 0  # torch: none
+        assert got == [[o.outputs[0].token_ids for o in cpu.generate(prompts, params, lora_request=loras)]
+                       for loras in batches]
