@@ -25,16 +25,35 @@ sys.path.insert(0, str(REPO))
 
 from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
 from kvdeck.app.record.reader import open_recording  # noqa: E402
-from kvdeck.app.record.session import SessionRecorder, record_engine  # noqa: E402
+from kvdeck.app.record.session import SNAPSHOT_HZ, SessionRecorder, record_engine  # noqa: E402
 from kvdeck.engine.api.async_llm import AsyncLLM  # noqa: E402
 from kvdeck.engine.types.sampling_params import SamplingParams  # noqa: E402
 
 
+def _cpu_s(pid: int | str) -> float:
+    """A process's user + system CPU seconds, all threads (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    """The engine's CPU: every live child process of this one (the engine core)."""
+    total, me = 0.0, str(os.getpid())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "stat").read_text().rsplit(")", 1)[1].split()[1] == me:
+                    total += _cpu_s(entry.name)
+            except (OSError, IndexError):
+                pass  # gone meanwhile
+    return total
+
+
 async def one_side(client: AsyncLLM, requests: int, concurrency: int, prompt_tokens: int,
-                   max_tokens: int, record_to: Path | None, seed: int) -> dict:
+                   max_tokens: int, record_to: Path | None, seed: int, snapshot_hz: float) -> dict:
     recorder = task = None
     if record_to is not None:
-        recorder = SessionRecorder(record_to)
+        recorder = SessionRecorder(record_to, snapshot_hz=snapshot_hz)
         task = asyncio.create_task(record_engine(client, recorder, client.model_name))
         await asyncio.sleep(0.2)  # listening before the load starts, as a server would be
     queue = list(range(requests))
@@ -52,10 +71,18 @@ async def one_side(client: AsyncLLM, requests: int, concurrency: int, prompt_tok
                 if out.finished:
                     tokens += sum(len(choice.token_ids) for choice in out.outputs)
 
-    start = time.perf_counter()
+    start, main_cpu = time.perf_counter(), time.thread_time()
+    front_cpu, engine_cpu = _cpu_s("self"), _children_cpu_s()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     elapsed = time.perf_counter() - start
-    side = {"output_tokens_per_s": tokens / elapsed, "seconds": elapsed}
+    # The event loop's thread: the recorder's listeners run on it, its writer thread apart.
+    # CPU seconds are what the sides cost whatever else the machine runs: the recorder's
+    # extra front-end CPU over the CPU both processes spent is the share of the machine's
+    # work it adds (the wall-clock ratio on a shared machine swings by tens of percent).
+    side = {"output_tokens_per_s": tokens / elapsed, "seconds": elapsed,
+            "event_loop_cpu_s": time.thread_time() - main_cpu,
+            "front_end_cpu_s": _cpu_s("self") - front_cpu,
+            "engine_cpu_s": _children_cpu_s() - engine_cpu, "load_average": os.getloadavg()}
     if recorder is not None:
         assert task is not None
         task.cancel()
@@ -79,20 +106,28 @@ async def run(args: argparse.Namespace) -> dict:
     try:
         side = lambda recorded, i: one_side(  # noqa: E731
             client, args.requests, args.concurrency, args.prompt_tokens, args.max_tokens,
-            folder / f"round-{i}.kvrec" if recorded else None, seed=i)
+            folder / f"round-{i}.kvrec" if recorded else None, seed=i, snapshot_hz=args.snapshot_hz)
         await side(False, -1)  # warm-up
         rounds = []
         for i in range(args.rounds):
             order = (False, True) if i % 2 == 0 else (True, False)
             sides = {recorded: await side(recorded, i) for recorded in order}
             ratio = sides[True]["output_tokens_per_s"] / sides[False]["output_tokens_per_s"]
-            rounds.append({"plain": sides[False], "recording": sides[True], "ratio": ratio})
+            plain, rec = sides[False], sides[True]  # the same tokens a side
+            added = rec["front_end_cpu_s"] - plain["front_end_cpu_s"]
+            cpu_share = added / (rec["front_end_cpu_s"] + rec["engine_cpu_s"])
+            rounds.append({"plain": plain, "recording": rec, "ratio": ratio,
+                           "added_cpu_s": added, "added_cpu_share": cpu_share})
             rec = sides[True]
             print(f"round {i}: plain {sides[False]['output_tokens_per_s']:.0f} tok/s, "
                   f"recording {rec['output_tokens_per_s']:.0f} tok/s, ratio {ratio:.3f} "
                   f"({rec['snapshots_per_s']:.1f} snapshots/s, {rec['file_bytes'] / 1024:.0f} KiB "
                   f"for {rec['recorded_s']:.1f} s: {rec['mb_per_10_min']:.1f} MB / 10 min, "
-                  f"writer thread {rec['writer_cpu_s']:.2f} s CPU)",
+                  f"writer thread {rec['writer_cpu_s']:.2f} s CPU, event loop "
+                  f"{sides[False]['event_loop_cpu_s']:.2f} -> {rec['event_loop_cpu_s']:.2f} s; "
+                  f"load {rec['load_average'][0]:.2f}); CPU added {added:.2f} s = "
+                  f"{cpu_share:.1%} of the {rec['front_end_cpu_s'] + rec['engine_cpu_s']:.1f} s "
+                  "both processes spent",
                   flush=True)
         info = client.info
     finally:
@@ -101,12 +136,17 @@ async def run(args: argparse.Namespace) -> dict:
             path.unlink()
         folder.rmdir()
     ratios = [r["ratio"] for r in rounds]
+    shares = [r["added_cpu_share"] for r in rounds]
     sizes = [r["recording"]["mb_per_10_min"] for r in rounds]
     return {"recording_over_plain_median": statistics.median(ratios),
             "cost_percent_median": (1 - statistics.median(ratios)) * 100,
             "ratios": ratios, "mb_per_10_busy_minutes_median": statistics.median(sizes),
+            "added_cpu_share_median": statistics.median(shares), "added_cpu_shares": shares,
+            "writer_cpu_s_median": statistics.median(r["recording"]["writer_cpu_s"] for r in rounds),
             "num_blocks": info.num_blocks if info else None, "rounds": rounds,
-            "load_average": os.getloadavg()}
+            "load_average": os.getloadavg(),
+            "load_average_rounds_min_max": [min(r["recording"]["load_average"][0] for r in rounds),
+                                            max(r["recording"]["load_average"][0] for r in rounds)]}
 
 
 def main() -> int:
@@ -117,15 +157,18 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--snapshot-hz", type=float, default=SNAPSHOT_HZ,
+                        help="snapshots the recorder stores a second while busy")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     figures = asyncio.run(run(args))
     print(f"median recording / plain throughput: {figures['recording_over_plain_median']:.3f} "
-          f"(cost {figures['cost_percent_median']:.1f}%); a busy session records "
+          f"(cost {figures['cost_percent_median']:.1f}%); CPU added: median "
+          f"{figures['added_cpu_share_median']:.1%} of both processes' CPU; a busy session records "
           f"{figures['mb_per_10_busy_minutes_median']:.1f} MB per 10 minutes")
     if args.out:
         config = {k: getattr(args, k) for k in ("model", "rounds", "requests", "concurrency",
-                                                 "prompt_tokens", "max_tokens")}
+                                                 "prompt_tokens", "max_tokens", "snapshot_hz")}
         write_json_atomic(args.out, build_result("record_cost", config, figures))
     return 0
 

@@ -85,7 +85,9 @@ def plan(options: PlanOptions) -> PlanReport:
     report.verdict = verdict(summaries[0], options.users, context, blocks_per_context,
                              options.ttft_slo_s)
     if session is not None and not options.users:
-        report.comparisons = session.compare(results[0])
+        by_step = simulate(workload, setup.base, setup.cost, setup.shape.vocab_size, by_step=True) \
+            if session.replays_by_step and _is_recorded_choice(setup.base, session) else None
+        report.comparisons = session.compare(results[0], by_step)
         report.notes += session.notes
     if isinstance(workload, SyntheticWorkload) and workload.num_cut_short:
         report.notes.append(f"{workload.num_cut_short} conversations ended early: their next turn "
@@ -202,3 +204,14 @@ def _workload(options: PlanOptions, setup: _Setup, session) -> Workload:
         max_model_len=setup.base.max_model_len, turns=options.turns, turn_len=turn,
         shared_prefix=options.shared_prefix, rate=options.rate, ramp_s=options.ramp_s,
         think_time_s=options.think_time_s, seed=options.seed)
+
+
+def _is_recorded_choice(choice: EngineChoice, session) -> bool:
+    """Whether `choice` is the recorded engine's scheduler and pool (a replay by step means
+    nothing for another)."""
+    engine = session.engine
+    recorded = (engine.num_blocks, engine.block_size, engine.max_num_seqs,
+                engine.max_num_batched_tokens, engine.enable_prefix_caching)
+    return None not in recorded and recorded == (
+        choice.num_blocks, choice.block_size, choice.max_num_seqs, choice.max_num_batched_tokens,
+        choice.enable_prefix_caching)

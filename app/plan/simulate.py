@@ -87,9 +87,15 @@ def step_shape(batch: ScheduledBatch) -> StepShape:
 
 
 def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_size: int,
-             keep_steps: bool = False, sample_times: list[float] = ()) -> SimResult:
+             keep_steps: bool = False, sample_times: list[float] = (),
+             by_step: bool = False) -> SimResult:
     """`sample_times`: sorted workload times at which to read the pool as a snapshot taken
-    then would (the state after the last step that ended before)."""
+    then would (the state after the last step that ended before). `by_step`: each request
+    arrives just before the step that first scheduled it in the recording (its arrival_step;
+    the recorded engine's choice only), so the batches are the engine's whatever the cost
+    model's step times: the replay of its blocks and preemptions, not a prediction of time."""
+    if by_step and any(r.arrival_step is None for r in workload.initial()):
+        raise ValueError("by_step: every request needs its recorded arrival_step")
     manager = BlockManager(choice.num_blocks, choice.block_size, choice.enable_prefix_caching,
                            list(choice.windows))
     swap = _swap_space(choice, manager)
@@ -100,21 +106,29 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
     pending: list[tuple[float, int, PlannedRequest]] = []  # (arrival, order, request) heap
     order = 0
     for planned in workload.initial():
-        heapq.heappush(pending, (planned.arrival_s, order, planned))
+        heapq.heappush(pending, (_release_key(planned, by_step), order, planned))
         order += 1
     live: dict[str, tuple[Request, PlannedRequest, RequestResult, random.Random]] = {}
     now = workload.start_s
     samples = list(reversed(sample_times))  # popped from the end, earliest first
     held_now = 0  # blocks held since the last step ended
     while pending or scheduler.has_unfinished_requests():
-        while pending and pending[0][0] <= now:
+        release = scheduler.num_schedules + 1 if by_step else now
+        while pending and pending[0][0] <= release:
             _, _, planned = heapq.heappop(pending)
             _add(scheduler, planned, result, live)
-        if not scheduler.has_unfinished_requests():
-            now = pending[0][0]  # idle until the next arrival
+        if not scheduler.has_unfinished_requests():  # idle until the next arrival
+            if by_step:  # the engine's next step is the one that scheduled it
+                _, _, planned = heapq.heappop(pending)
+                now = max(now, planned.arrival_s)
+                _add(scheduler, planned, result, live)
+            else:
+                now = pending[0][0]
             continue
         batch = scheduler.schedule()
         if batch.empty:
+            if pending and by_step:
+                continue  # the next step's arrivals join then
             if pending:
                 now = pending[0][0]
                 continue
@@ -170,6 +184,10 @@ def simulate(workload: Workload, choice: EngineChoice, cost: CostModel, vocab_si
     result.prefix_cache_queries = manager.prefix_cache_queries
     result.prefix_cache_hits = manager.prefix_cache_hits
     return result
+
+
+def _release_key(planned: PlannedRequest, by_step: bool) -> float:
+    return planned.arrival_step if by_step else planned.arrival_s
 
 
 def _swap_space(choice: EngineChoice, manager: BlockManager):

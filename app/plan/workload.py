@@ -22,6 +22,9 @@ class PlannedRequest:
     output_len: int  # tokens it generates (the engine runs it with ignore_eos)
     user: int = -1  # synthetic: its conversation
     turn: int = 0
+    # A recording's: the engine step (its scheduler's count) that first scheduled it, so a
+    # replay can add it before that step whatever the simulated clock says (simulate's by_step).
+    arrival_step: int | None = None
 
 
 class Workload(Protocol):

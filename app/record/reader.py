@@ -30,16 +30,17 @@ from kvdeck.app.record.format import (
     DELTA,
     FINISHED,
     FORMAT_NAME,
-    FORMAT_VERSION,
     INFO,
     KEYFRAME,
     LATENCY,
+    READABLE_VERSIONS,
     STEP,
     RecordingError,
     apply_delta,
     decoded_request,
     decoded_stats,
     unpack_records,
+    unpacked_latencies,
 )
 from kvdeck.engine.types.request_timeline import TimelineSnapshot, timeline_from_dict
 from kvdeck.engine.types.stats import EngineStats, RequestStats
@@ -86,6 +87,7 @@ class StepRecord:
     decode_tokens: int | None = None
     num_seqs: int | None = None
     duration_s: float | None = None
+    used_blocks: int | None = None  # KV blocks held after the step (None: not recorded)
 
 
 @dataclass(slots=True, frozen=True)
@@ -139,9 +141,9 @@ class Recording:
             raise RecordingError(f"{self.path} is not a kvdeck recording (an SQLite file "
                                  "without a kvdeck-recording header)")
         version = int(meta.get("version") or 0)
-        if version != FORMAT_VERSION:
+        if version not in READABLE_VERSIONS:
             raise RecordingError(f"{self.path} is a version {version} recording; this kvdeck "
-                                 f"reads version {FORMAT_VERSION}")
+                                 f"reads versions {', '.join(map(str, READABLE_VERSIONS))}")
         if meta.get("codec") != CODEC:
             raise RecordingError(f"{self.path} is compressed with {meta.get('codec')!r}; this "
                                  f"kvdeck reads {CODEC!r}")
@@ -230,7 +232,8 @@ class Recording:
         out = []
         for _, kind, payload in self._records(t0, t1):
             if kind == LATENCY:
-                for name, (times, values) in payload.items():
+                for name, packed in payload.items():
+                    times, values = unpacked_latencies(packed)
                     out.extend((name, at, seconds) for at, seconds in zip(times, values)
                                if _within(at, t0, t1))
         out.sort(key=lambda sample: sample[1])
@@ -258,13 +261,17 @@ class Recording:
         for t, kind, payload in self._records(t0, t1):
             if kind != STEP or not _within(t, t0, t1):
                 continue
-            step, tokens, prefill, decode, seqs, duration = payload
+            step, tokens, prefill, decode, seqs, duration = payload[:6]
+            used = payload[6] if len(payload) > 6 else None  # version 1: not recorded
             record = steps.get(step)
             if record is None:
-                steps[step] = StepRecord(step, t, tokens, prefill, decode, seqs, duration)
-            elif duration is not None or prefill is not None:
+                steps[step] = StepRecord(step, t, tokens, prefill, decode, seqs, duration, used)
+                continue
+            if duration is not None or prefill is not None:
                 record.prefill_tokens, record.decode_tokens = prefill, decode
                 record.num_seqs, record.duration_s = seqs, duration
+            if record.used_blocks is None:
+                record.used_blocks = used
         return [steps[n] for n in sorted(steps)]
 
     def info_changes(self) -> list[tuple[float, dict]]:

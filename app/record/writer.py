@@ -29,12 +29,13 @@ from kvdeck.app.record.format import (
     INFO,
     KEYFRAME,
     LATENCY,
-    ORDER,
     SCHEMA,
     STEP,
     RecordingError,
+    as_plain_dict,
     encoded_stats,
     pack_records,
+    packed_latencies,
     stats_delta,
 )
 from kvdeck.engine.types.stats import EngineStats
@@ -95,6 +96,9 @@ class RecordingWriter:
         # (4,000 latencies a second would otherwise hand the GIL to this thread each time);
         # the thread drains it every DRAIN_S.
         self._queue: deque = deque()
+        # Latencies on a queue of their own (4,000 a second at 64 streams): drained in bulk
+        # into the open chunk's columns, not dispatched one by one.
+        self._latencies: deque[tuple[str, float, float]] = deque()
         self._queue_len = queue_len
         self._db = self._create(info or {})
         self._thread = threading.Thread(target=self._run, name="kvdeck-recorder", daemon=True)
@@ -102,7 +106,8 @@ class RecordingWriter:
         self.error: str | None = None  # why the writer thread stopped early (disk full...)
         # Writer-thread state.
         self._chunk = _Chunk()
-        self._prev_state: dict | None = None
+        self._prev_state: dict | None = None  # the last snapshot stored, encoded
+        self._prev_stats: EngineStats | None = None  # the last snapshot seen
         self._last_keyframe_t = float("-inf")
         self._finished_ids: dict[str, None] = {}  # recorded from final outputs (bounded)
         self._last_stats_step = -1
@@ -130,17 +135,32 @@ class RecordingWriter:
     def add_stats(self, stats: EngineStats) -> None:
         self._put(("stats", stats))
 
+    def add_stats_step(self, stats: EngineStats) -> None:
+        """A snapshot not stored (a recorder's throttle): its step record, and the requests
+        gone since the previous snapshot, are written all the same."""
+        self._put(("stats_step", stats))
+
     def add_latency(self, kind: str, at: float, seconds: float) -> None:
-        self._put(("lat", kind, at, seconds))
+        if self._closed or self.error is not None:
+            return
+        if len(self._latencies) >= self._queue_len:
+            self.counters.dropped += 1
+        else:
+            self._latencies.append((kind, at, seconds))
 
     def add_finished(self, at: float, request: dict) -> None:
         """A finished request from its final output: FINISHED's payload (see recorder.py)."""
         self._put(("finished", at, request))
 
-    def add_steps(self, at: float, tokens: list[int], last_step: int) -> None:
+    def add_steps(self, at: float, tokens: list[int], last_step: int,
+                  used_blocks: list[int] | None = None) -> None:
         """Tokens of each engine step since the previous call (a step listener); the last
-        of them is the engine's step `last_step`."""
-        self._put(("steps", at, tokens, last_step))
+        of them is the engine's step `last_step`; `used_blocks`, where given, the KV blocks
+        held after each of them."""
+        if used_blocks and len(used_blocks) != len(tokens):
+            raise RecordingError(f"{len(tokens)} steps' tokens but {len(used_blocks)} steps' "
+                                 "used blocks")
+        self._put(("steps", at, tokens, last_step, used_blocks or None))
 
     def set_info(self, at: float, info: dict) -> None:
         """The engine's description (known once it is ready; again after a restart)."""
@@ -165,10 +185,12 @@ class RecordingWriter:
     # ---- the writer thread ---------------------------------------------------------------
     def _run(self) -> None:
         try:
-            pending = self._queue
+            pending, latencies = self._queue, self._latencies
             while True:
                 if not pending:
                     time.sleep(DRAIN_S)
+                if latencies:
+                    self._add_latencies()
                 item = pending.popleft() if pending else None
                 if item is _STOP:
                     break
@@ -177,6 +199,7 @@ class RecordingWriter:
                 chunk = self._chunk
                 if not chunk.empty and time.monotonic() - chunk.opened >= self.chunk_s:
                     self._flush()
+            self._add_latencies()
             self._flush()
             self._finish()
         except Exception as exc:  # what was committed stays readable; the rest is lost
@@ -190,10 +213,11 @@ class RecordingWriter:
         """The chunk a record at t goes in: a chunk spans chunk_s of recorded time, however
         fast the records arrive."""
         chunk = self._chunk
-        if not chunk.empty and abs(t - chunk.first_t) >= self.chunk_s:
+        empty = chunk.empty
+        if not empty and abs(t - chunk.first_t) >= self.chunk_s:
             self._flush()
-            chunk = self._chunk
-        if chunk.empty:
+            chunk, empty = self._chunk, True
+        if empty:
             chunk.opened, chunk.first_t = time.monotonic(), t
         self.counters.records += 1
         return chunk
@@ -201,15 +225,30 @@ class RecordingWriter:
     def _append(self, record: list) -> None:
         self._chunk_for(record[0]).records.append(record)
 
+    def _add_latencies(self) -> None:
+        """Every latency queued, into the chunk open at the first one's time."""
+        queued = self._latencies
+        if not queued:
+            return
+        count = len(queued)
+        columns_of = self._chunk_for(queued[0][1]).latencies
+        self.counters.records += count - 1
+        pop = queued.popleft
+        for _ in range(count):
+            name, at, seconds = pop()
+            columns = columns_of.get(name)
+            if columns is None:
+                columns = columns_of[name] = ([], [])
+            columns[0].append(at)
+            columns[1].append(seconds)
+
     def _handle(self, item: tuple) -> None:
         kind = item[0]
         if kind == "stats":
             self._add_stats(item[1])
-        elif kind == "lat":
-            _, name, at, seconds = item
-            times, values = self._chunk_for(at).latencies.setdefault(name, ([], []))
-            times.append(at)
-            values.append(seconds)
+        elif kind == "stats_step":
+            self._vanished(item[1])
+            self._add_stats_step(item[1])
         elif kind == "finished":
             _, at, request = item
             self._finished_ids[request["request_id"]] = None
@@ -217,20 +256,21 @@ class RecordingWriter:
                 self._finished_ids.pop(next(iter(self._finished_ids)))
             self._append([at, FINISHED, request])
         elif kind == "steps":
-            _, at, tokens, last_step = item
-            for step, count in enumerate(tokens, start=last_step - len(tokens) + 1):
-                self._append([at, STEP, [step, count, None, None, None, None]])
+            _, at, tokens, last_step, used_blocks = item
+            first = last_step - len(tokens) + 1
+            for i, count in enumerate(tokens):
+                used = used_blocks[i] if used_blocks else None
+                self._append([at, STEP, [first + i, count, None, None, None, None, used]])
         elif kind == "info":
             self._append([item[1], INFO, item[2]])
             self._info = item[2]  # the meta row follows with the chunk's commit
 
     def _add_stats(self, stats: EngineStats) -> None:
+        self._vanished(stats)
         state = encoded_stats(stats)
         t = stats.timestamp
         prev = self._prev_state
         chunk = self._chunk
-        if prev is not None:
-            self._vanished(prev, state, t)
         if chunk.records and abs(t - chunk.first_t) >= self.chunk_s:
             self._flush()
             chunk = self._chunk
@@ -245,29 +285,39 @@ class RecordingWriter:
             self._append([t, DELTA, stats_delta(prev, state)])
         self._chunk.n_stats += 1
         self._prev_state = state
+        self._add_stats_step(stats)
+
+    def _add_stats_step(self, stats: EngineStats) -> None:
+        """The step a snapshot describes (its batch's parts and duration), once per step."""
+        t = stats.timestamp
         if stats.num_steps > 0 and stats.num_steps != self._last_stats_step:
             self._last_stats_step = stats.num_steps
             self._append([t, STEP, [stats.num_steps,
                                     stats.last_step_prefill_tokens + stats.last_step_decode_tokens,
                                     stats.last_step_prefill_tokens, stats.last_step_decode_tokens,
-                                    stats.last_step_num_seqs, stats.last_step_duration_s]])
+                                    stats.last_step_num_seqs, stats.last_step_duration_s,
+                                    stats.num_blocks - stats.num_free_blocks]])
 
-    def _vanished(self, prev: dict, state: dict, t: float) -> None:
-        """Requests gone since the previous snapshot finished (or were aborted): their last
-        seen state is their record, unless their final output was recorded already."""
-        current = state["requests"]
-        for rid in prev[ORDER]:
+    def _vanished(self, stats: EngineStats) -> None:
+        """Requests gone since the previous snapshot (stored or not) finished (or were
+        aborted): their last seen state is their record, unless their final output was
+        recorded already."""
+        prev, self._prev_stats = self._prev_stats, stats
+        if prev is None:
+            return
+        current = {r.request_id for r in stats.requests}
+        for request in prev.requests:
+            rid = request.request_id
             if rid in current or rid in self._finished_ids:
                 continue
-            request = prev["requests"][rid]
-            timeline = request.get("timeline") or {}
+            timeline = as_plain_dict(request.timeline) if request.timeline is not None else {}
             queued, taken = timeline.get("queued_at"), timeline.get("taken_at")
-            arrival = prev["timestamp"] - (taken - queued) if queued is not None and taken else None
-            self._append([t, FINISHED, {
+            arrival = prev.timestamp - (taken - queued) if queued is not None and taken else None
+            self._append([stats.timestamp, FINISHED, {
                 "request_id": rid, "source": "snapshot", "arrival_time": arrival,
-                "prompt_tokens": request["num_prompt_tokens"],
-                "output_tokens": request["num_output_tokens"],
-                "cached_tokens": request["num_cached_tokens"],
+                "prompt_tokens": request.num_prompt_tokens,
+                "output_tokens": request.num_output_tokens,
+                "cached_tokens": request.num_cached_tokens,
                 "finish_reason": timeline.get("finish_reason"), "timeline": timeline or None}])
 
     def _flush(self) -> None:
@@ -280,7 +330,8 @@ class RecordingWriter:
             spans = [(min(ts), max(ts)) for ts, _ in chunk.latencies.values()]
             times += [t for span in spans for t in span]
             chunk.records.append([min(s[0] for s in spans), LATENCY,
-                                  {name: [ts, vs] for name, (ts, vs) in chunk.latencies.items()}])
+                                  {name: packed_latencies(ts, vs)
+                                   for name, (ts, vs) in chunk.latencies.items()}])
         data = pack_records(chunk.records)
         with self._db:
             self._db.execute("BEGIN")

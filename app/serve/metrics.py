@@ -53,7 +53,7 @@ class MetricsSource(Protocol):
 
     info: EngineInfo | None
 
-    def add_step_listener(self, listener: Callable[[list[int], int], None]) -> None: ...
+    def add_step_listener(self, listener: Callable[[list[int], int, list[int]], None]) -> None: ...
 
 
 class EngineMetrics:
@@ -135,7 +135,8 @@ class EngineMetrics:
         """Once per API request whose output is constrained."""
         self.constrained.labels(self.model_name).inc()
 
-    def observe_steps(self, tokens_per_step: list[int], last_step: int = 0) -> None:
+    def observe_steps(self, tokens_per_step: list[int], last_step: int = 0,
+                      used_blocks: list[int] | None = None) -> None:
         histogram = self.iteration_tokens.labels(self.model_name)
         for tokens in tokens_per_step:
             histogram.observe(tokens)

@@ -45,8 +45,9 @@ logger = logging.getLogger(__name__)
 DEMO_MODEL_NAME = "kvdeck-demo"
 
 OutputListener = Callable[[RequestOutput], None]
-# (tokens of each step since the previous call, the engine's step count after the last)
-StepListener = Callable[[list[int], int], None]
+# (tokens of each step since the previous call, the engine's step count after the last,
+# the KV blocks held after each of those steps)
+StepListener = Callable[[list[int], int, list[int]], None]
 
 
 class AsyncLLM:
@@ -131,7 +132,8 @@ class AsyncLLM:
 
     def add_step_listener(self, listener: StepListener) -> None:
         """Called on the event loop with the tokens computed by each engine step since the
-        previous call, and the engine's step count after the last of them."""
+        previous call, the engine's step count after the last of them, and the KV blocks held
+        after each of them (empty from an engine that does not say)."""
         self._step_listeners.append(listener)
 
     # ---- requests ------------------------------------------------------------------
@@ -268,10 +270,10 @@ class AsyncLLM:
 
     def _on_message(self, message: object) -> None:
         match message:
-            case StepOutputs(outputs, stats, iteration_tokens, num_steps):
+            case StepOutputs(outputs, stats, iteration_tokens, num_steps, used_blocks):
                 if iteration_tokens:
                     for step_listener in self._step_listeners:
-                        step_listener(iteration_tokens, num_steps)
+                        step_listener(iteration_tokens, num_steps, used_blocks)
                 if outputs and self._frontend is not None:
                     for out in self._frontend.process_outputs(outputs):
                         self._deliver(out)

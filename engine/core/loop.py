@@ -22,9 +22,11 @@ from multiprocessing.connection import Connection
 
 from kvdeck.engine.core.engine_core import EngineCore
 from kvdeck.engine.types.config import EngineConfig
+from kvdeck.engine.types.stats import EngineStats
 from kvdeck.engine.types.wire import (
     AbortRequests,
     AddRequest,
+    EngineCoreOutput,
     EngineCrashed,
     EngineReady,
     RequestRejected,
@@ -118,6 +120,7 @@ class EngineCoreLoop:
         self.last_stats_time = 0.0
         self.stats_dirty = False  # something changed since the last snapshot sent
         self.iteration_tokens: list[int] = []  # per step, until the next message carries them
+        self.iteration_used_blocks: list[int] = []  # blocks held after each of those steps
 
     def run(self) -> None:
         while True:
@@ -143,6 +146,9 @@ class EngineCoreLoop:
             if self.core.num_steps != steps_before:  # an empty schedule runs no step
                 last = self.core.last_step
                 self.iteration_tokens.append(last.prefill_tokens + last.decode_tokens)
+                # (With async scheduling the next step is scheduled already: its blocks count.)
+                pool = self.core.block_manager
+                self.iteration_used_blocks.append(pool.num_blocks - pool.num_free_blocks)
             elif not outputs:
                 self.input_conn.poll(NOTHING_TO_RUN_WAIT_S)  # grammars compiling: do not spin
             self.stats_dirty = True
@@ -153,9 +159,7 @@ class EngineCoreLoop:
                 self.last_stats_time = now
                 self.stats_dirty = False
             if outputs or stats is not None:
-                self.output_conn.send(StepOutputs(outputs, stats, self.iteration_tokens,
-                                                  self.core.num_steps))
-                self.iteration_tokens = []
+                self._send(outputs, stats)
 
     def _handle(self, message: object) -> bool:
         """Apply one client message; False means stop the loop."""
@@ -182,9 +186,13 @@ class EngineCoreLoop:
         self.stats_dirty = True
         return True
 
-    def _send_stats(self) -> None:
-        self.output_conn.send(StepOutputs([], self.core.stats(), self.iteration_tokens,
-                                          self.core.num_steps))
+    def _send(self, outputs: list[EngineCoreOutput], stats: EngineStats | None) -> None:
+        self.output_conn.send(StepOutputs(outputs, stats, self.iteration_tokens,
+                                          self.core.num_steps, self.iteration_used_blocks))
         self.iteration_tokens = []
+        self.iteration_used_blocks = []
+
+    def _send_stats(self) -> None:
+        self._send([], self.core.stats())
         self.last_stats_time = time.monotonic()
         self.stats_dirty = False

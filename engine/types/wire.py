@@ -155,6 +155,10 @@ class StepOutputs:
     # The engine's step count when this was sent: iteration_tokens' last entry is this step
     # (a listener numbers the steps exactly, however late it started listening).
     num_steps: int = 0
+    # KV blocks held after each of those steps (parallel to iteration_tokens): a recording's
+    # peak is then the pool's fullest state after any step, not after the ~15 a second that
+    # a stats snapshot describes.
+    iteration_used_blocks: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

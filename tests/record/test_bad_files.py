@@ -51,7 +51,7 @@ def test_newer_version(tmp_path):
     with db:
         db.execute("UPDATE meta SET value = '99' WHERE key = 'version'")
     db.close()
-    with pytest.raises(RecordingError, match="version 99 recording; this kvdeck reads version 1"):
+    with pytest.raises(RecordingError, match="version 99 recording; this kvdeck reads versions 1, 2"):
         open_recording(path)
 
 

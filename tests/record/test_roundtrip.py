@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import sqlite3
+
 import pytest
 
+from kvdeck.app.record.format import STEP, pack_records, unpack_records
 from kvdeck.app.record.reader import open_recording
 from kvdeck.app.record.writer import RecordingWriter
 from tests.record.synthetic import DT, ENGINE_INFO, T0, session_stats
@@ -132,3 +136,38 @@ def test_a_listener_that_joins_late_numbers_steps_as_the_engine_does(tmp_path):
         step = steps[3 * i + 3]
         assert step.tokens == 2 and step.duration_s == stats[i + 1].last_step_duration_s
         assert steps[3 * i + 2].tokens == 1
+
+
+def test_steps_keep_their_held_blocks_and_version_1_files_still_read(tmp_path):
+    """A step record says the KV blocks held after it (the step listener's, else the snapshot's);
+    a version 1 file's six-field step records read back with used_blocks None."""
+    stats = session_stats(12)
+    path = tmp_path / "held.kvrec"
+    writer = RecordingWriter(path, ENGINE_INFO)
+    for i, snapshot in enumerate(stats):  # snapshot i follows step 3i, heard before it
+        if i:
+            writer.add_steps(snapshot.timestamp, [4, 5, 6], 3 * i, [100 + i, 200 + i, 300 + i])
+        writer.add_stats(snapshot)
+    end = stats[-1]  # the last snapshot, again after a step nobody heard: its pool says
+    writer.add_stats(dataclasses.replace(end, timestamp=end.timestamp + 0.01,
+                                         num_steps=end.num_steps + 1))
+    with pytest.raises(ValueError, match="2 steps' tokens but 1 steps' used blocks"):
+        writer.add_steps(stats[-1].timestamp, [4, 5], 99, [1])
+    writer.close()
+    with open_recording(path) as rec:
+        held = {s.step: s.used_blocks for s in rec.steps()}
+    assert held == {3 * i - 2 + k: 100 * (k + 1) + i for i in range(1, 12) for k in range(3)} | {
+        34: end.num_blocks - end.num_free_blocks}
+
+    db = sqlite3.connect(path)
+    with db:
+        for seq, data in db.execute("SELECT seq, data FROM chunks").fetchall():
+            records = [[t, kind, payload[:6] if kind == STEP else payload]
+                       for t, kind, payload in unpack_records(data)]
+            db.execute("UPDATE chunks SET data = ? WHERE seq = ?", (pack_records(records), seq))
+        db.execute("UPDATE meta SET value = '1' WHERE key = 'version'")
+    db.close()
+    with open_recording(path) as rec:
+        steps = rec.steps()
+    assert [s.step for s in steps] == list(range(1, 35)) and all(s.used_blocks is None for s in steps)
+    assert [s.tokens for s in steps[:3]] == [4, 5, 6]

@@ -40,6 +40,9 @@ async def test_a_served_session_records_and_replays(serve_model_dir, tmp_path):
         assert sum(1 for kind, _, _ in rec.latencies() if kind == "ttft") == 3
         steps = rec.steps()
         assert sum(s.tokens for s in steps) >= 3 * 24  # every step's tokens, from the listener
+        # and the blocks held after each (the engine loop's, through the client's listener)
+        assert all(s.used_blocks is not None for s in steps)
+        assert 0 < max(s.used_blocks for s in steps) <= rec.engine.num_blocks
         busy = [t for t, s in rec.snapshots() if s.num_running]
         assert busy
         ready = rec

@@ -1,10 +1,12 @@
 """`kvdeck plan FILE` on a recording of the real engine (the demo model, in-process, recorded
-through app.record's writer with a snapshot every step, as the server's recorder writes them):
-the workload comes back from the file, the step costs are fitted to its steps, and the
-prediction's block peak and preemptions equal the recorded ones (everything arrives at once,
-so the batches do not depend on time)."""
+through app.record's writer as the server's recorder writes them: every step's tokens and
+held blocks, a snapshot every step or every few): the workload comes back from the file, the
+step costs are fitted to its steps, and the prediction's block peak and preemptions equal the
+recorded ones (everything arrives at once, so the batches do not depend on time)."""
 
 import time
+
+import pytest
 
 from kvdeck.app.plan.planner import PlanOptions, plan
 from kvdeck.app.plan.recording import load_session
@@ -16,7 +18,7 @@ from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.sampling_params import SamplingParams
 
 
-def _record(path) -> tuple[SyntheticWorkload, dict]:
+def _record(path, snapshot_every: int = 1) -> tuple[SyntheticWorkload, dict]:
     engine = LLMEngine(EngineConfig(model=None, num_gpu_blocks_override=40, max_num_seqs=8,
                                     max_num_batched_tokens=256))
     workload = SyntheticWorkload(users=12, prompt_len=Lengths(60, 160), output_len=Lengths(16, 40),
@@ -31,10 +33,12 @@ def _record(path) -> tuple[SyntheticWorkload, dict]:
                                               temperature=0.0, detokenize=False))
         while engine.has_unfinished_requests():
             outputs = engine.step()
-            writer.add_steps(time.time(), [1], engine.core.num_steps)
-            stats = engine.stats()
-            peak = max(peak, stats.num_blocks - stats.num_free_blocks)
-            writer.add_stats(stats)
+            pool = engine.core.block_manager
+            held = pool.num_blocks - pool.num_free_blocks
+            peak = max(peak, held)
+            writer.add_steps(time.time(), [1], engine.core.num_steps, [held])
+            if engine.core.num_steps % snapshot_every == 0 or not engine.has_unfinished_requests():
+                writer.add_stats(engine.stats())
             for output in outputs:
                 if output.finished:
                     writer.add_finished(time.time(), finished_payload(output))
@@ -47,12 +51,15 @@ def _record(path) -> tuple[SyntheticWorkload, dict]:
     return workload, recorded
 
 
-def test_plan_replays_a_recording_of_the_real_engine(tmp_path):
+@pytest.mark.parametrize("snapshot_every", [1, 7])
+def test_plan_replays_a_recording_of_the_real_engine(tmp_path, snapshot_every):
+    """Every 7th step snapshotted: the peak comes from the step records, as exact."""
     path = tmp_path / "session.kvrec"
-    workload, recorded = _record(path)
+    workload, recorded = _record(path, snapshot_every)
     assert recorded["preemptions"] > 0
 
     session = load_session(str(path))
+    assert session.every_step and session.peak_blocks == recorded["peak"]
     replayed = {r.request_id: r for r in session.workload.requests}
     for request in workload.initial():  # lengths exact, arrivals within the recording's clock
         got = replayed[request.request_id]
@@ -65,7 +72,9 @@ def test_plan_replays_a_recording_of_the_real_engine(tmp_path):
     by_name = {c.name: c for c in report.comparisons}
     assert by_name["preemptions"].predicted == recorded["preemptions"]
     assert by_name["steps"].predicted == recorded["steps"]
-    # A snapshot after every step: the recorded peak is the simulation's between steps.
+    # The pool after every step and each request's first step recorded: replayed with the
+    # engine's batches, the peak is exact; the prediction in time is reported beside it.
+    assert "peak KV blocks, by time" in by_name and by_name["preemptions"].ok
     assert by_name["peak KV blocks"].predicted == by_name["peak KV blocks"].recorded == recorded["peak"]
     assert by_name["peak KV blocks"].ok
     assert report.summaries[1].preemptions == 0  # twice the pool: nobody is preempted
