@@ -2,10 +2,13 @@
 engine client with nothing recording against the same load while a recording runs as
 `kvdeck --serve --record` records (a task reading every stats snapshot, the output and step
 listeners, the writer thread). Rounds alternate the two sides on the same engine and
-repeat; each round's ratio is in the JSON, the median is the figure. The recorded sides'
-files give the size of a busy session, extrapolated to ten minutes.
+repeat; each round's ratio is in the JSON, the median is the figure. Each side also
+measures the CPU both processes spent (the front-end's from /proc/self, the engine's from
+its child process), so the recorder's added CPU as a share of it is a figure that a shared
+machine's load swings far less than the wall-clock ratio. The recorded sides' files give
+the size of a busy session, extrapolated to ten minutes. Linux (/proc).
 
-    python benchmarks/bench_record_cost.py --out benchmarks/results/record_cost_cpu.json
+    python benchmarks/bench_record_cost.py --rounds 11 --out benchmarks/results/record_cost_cpu.json
 
 The engine runs the bundled demo model (--model for another) with its default CPU pool
 (1 GiB: 10,922 blocks of 16, so every snapshot carries a 10,922-entry block map).
@@ -152,7 +155,7 @@ async def run(args: argparse.Namespace) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="demo")
-    parser.add_argument("--rounds", type=int, default=9)
+    parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--requests", type=int, default=192)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=32)
