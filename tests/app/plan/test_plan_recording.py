@@ -18,7 +18,8 @@ from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.sampling_params import SamplingParams
 
 
-def _record(path, snapshot_every: int = 1) -> tuple[SyntheticWorkload, dict]:
+def _record(path, snapshot_every: int = 1, stagger: int = 0) -> tuple[SyntheticWorkload, dict]:
+    """`stagger`: request i joins before engine step i * stagger (else all at once)."""
     engine = LLMEngine(EngineConfig(model=None, num_gpu_blocks_override=40, max_num_seqs=8,
                                     max_num_batched_tokens=256))
     workload = SyntheticWorkload(users=12, prompt_len=Lengths(60, 160), output_len=Lengths(16, 40),
@@ -26,12 +27,14 @@ def _record(path, snapshot_every: int = 1) -> tuple[SyntheticWorkload, dict]:
                                  shared_prefix=32, seed=3)
     writer = RecordingWriter(path, engine_description(engine, "demo"))
     peak = 0
+    waiting = workload.initial()
     try:
-        for request in workload.initial():
-            engine.add_request(request.request_id, request.prompt_token_ids,
-                               SamplingParams(max_tokens=request.output_len, ignore_eos=True,
-                                              temperature=0.0, detokenize=False))
-        while engine.has_unfinished_requests():
+        while waiting or engine.has_unfinished_requests():
+            while waiting and engine.core.num_steps >= stagger * (12 - len(waiting)):
+                request = waiting.pop(0)
+                engine.add_request(request.request_id, request.prompt_token_ids,
+                                   SamplingParams(max_tokens=request.output_len, ignore_eos=True,
+                                                  temperature=0.0, detokenize=False))
             outputs = engine.step()
             pool = engine.core.block_manager
             held = pool.num_blocks - pool.num_free_blocks
@@ -79,3 +82,17 @@ def test_plan_replays_a_recording_of_the_real_engine(tmp_path, snapshot_every):
     assert by_name["peak KV blocks"].ok
     assert report.summaries[1].preemptions == 0  # twice the pool: nobody is preempted
     assert report.summaries[2].num_blocks == 20  # the same memory in blocks twice as large
+
+
+def test_a_recording_replayed_by_step_has_the_engine_batches_whatever_the_clock(tmp_path):
+    """Requests that joined a few steps apart (within milliseconds of each other in time):
+    replayed at their recorded first steps, the simulated pool's peak and steps are the
+    engine's exactly."""
+    path = tmp_path / "staggered.kvrec"
+    _, recorded = _record(path, snapshot_every=5, stagger=3)
+    report = plan(PlanOptions(recording=str(path)))
+    by_name = {c.name: c for c in report.comparisons}
+    assert by_name["peak KV blocks"].recorded == recorded["peak"]
+    assert by_name["peak KV blocks"].predicted == recorded["peak"]
+    assert by_name["steps"].predicted == recorded["steps"]
+    assert by_name["preemptions"].predicted == recorded["preemptions"]
