@@ -10,6 +10,8 @@ For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
             runs with KVDECK_W4A16_KERNEL=marlin: fused up to its FUSED_MAX_TOKENS
   marlin_fused / marlin_dequant   that kernel's two paths at every M
   marlin_broadcast   its broadcast-load unpacking (BROADCAST_CONFIG), M <= 16
+  marlin_plain   its fused GEMM dequantising in plain Triton (magic numbers) rather than the
+            lop3 PTX that `marlin` runs on CUDA (kernels/triton/w4a16_lop3.py), M <= its FUSED_MAX_TOKENS
   auto      kernels.dispatch.w4a16_gemm(backend="auto"), the AWQ layout's engine path
 and checks each result against the reference. The memory-bound limit of the speed-up
 is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros). Each row is
@@ -171,12 +173,17 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
         "marlin_dequant": lambda: x @ marlin.dequantize_marlin(repacked, x.dtype),
         "auto": lambda: w4a16_gemm(x, qweight, qzeros, scales, GROUP),
     }
+    if m <= marlin.FUSED_MAX_TOKENS:
+        plain = dataclasses.replace(marlin.choose_config(
+            m, n, k, GROUP, marlin.streaming_multiprocessors(x.device)), plain_dequant=True)
+        candidates["marlin_plain"] = lambda: marlin.w4a16_matmul_marlin(x, repacked, config=plain)
     if m <= 16:
         candidates["marlin_broadcast"] = lambda: marlin.w4a16_matmul_marlin(
             x, repacked, config=marlin.BROADCAST_CONFIG)
     row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP,
                  "marlin_config": dataclasses.asdict(marlin.choose_config(
-                     m, n, k, GROUP, marlin.streaming_multiprocessors(x.device)))}
+                     m, n, k, GROUP, marlin.streaming_multiprocessors(x.device))),
+                 "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
     for name, fn in candidates.items():
         error = float((fn() - reference).abs().max())
         row[f"{name}_max_abs_err"] = error

@@ -131,9 +131,10 @@ def w4a16_variant(dtype: str, max_tokens: int, group_size: int, split: bool) -> 
 
 
 def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool,
-                         zeros: bool = True, broadcast: bool = False) -> Variant:
+                         zeros: bool = True, broadcast: bool = False, lop3: bool = True) -> Variant:
     """The repacked-layout GEMM (kernels/triton/w4a16_marlin.py), its bucket's tiles (or the
-    broadcast-load unpacking's)."""
+    broadcast-load unpacking's), dequantising by the lop3 PTX as CUDA launches do (`lop3`
+    False: the plain-Triton path the interpreter tests)."""
     config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132)
     if broadcast:
         config = w4a16_marlin_triton.BROADCAST_CONFIG
@@ -143,7 +144,8 @@ def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bo
              bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
         dict(GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
              BLOCK_K=config.block_k, TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros,
-             HAS_BIAS=True, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load, stride_xk=1),
+             HAS_BIAS=True, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load,
+             LOP3=lop3 and not config.broadcast_load, stride_xk=1),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         decode=True,
     )
@@ -151,7 +153,8 @@ def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bo
 
 def w4a16_marlin_variants() -> dict[str, Variant]:
     """Every M bucket at group 128 (split and not, AWQ zeros), GPTQ's symmetric form and
-    groups of 32 and 64 at the decode bucket, the broadcast-load unpacking, the dequantise."""
+    groups of 32 and 64 at the decode bucket, the broadcast-load unpacking, the dequantise; all
+    with the lop3 PTX but the `_plain` ones (the plain-Triton dequantisation, decode bucket)."""
     variants = {}
     for dtype in W4A16_DTYPES:
         for max_tokens, _ in w4a16_marlin_triton.M_BUCKETS:
@@ -165,12 +168,14 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
             dtype, 16, 128, True, zeros=False)
         variants[f"w4a16_marlin_m16_{dtype}_g128_broadcast_splitk"] = w4a16_marlin_variant(
             dtype, 16, 128, True, broadcast=True)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_plain_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, lop3=False)
         variants[f"marlin_dequantize_{dtype}"] = Variant(
             w4a16_marlin_triton._marlin_dequantize_kernel,
             dict(qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
             dict(GROUP_SIZE=128, BLOCK_K=w4a16_marlin_triton.DEQUANT_BLOCK_K,
                  BLOCK_N=w4a16_marlin_triton.DEQUANT_BLOCK_N, TILE=w4a16_marlin_triton.TILE_N,
-                 HAS_ZEROS=True),
+                 HAS_ZEROS=True, LOP3=True),
             dict(num_warps=4), decode=True,  # decode batches above FUSED_MAX_TOKENS
         )
     return variants
@@ -378,6 +383,8 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
         **_ptxas_usage(log.getvalue()),
         # cp.async copies in the loop: tiles stream in while the previous tile computes.
         "pipelined_loads": compiled.asm["ttgir"].count("async_copy_global_to_local"),
+        # The W4A16 lop3 dequantisation's instructions in the PTX (kernels/triton/w4a16_lop3.py).
+        "lop3": compiled.asm["ptx"].count("lop3.b32"),
     }
     return result, compiled.asm["ptx"]
 

@@ -7,7 +7,10 @@ unpacks them with one shift and one mask into [BLOCK_K/8, 8, BLOCK_N], a reshape
 [BLOCK_K, BLOCK_N], and dequantises by the magic-number trick: (q | 0x6400) read as fp16 is
 1024 + q exactly (bf16: 0x4300, 128 + q; fp32 under the interpreter: 2^23 + q), so
 (magic(q) - magic(z)) * s is (q - z) * s with no int->float convert, bit for bit the
-reference's weight (the subtraction is exact, the product rounds once). A symmetric (GPTQ)
+reference's weight (the subtraction is exact, the product rounds once). Compiled for CUDA
+(fp16/bf16), q - z comes from inline PTX instead, Marlin's lop3 and one sub/fma per pair of
+weights (kernels/triton/w4a16_lop3.py; the LOP3 constexpr, `MarlinConfig.plain_dequant` turns it
+off to measure); the interpreter runs no asm and keeps the plain path. A symmetric (GPTQ)
 layer has no zeros tensor: its zero point 8 is a constant. `BROADCAST_LOAD` is the other
 unpacking to measure: each of the BLOCK_K rows loads its int32 (8 rows share an address)
 and shifts by 4 * (k % 8), one [BLOCK_K, BLOCK_N] load and no reshape.
@@ -21,6 +24,7 @@ Kept importable only through `kernels.dispatch` or directly by tests: `triton.ji
 compiled vs interpreted at import time.
 """
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -30,6 +34,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
+from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +46,7 @@ class MarlinConfig:
     num_warps: int
     num_stages: int
     broadcast_load: bool = False
+    plain_dequant: bool = False  # the plain-Triton magic numbers on CUDA too, not the lop3 PTX
 
 
 # (largest M of the bucket, its config). Chosen without a GPU (AOT matrix: shared memory and
@@ -61,6 +67,8 @@ MIN_K_TILES_PER_SPLIT = 2
 PROGRAMS_PER_SM = 2
 DEQUANT_BLOCK_K = 64
 DEQUANT_BLOCK_N = 64
+# The interpreter runs no inline asm: fixed when this module is imported, as `triton.jit` is.
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
@@ -78,10 +86,12 @@ def _magic(q, DTYPE: tl.constexpr):
 def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
                   GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr,
-                  BROADCAST_LOAD: tl.constexpr):
+                  BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr):
     """The dense [BLOCK_K, BLOCK_N] weight of rows k0.. (one group: BLOCK_K divides it), in the
-    scales' dtype as the reference makes it."""
+    scales' dtype as the reference makes it. LOP3: q - z by inline PTX (w4a16_lop3.py; CUDA,
+    fp16/bf16, packed loads only), else by the magic numbers in plain Triton."""
     DTYPE: tl.constexpr = s_ptr.dtype.element_ty
+    tl.static_assert(not (LOP3 and BROADCAST_LOAD), "the lop3 path takes packed words")
     columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
     if BROADCAST_LOAD:
         offs_k = k0 + tl.arange(0, BLOCK_K)
@@ -92,15 +102,20 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_z
         offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :],
                          mask=mask_n[None, :], other=0)
-        shifts = tl.arange(0, 8) * 4
-        q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+        if not LOP3:
+            shifts = tl.arange(0, 8) * 4
+            q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
     group = k0 // GROUP_SIZE
     if HAS_ZEROS:
         z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0).to(tl.int32)
     else:
         z = tl.full((BLOCK_N,), 8, tl.int32)  # SYMMETRIC_ZERO (a jit function reads no globals)
     scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)
-    return (_magic(q, DTYPE) - _magic(z, DTYPE)[None, :]) * scale[None, :]
+    if LOP3:
+        diff = dequant_lop3(packed, z, DTYPE)
+    else:
+        diff = _magic(q, DTYPE) - _magic(z, DTYPE)[None, :]
+    return diff * scale[None, :]
 
 
 @jit(do_not_specialize=('M', 'split_k'))  # batch-dependent: one variant for every value
@@ -110,7 +125,7 @@ def _w4a16_marlin_kernel(
     stride_xm, stride_xk, stride_qwt, stride_zg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr,
+    SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -129,7 +144,7 @@ def _w4a16_marlin_kernel(
                     mask=mask_m[:, None], other=0.0)
         w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg,
                           stride_sg, GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS,
-                          BROADCAST_LOAD).to(x.dtype)
+                          BROADCAST_LOAD, LOP3).to(x.dtype)
         acc = tl.dot(x, w, acc)
 
     _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
@@ -140,14 +155,14 @@ def _w4a16_marlin_kernel(
 def _marlin_dequantize_kernel(
     qw_ptr, z_ptr, s_ptr, out_ptr, N, stride_qwt, stride_zg, stride_sg, stride_ok,
     GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-    HAS_ZEROS: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, LOP3: tl.constexpr,
 ):
     k0 = tl.program_id(0) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
-                      GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False)
+                      GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False, LOP3)
     tl.store(out_ptr + offs_k[:, None] * stride_ok + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
              mask=mask_n[None, :])
 
@@ -173,6 +188,12 @@ def choose_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> Marl
     tiles = triton.cdiv(m, bucket.block_m) * triton.cdiv(n, bucket.block_n)
     split_k = choose_split(tiles, k // block_k, bucket.split_k, num_sms)
     return replace(bucket, block_k=block_k, split_k=split_k)
+
+
+def uses_lop3(device: torch.device, dtype: torch.dtype, plain: bool = False) -> bool:
+    """Whether a launch dequantises with the inline PTX: compiled for CUDA, fp16/bf16 scales."""
+    return (not plain and not INTERPRETED and device.type == "cuda"
+            and dtype in (torch.float16, torch.bfloat16))
 
 
 def _check(x: torch.Tensor, w: RepackedW4) -> None:
@@ -212,12 +233,15 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
            GROUP_SIZE=w.group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
            BLOCK_K=config.block_k, TILE=TILE_N, HAS_ZEROS=w.zeros is not None,
            HAS_BIAS=bias is not None, SPLIT_K=split_k > 1, BROADCAST_LOAD=config.broadcast_load,
+           LOP3=not config.broadcast_load and uses_lop3(x.device, w.scales.dtype, config.plain_dequant),
            num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
-def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """The dense weight [K, N] (`dtype`, default the scales'), made on the device."""
+def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None,
+                      plain: bool = False) -> torch.Tensor:
+    """The dense weight [K, N] (`dtype`, default the scales'), made on the device (`plain`:
+    the plain-Triton dequantisation on CUDA too)."""
     dtype = dtype or w.scales.dtype
     out = torch.empty((w.k, w.n), dtype=dtype, device=w.qweight.device)
     block_k = min(DEQUANT_BLOCK_K, w.group_size)
@@ -227,7 +251,7 @@ def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None) -> torch.
            w.qweight, zeros, w.scales, out, w.n, w.qweight.stride(0), zeros.stride(0),
            w.scales.stride(0), out.stride(0),
            GROUP_SIZE=w.group_size, BLOCK_K=block_k, BLOCK_N=DEQUANT_BLOCK_N, TILE=TILE_N,
-           HAS_ZEROS=w.zeros is not None)
+           HAS_ZEROS=w.zeros is not None, LOP3=uses_lop3(w.qweight.device, w.scales.dtype, plain))
     return out
 
 

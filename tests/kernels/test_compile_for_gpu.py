@@ -49,7 +49,7 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for max_tokens, _ in aot.w4a16_marlin_triton.M_BUCKETS:
             for split in ("", "_splitk"):
                 assert f"w4a16_marlin_m{max_tokens}_{dtype}_g128{split}" in aot.VARIANTS
-        for tag in ("g32", "g64", "g128_sym", "g128_broadcast"):
+        for tag in ("g32", "g64", "g128_sym", "g128_broadcast", "g128_plain"):
             assert f"w4a16_marlin_m16_{dtype}_{tag}_splitk" in aot.VARIANTS
         assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
         # The fused q/k norm + RoPE + KV write: Qwen3's d128 with norms, Llama's without.
@@ -94,3 +94,14 @@ def test_sm89_ptx_is_the_sm86_ptx(compiled):
     # same PTX for both, which these variants check against a full sm_89 compile.
     checked = {r["variant"]: r["ptx_matches_own"] for r in compiled if "ptx_matches_own" in r}
     assert checked == {name: True for name in aot.DERIVATION_CHECKED}
+
+
+def test_marlin_kernels_dequantise_by_lop3_ptx(compiled):
+    # CUDA launches of the repacked kernel take the inline-PTX path (kernels/triton/w4a16_lop3.py):
+    # its lop3s must be in the PTX of every such variant on every arch; the plain-Triton
+    # (`_plain`) and broadcast-load variants have none.
+    marlin = [r for r in compiled if "marlin" in r["variant"]]
+    assert marlin
+    for r in marlin:
+        plain = r["variant"].endswith(("_plain_splitk", "_broadcast_splitk"))
+        assert (r["lop3"] == 0) == plain, (r["variant"], r["arch"], r["lop3"])

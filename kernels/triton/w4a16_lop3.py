@@ -1,0 +1,109 @@
+"""INT4 -> fp16/bf16 dequantisation in inline PTX, as Marlin's `dequant` does it, for the
+repacked kernel (kernels/triton/w4a16_marlin.py) on CUDA. Never under the interpreter, which
+runs no asm: there the plain-Triton magic-number path serves (the kernel's LOP3 constexpr).
+
+One asm instance takes one packed int32 (rows 8p..8p+7 of one column, row 8p+j at bits 4j)
+and the column's zero-point pairs, and returns the eight values q_j - z exactly (|q - z| <= 15):
+- fp16: lop3 (q & 0x000f000f) | 0x64006400 makes two fp16s 1024 + q (rows j and j+4, bits 0
+  and 16); with mask 0x00f000f0 they are 1024 + 16q. One sub.f16x2 (minus the pair 1024 + z)
+  and one fma.rn.f16x2 (times 1/16, minus the pair 64 + z) finish two rows each; a shift by 8
+  repeats it for rows 2, 3, 6, 7: 4 lop3, 1 shift, 2 sub, 2 fma for eight weights.
+- bf16: its 7 mantissa bits hold no 16q, so each nibble pair is shifted down (0, 4, 8, 12)
+  and lop3'd with 0x43004300 (128 + q); fma.rn.bf16x2 (times 1.0, plus -(128 + z)) subtracts
+  (sm_80 has fma.bf16x2, not sub.bf16x2).
+Results come back as int16 bit patterns (the "h" registers), bitcast in Triton.
+
+FP16_ASM and BF16_ASM are plain strings so tests/kernels/test_w4a16_lop3.py can emulate the
+exact instructions on CPU against the reference dequantisation.
+"""
+
+import triton
+import triton.language as tl
+
+# $0..$7: rows 0..7 of the word (int16 bits); $8: the packed word; $9, $10: zero-point pairs.
+FP16_ASM = """{
+.reg .b32 q, a, b, sixteenth;
+mov.b32 sixteenth, 0x2c002c00;
+lop3.b32 a, $8, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 b, $8, 0x00f000f0, 0x64006400, 0xea;
+sub.f16x2 a, a, $9;
+fma.rn.f16x2 b, b, sixteenth, $10;
+mov.b32 {$0, $4}, a;
+mov.b32 {$1, $5}, b;
+shr.u32 q, $8, 8;
+lop3.b32 a, q, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 b, q, 0x00f000f0, 0x64006400, 0xea;
+sub.f16x2 a, a, $9;
+fma.rn.f16x2 b, b, sixteenth, $10;
+mov.b32 {$2, $6}, a;
+mov.b32 {$3, $7}, b;
+}"""
+
+BF16_ASM = """{
+.reg .b32 q, a, one;
+mov.b32 one, 0x3f803f80;
+lop3.b32 a, $8, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $9;
+mov.b32 {$0, $4}, a;
+shr.u32 q, $8, 4;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $9;
+mov.b32 {$1, $5}, a;
+shr.u32 q, $8, 8;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $9;
+mov.b32 {$2, $6}, a;
+shr.u32 q, $8, 12;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $9;
+mov.b32 {$3, $7}, a;
+}"""
+
+CONSTRAINTS = "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r"
+
+_FP16_ASM = tl.constexpr(FP16_ASM)
+_BF16_ASM = tl.constexpr(BF16_ASM)
+_CONSTRAINTS = tl.constexpr(CONSTRAINTS)
+
+
+@triton.jit
+def zero_pairs(z, DTYPE: tl.constexpr):
+    """Per column z (int32, 0..15) -> the asm's two operand pairs (int32, both halves equal):
+    fp16 (1024 + z, -(64 + z)); bf16 (-(128 + z), unused)."""
+    if DTYPE == tl.float16:
+        lo = 0x6400 | z  # 1024 + z: the fp16 unit at 1024 is 1
+        hi = 0xD400 | (z << 4)  # -(64 + z): the unit at 64 is 1/16
+    else:
+        lo = 0xC300 | z  # -(128 + z) in bf16: the unit at 128 is 1
+        hi = lo
+    return (lo << 16) | lo, (hi << 16) | hi
+
+
+@triton.jit
+def dequant_lop3(packed, z, DTYPE: tl.constexpr):
+    """packed int32 [P, N] (rows 8p + j at bits 4j) and the columns' zero points z int32 [N]
+    -> q - z as DTYPE (fp16 or bf16) [8P, N], exact."""
+    P: tl.constexpr = packed.shape[0]
+    N: tl.constexpr = packed.shape[1]
+    lo, hi = zero_pairs(z, DTYPE)
+    lo = tl.broadcast_to(lo[None, :], (P, N))
+    hi = tl.broadcast_to(hi[None, :], (P, N))
+    if DTYPE == tl.float16:
+        r0, r1, r2, r3, r4, r5, r6, r7 = tl.inline_asm_elementwise(
+            _FP16_ASM, _CONSTRAINTS, [packed, lo, hi], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+    else:
+        r0, r1, r2, r3, r4, r5, r6, r7 = tl.inline_asm_elementwise(
+            _BF16_ASM, _CONSTRAINTS, [packed, lo, hi], dtype=(tl.int16,) * 8, is_pure=True, pack=1)
+    return rows_in_order(r0, r1, r2, r3, r4, r5, r6, r7).to(DTYPE, bitcast=True)
+
+
+@triton.jit
+def rows_in_order(r0, r1, r2, r3, r4, r5, r6, r7):
+    """Eight [P, N] tensors (row j of each word) -> [8P, N], row 8p + j from r_j[p]."""
+    P: tl.constexpr = r0.shape[0]
+    N: tl.constexpr = r0.shape[1]
+    # join puts its pair on a new last axis, so nesting three deep gives [P, N, 2, 2, 2] whose
+    # index (i, j, k) flattens to 4i + 2j + k, i choosing in the innermost joins, k the outermost.
+    rows = tl.join(tl.join(tl.join(r0, r4), tl.join(r2, r6)), tl.join(tl.join(r1, r5), tl.join(r3, r7)))
+    rows = tl.permute(tl.reshape(rows, (P, N, 8)), (0, 2, 1))
+    return tl.reshape(rows, (P * 8, N))
