@@ -1,7 +1,8 @@
 """One place that decides which implementation of each op the engine runs: a backend's
 `KernelOps` per device (`select_ops`), per call the W4A16 GEMM (`w4a16_gemm`), and which
 W4A16 kernel CUDA layers use (`w4a16_kernel`: KVDECK_W4A16_KERNEL; `marlin` layers are
-repacked at load and run `w4a16_gemm_repacked`).
+repacked at load and run `w4a16_gemm_repacked`), and the name of what serves a W4A16 model on
+this machine (kernels/w4a16_choice.py, torch-free for `kvdeck models` and the Models screen).
 
 The backends live in kernels/reference/ (torch), kernels/triton/ and kernels/cpu/. The
 Triton modules are imported only when chosen: `triton.jit` decides compiled vs
@@ -17,16 +18,10 @@ from kvdeck.kernels.ops import KERNEL_BACKENDS, KernelOps
 from kvdeck.kernels.reference.lora import lora_linear_delta as lora_linear_delta_torch
 from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
+from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
-__all__ = ["TORCH_OPS", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "select_ops",
+__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "select_ops",
            "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
-
-# KVDECK_W4A16_KERNEL: `awq`, the split-K GEMM on AutoAWQ's layout (kernels/triton/w4a16_gemm.py);
-# `marlin`, the layers repacked at load for kernels/triton/w4a16_marlin.py; `auto`, W4A16_AUTO.
-W4A16_KERNELS = ("auto", "awq", "marlin")
-# What `auto` means until a GPU run of the battery's w4a16 stage (benchmarks/bench_w4a16.py,
-# both kernels beside cuBLAS under CUDA graphs) shows the repacked kernel faster.
-W4A16_AUTO = "awq"
 
 
 def triton_interpreter_enabled() -> bool:
@@ -46,14 +41,6 @@ def select_ops(backend: str, device: torch.device) -> KernelOps:
     from kvdeck.kernels.triton.ops import TRITON_OPS
 
     return TRITON_OPS
-
-
-def w4a16_kernel() -> str:
-    """The W4A16 kernel CUDA layers use, from KVDECK_W4A16_KERNEL (read at load): awq or marlin."""
-    kernel = os.environ.get("KVDECK_W4A16_KERNEL", "auto").strip().lower() or "auto"
-    if kernel not in W4A16_KERNELS:
-        raise ValueError(f"KVDECK_W4A16_KERNEL must be one of {W4A16_KERNELS}, got {kernel!r}")
-    return W4A16_AUTO if kernel == "auto" else kernel
 
 
 def w4a16_gemm(

@@ -11,6 +11,7 @@ from typing import TextIO
 from kvdeck.app.cli.default_model import DefaultModel, default_model_status
 from kvdeck.app.cli.gguf import importable_json, print_importable
 from kvdeck.app.store import local_models, paths
+from kvdeck.app.store.cpu_plan import cpu_features
 from kvdeck.app.store.download import DownloadError, download_model
 from kvdeck.app.store.download_progress import (
     CancelToken,
@@ -20,6 +21,7 @@ from kvdeck.app.store.download_progress import (
     format_eta,
 )
 from kvdeck.app.store.recommended import RECOMMENDED, format_params, memory_estimate, num_parameters
+from kvdeck.kernels.w4a16_choice import is_w4a16, w4a16_serving_kernel
 
 
 class TerminalProgress:
@@ -122,9 +124,11 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
     pending = local_models.pending_downloads()
     free = local_models.free_disk_bytes()
     default = default_model_status()
+    w4a16 = serving_kernel_here() if any(is_w4a16(m.quantization) for m in models) else None
     if args.json:
         data = {
-            "models": [_model_json(m) for m in models],
+            "models": [{**_model_json(m), "w4a16_kernel": w4a16 if is_w4a16(m.quantization) else None}
+                       for m in models],
             "bundled": [_model_json(m) for m in bundled],
             "pending": [{"repo_id": p.repo_id, "bytes_on_disk": p.bytes_on_disk} for p in pending],
             "free_disk_bytes": free,
@@ -145,6 +149,8 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
                      "yes" if m.supported else "no", _source(m, default)))  # fmt: skip
     if models:
         _print_table(rows, out)
+    if w4a16 is not None:
+        print(f"W4A16 (AWQ/GPTQ INT4) models run on: {w4a16}", file=out)
     else:
         print("no local models; try `kvdeck pull Qwen/Qwen2.5-0.5B-Instruct`", file=out)
     print(_default_line(default, bundled), file=out)
@@ -166,6 +172,14 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
                         "gated" if r.gated else ""))  # fmt: skip
         _print_table(rec, out)
     return 0
+
+
+def serving_kernel_here() -> str:
+    """The W4A16 kernel the engine would run here: the GPU as torch sees it, as the engine does."""
+    import torch  # only when a W4A16 model is listed: the listing otherwise needs no torch
+
+    return w4a16_serving_kernel(on_cuda=torch.cuda.is_available(),
+                                cpu_int4=cpu_features().int4_kernels)
 
 
 def _source(m: local_models.LocalModel, default: DefaultModel) -> str:

@@ -32,6 +32,7 @@ from kvdeck.app.store.inspect import InvalidModelError
 from kvdeck.app.store.local_models import BUNDLED_NAME, LocalModel
 from kvdeck.app.store.recommended import RECOMMENDED
 from kvdeck.engine.types.lora import ADAPTER_CONFIG
+from kvdeck.kernels.w4a16_choice import is_w4a16, w4a16_serving_kernel
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.engine_session import EngineSession
 from kvdeck.tui.host_memory import available_ram_bytes, nvidia_smi_free_bytes
@@ -119,6 +120,7 @@ class ModelsScreen(Screen):
         yield Static("", id="models-title")
         yield Label("Local models (l load · a quantise · e compare · x delete)", classes="section")
         yield LocalModelsTable(id="local-models")
+        yield Static("", id="w4a16-note")
         yield Label("LoRA adapters beside the models (serve with --enable-lora; the chat "
                     "settings pick one)", classes="section", id="adapters-title")
         yield AdaptersTable(id="adapters")
@@ -205,10 +207,24 @@ class ModelsScreen(Screen):
         for widget in (self.query_one(AdaptersTable), self.query_one("#adapters-title")):
             widget.display = bool(adapters)  # no empty section for those who use none
         self.query_one("#fits-note", Static).update(budget.explain(self.context_tokens))
+        self._show_w4a16_kernel(budget)
         self.query_one("#models-title", Static).update(
             f"Models · disk free {format_bytes(local_models.free_disk_bytes())}"
             f" · {budget.headline()} · cache {paths.hf_hub_cache()}"
         )
+
+    def _show_w4a16_kernel(self, budget: MemoryBudget) -> None:
+        """Under the local models, where one is AWQ/GPTQ INT4: the kernel that serves it here."""
+        note = self.query_one("#w4a16-note", Static)
+        note.display = any(is_w4a16(m.quantization) for m in self.models)
+        if not note.display:
+            return
+        try:
+            kernel = w4a16_serving_kernel(on_cuda=budget.device == "cuda",
+                                          cpu_int4=budget.cpu_features.int4_kernels)
+        except ValueError as exc:  # a bad KVDECK_W4A16_KERNEL: say it, the engine would refuse
+            kernel = str(exc)
+        note.update(f"W4A16 (AWQ/GPTQ INT4) models run on: {kernel}")
 
     def selected_local(self) -> LocalModel | None:
         key = self.query_one(LocalModelsTable).selected_key()
