@@ -296,8 +296,13 @@ class ModelRunner:
         steps = warm_up_steps(max_model_len, self.token_budget, self.num_blocks, self.block_size,
                               eager_decode_splits=self.decode_graphs is None)
         groups = len(self.kv_pool.groups)
-        return warm_up(lambda query_lens, seq_lens: run_step(
-            self.model, query_lens, seq_lens, self.block_size, self.num_blocks, groups, self.device), steps)
+
+        def step(query_lens: list[int], seq_lens: list[int]) -> None:
+            run_step(self.model, query_lens, seq_lens, self.block_size, self.num_blocks, groups, self.device)
+            if self.lora is not None:
+                self.lora.warm_up()  # once: a dummy step's size is no part of its kernels' variants
+
+        return warm_up(step, steps)
 
     @staticmethod
     def kernel_compiles() -> int:

@@ -76,9 +76,6 @@ def run_step(model: torch.nn.Module, query_lens: list[int], seq_lens: list[int],
     )
     input_ids = torch.zeros(positions.shape[0], dtype=torch.long, device=device)
     hidden = model(input_ids, positions, meta)
-    lora = getattr(model, "lora_manager", None)  # engine/runner/lora/manager.py, with enable_lora
-    if lora is not None:
-        lora.warm_up()  # once: the dummy step's size is no part of its variants
     model.compute_logits(hidden[starts[1:].long().to(device) - 1])
 
 

@@ -74,7 +74,6 @@ class LoRAManager:
         self._warmed = False  # the Triton kernels' variants compiled (warm_up)
         # The torch path's last step: (token ids, slot table, rank, its LoRAStep).
         self._last_step: tuple[np.ndarray, dict[int, int], int, LoRAStep | None] | None = None
-        model.lora_manager = self  # the start-up warm-up's dummy steps find it here (warmup.py)
         self._lock = threading.Lock()  # the core thread adds; an async step's thread loads slots
 
     # ---- the host copies ---------------------------------------------------------------
