@@ -155,14 +155,14 @@ class LoRAManager:
                 and np.array_equal(last[0], plan.token_ids)):
             step = last[3]  # decode's rows and adapters stay from step to step: the same groups
         elif self._torch_path:  # rows grouped by adapter: each row pays for its own adapter only
-            token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
+            token_slots = _token_slots(plan.token_ids, slot_table)
             groups = group_rows(token_slots, self.dtype, self.device)
             # No token of an adapter's request in this step (None): the layers add nothing.
             step = None if groups is None else LoRAStep(None, None, rank, len(slot_table), self.backend,
                                                         groups)
             self._last_step = (plan.token_ids, slot_table, rank, step)
         else:  # Triton: only the adapter rows are launched
-            token_slots = np.asarray([slot_table.get(i, -1) for i in plan.token_ids.tolist()], dtype=np.int64)
+            token_slots = _token_slots(plan.token_ids, slot_table)
             rows = np.flatnonzero(token_slots >= 0)
             rows_t = None if rows.size == token_slots.size else torch.from_numpy(rows).to(self.device)
             step = LoRAStep(rows_t, torch.from_numpy(token_slots[rows]).to(self.device), rank,
@@ -269,3 +269,8 @@ def _check_same(held: LoRARequest, asked: LoRARequest) -> None:
     if (held.lora_name, held.lora_path) != (asked.lora_name, asked.lora_path):
         raise ValueError(f"lora_int_id {asked.lora_int_id} is already adapter {held.lora_name!r} "
                          f"({held.lora_path}); remove it first or use another id")
+
+
+def _token_slots(token_ids: np.ndarray, slot_table: dict[int, int]) -> np.ndarray:
+    """Each token's slot (its request's adapter id -> slot), -1 for a base token."""
+    return np.asarray([slot_table.get(i, -1) for i in token_ids.tolist()], dtype=np.int64)
