@@ -181,9 +181,13 @@ class QuantizeDialog(ModalScreen[QuantizeChoice | None]):
         app = self.app  # taken here, on the UI thread
 
         def call(*args: object) -> None:
+            # A closed app's loop would refuse the call after its coroutine was made, leaving
+            # it never awaited (a RuntimeWarning at exit): ask first, and still catch the race.
+            if not app.is_running:
+                return
             try:
                 app.call_from_thread(self._if_open, callback, *args)
-            except RuntimeError:  # the app has closed
+            except RuntimeError:  # the app closed just now
                 pass
 
         return call
