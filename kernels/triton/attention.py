@@ -40,6 +40,7 @@ from kvdeck.kernels.triton.attention_tuning import (
 )
 from kvdeck.kernels.triton.kv_quant import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.loop_bounds import scalar
 
 LOG2_E = 1.4426950408889634
 
@@ -74,7 +75,7 @@ def _attend_tiles(
     Unmasked tiles (MASKED False) hold only keys every row of the block sees."""
     dims = tl.arange(0, HEAD_DIM_PAD)
     dim_valid = dims < HEAD_DIM
-    for tile in range(tile_lo, tile_hi):
+    for tile in range(scalar(tile_lo), scalar(tile_hi)):
         kpos = tile * TILE_N + tl.arange(0, TILE_N)
         kv_valid = kpos < kv_end
         if MASKED:

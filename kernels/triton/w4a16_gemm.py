@@ -26,6 +26,7 @@ import triton.language as tl
 
 from kvdeck.kernels.ops import PACK_FACTOR
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.loop_bounds import scalar
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +99,7 @@ def _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m,
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == split_k - 1:
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in range(0, split_k):  # split order, whichever program finished last
+            for split in range(0, scalar(split_k)):  # split order, whichever program finished last
                 acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
                                cache_modifier=".cg")
             tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
@@ -131,7 +132,7 @@ def _w4a16_gemm_kernel(
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     # BLOCK_K divides GROUP_SIZE, which divides K: no tile needs a K mask or spans two groups.
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(scalar(k_start), scalar(k_end), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=mask_m[:, None], other=0.0)
