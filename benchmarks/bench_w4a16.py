@@ -13,18 +13,23 @@ For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
   marlin_plain   its fused GEMM dequantising in plain Triton (magic numbers) rather than the
             lop3 PTX that `marlin` runs on CUDA (kernels/triton/w4a16_lop3.py), M <= its FUSED_MAX_TOKENS
   auto      kernels.dispatch.w4a16_gemm(backend="auto"), the AWQ layout's engine path
-and checks each result against the reference. The memory-bound limit of the speed-up
-is the ratio of bytes moved (fp16 weight vs int4 weight + scales + zeros). Each row is
-written as soon as it is measured. --e2e adds engine decode for AWQ with the AWQ-layout
-kernel, AWQ repacked for the marlin kernel, and bf16.
+and checks each result against the reference. A row's figures are timed side by side,
+alternating (benchmarks/w4a16_sweep.py's `time_alternating`: medians of rounds), so each
+ratio comes from one run. The memory-bound limit of the speed-up is the ratio of bytes
+moved (fp16 weight vs int4 weight + scales + zeros). Each row is written as soon as it is
+measured, with `summary`: per M, the fastest of marlin / triton / dequantise + cuBLAS
+(benchmarks/w4a16_tune.py). --marlin-sweep then sweeps the repacked kernel's configs, split
+counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_marlin_tuned.py).
+--e2e adds engine decode for AWQ with the AWQ-layout kernel, AWQ repacked for the marlin
+kernel, and bf16.
 
     python benchmarks/bench_w4a16.py                 # H100/H200: writes benchmarks/results/
     python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
-    python benchmarks/bench_w4a16.py --cuda-graph --no-sweep --rep-ms 25   # the battery's quick table
-    python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.1-8B shapes,
+    python benchmarks/bench_w4a16.py --cuda-graph --no-sweep --marlin-sweep --e2e   # the battery's stage
+    python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.2-1B shapes,
                                                      #   dummy AWQ INT4 vs dummy bf16 weights
     python benchmarks/bench_w4a16.py --check-graphs  # capture + replay at every decode bucket
-    TRITON_INTERPRET=1 python benchmarks/bench_w4a16.py --smoke   # CPU: tiny shapes, no timing
+    TRITON_INTERPRET=1 python benchmarks/bench_w4a16.py --smoke   # CPU: tiny shapes, fake clock
 """
 
 import argparse
@@ -44,6 +49,10 @@ REPO = Path(__file__).resolve().parents[1]
 from kvdeck.kernels.dispatch import w4a16_gemm  # noqa: E402
 from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import w4a16_sweep  # noqa: E402
+import w4a16_tune  # noqa: E402
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 TOKENS = (1, 4, 16, 64, 256, 512)
@@ -74,27 +83,13 @@ def random_awq(k: int, n: int, device: str, dtype: torch.dtype):
     return qweight, qzeros, scales
 
 
-REP_MS = 100
+REP_MS = 5  # ms of calls per CUDA graph, each replayed w4a16_sweep.ROUNDS times
 
 
-def time_ms(fn, cuda_graph: bool) -> float:
-    import triton.testing
-
-    if cuda_graph:
-        return float(triton.testing.do_bench_cudagraph(fn, rep=REP_MS))
-    return float(triton.testing.do_bench(fn, warmup=25, rep=REP_MS))
-
-
-LLAMA_31_8B = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
-    "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 131072,
-    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "tie_word_embeddings": False,
-    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
-    "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": 128001,
-}
-TINY_LLAMA = {**LLAMA_31_8B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+# The issue's end-to-end target: a Llama-3.2-1B-shaped AWQ model at batch 1 against its bf16 self.
+LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3.2-1b" / "config.json")
+                         .read_text())
+TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 E2E_VARIANTS = ("awq", "awq_marlin", "bf16")
 AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True,
@@ -108,7 +103,7 @@ def e2e_decode(variant: str, smoke: bool) -> dict:
 
     from kvdeck import LLM, SamplingParams
 
-    config = dict(TINY_LLAMA if smoke else LLAMA_31_8B)
+    config = dict(TINY_LLAMA if smoke else LLAMA_32_1B)
     if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
         os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
         if smoke:  # on the CPU only the triton backend repacks (the kernel interpreted)
@@ -153,18 +148,57 @@ def git_commit() -> str:
         return "unknown"
 
 
-def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing: bool,
-                cuda_graph: bool, sweep: bool = True) -> dict:
-    from kvdeck.kernels.reference.w4a16_repack import repack_awq
+@dataclasses.dataclass(slots=True)
+class Problem:
+    """One weight shape's tensors, made once and shared by its table rows and its sweep."""
+    k: int
+    n: int
+    group: int
+    device: str
+    dtype: torch.dtype
+    qweight: torch.Tensor
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    repacked: object  # RepackedW4
+    dense: torch.Tensor
+
+    @classmethod
+    def make(cls, k: int, n: int, device: str, dtype: torch.dtype) -> "Problem":
+        from kvdeck.kernels.reference.w4a16_repack import repack_awq
+
+        qweight, qzeros, scales = random_awq(k, n, device, dtype)
+        return cls(k, n, GROUP, device, dtype, qweight, qzeros, scales,
+                   repack_awq(qweight, qzeros, scales, GROUP),
+                   dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype))
+
+    def input(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [m, k] (seeded by m) and the reference product in x's dtype."""
+        gen = torch.Generator(device=self.device).manual_seed(m)
+        x = torch.randn(m, self.k, device=self.device, dtype=self.dtype, generator=gen)
+        return x, (x.float() @ self.dense.float()).to(self.dtype)
+
+
+def checker(reference_scale: float = 2e-2):
+    """check(name, out, reference): raise if a candidate's result is wrong."""
+    def check(name: str, out: torch.Tensor, reference: torch.Tensor) -> float:
+        error = float((out.float() - reference.float()).abs().max())
+        if error > reference_scale * float(reference.abs().max()) + 1e-3:
+            raise AssertionError(f"{name} wrong: max error {error}")
+        return error
+    return check
+
+
+def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True) -> dict:
+    """One table row: every candidate checked, then (`timing`: cuda_graph, eager or fake)
+    timed side by side with fp16 and bf16 cuBLAS, alternating."""
     from kvdeck.kernels.triton import w4a16_marlin as marlin
     from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
 
-    qweight, qzeros, scales = random_awq(k, n, device, dtype)
-    repacked = repack_awq(qweight, qzeros, scales, GROUP)
-    x = torch.randn(m, k, device=device, dtype=dtype)
-    dense = dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype)
-    reference = (x.float() @ dense.float()).to(dtype)
-    tolerance = 2e-2 * float(reference.abs().max()) + 1e-3
+    k, n, qweight, qzeros, scales, repacked = (problem.k, problem.n, problem.qweight, problem.qzeros,
+                                               problem.scales, problem.repacked)
+    x, reference = problem.input(m)
+    config = marlin.config_for(m, n, k, GROUP, x.device)
+    fused_max = marlin.tuning(marlin.device_arch(x.device)).fused_max_tokens
     candidates = {
         "triton": lambda: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP),
         "dequant": lambda: x @ awq_dequantize_triton(qweight, qzeros, scales, GROUP, x.dtype),
@@ -173,34 +207,39 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
         "marlin_dequant": lambda: x @ marlin.dequantize_marlin(repacked, x.dtype),
         "auto": lambda: w4a16_gemm(x, qweight, qzeros, scales, GROUP),
     }
-    if m <= marlin.FUSED_MAX_TOKENS:
-        plain = dataclasses.replace(marlin.choose_config(
-            m, n, k, GROUP, marlin.streaming_multiprocessors(x.device)), plain_dequant=True)
+    if m <= fused_max:
+        plain = dataclasses.replace(config, plain_dequant=True)
         candidates["marlin_plain"] = lambda: marlin.w4a16_matmul_marlin(x, repacked, config=plain)
     if m <= 16:
         candidates["marlin_broadcast"] = lambda: marlin.w4a16_matmul_marlin(
             x, repacked, config=marlin.BROADCAST_CONFIG)
-    row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP,
-                 "marlin_config": dataclasses.asdict(marlin.choose_config(
-                     m, n, k, GROUP, marlin.streaming_multiprocessors(x.device))),
-                 "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
+    row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP, "marlin_config": dataclasses.asdict(config),
+                 "marlin_fused_max_tokens": fused_max, "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
+    check = checker()
     for name, fn in candidates.items():
-        error = float((fn() - reference).abs().max())
-        row[f"{name}_max_abs_err"] = error
-        if error > tolerance:
-            raise AssertionError(f"{name} wrong at m={m} k={k} n={n}: max error {error}")
-    if not timing:
+        row[f"{name}_max_abs_err"] = check(f"{name} at m={m} k={k} n={n}", fn(), reference)
+    if timing is None:
         return row
-    row["fp16_ms"] = time_ms(lambda: x @ dense, cuda_graph)
-    x_bf16, dense_bf16 = x.to(torch.bfloat16), dense.to(torch.bfloat16)
-    row["bf16_ms"] = time_ms(lambda: x_bf16 @ dense_bf16, cuda_graph)
-    # `marlin` is `marlin_fused` up to its FUSED_MAX_TOKENS, `marlin_dequant` above: each
+    # `marlin` is `marlin_fused` up to its fused_max_tokens, `marlin_dequant` above: each
     # figure timed once (likewise `auto`, the AWQ layout's two paths, without the sweep).
-    candidates.pop("marlin_fused" if m <= marlin.FUSED_MAX_TOKENS else "marlin_dequant")
+    candidates.pop("marlin_fused" if m <= fused_max else "marlin_dequant")
     if not sweep:
         candidates.pop("auto")
-    for name, fn in candidates.items():
-        row[f"{name}_ms"] = time_ms(fn, cuda_graph)
+    x_bf16, dense_bf16 = x.to(torch.bfloat16), problem.dense.to(torch.bfloat16)
+    dense = problem.dense
+    timed = {"fp16": lambda: x @ dense, "bf16": lambda: x_bf16 @ dense_bf16, **candidates}
+    if sweep:  # the AWQ-layout kernel's configs, timed in the same rounds
+        for i, values in enumerate(SWEEP):
+            cfg = W4A16Config(*values)
+            if cfg.block_m > max(16, 2 * m):
+                continue
+            fn = lambda cfg=cfg: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP, config=cfg)  # noqa: E731
+            check(f"sweep config {cfg} at m={m} k={k} n={n}", fn(), reference)
+            timed[f"sweep{i}"] = fn
+    ms = w4a16_sweep.time_alternating(timed, timing, REP_MS)
+    row["fp16_ms"], row["bf16_ms"] = ms["fp16"], ms["bf16"]
+    for name in candidates:
+        row[f"{name}_ms"] = ms[name]
     int4_bytes = k * n // 2 + (k // GROUP) * n * (2 + 0.5)
     io_bytes = (m * k + m * n) * 2
     row["memory_bound_speedup_limit"] = (k * n * 2 + io_bytes) / (int4_bytes + io_bytes)
@@ -209,21 +248,12 @@ def bench_shape(m: int, k: int, n: int, device: str, dtype: torch.dtype, timing:
         row[f"{name}_speedup_vs_bf16"] = row["bf16_ms"] / row[f"{name}_ms"]
     row["triton_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["triton_ms"] * 1e-3) / 1e9
     row["marlin_weight_gb_per_s"] = (int4_bytes + io_bytes) / (row["marlin_ms"] * 1e-3) / 1e9
-    if not sweep:
-        return row
-    best_ms, best_cfg = float("inf"), None
-    for values in SWEEP:
-        cfg = W4A16Config(*values)
-        if cfg.block_m > max(16, 2 * m):
-            continue
-        fn = lambda cfg=cfg: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP, config=cfg)  # noqa: E731
-        if float((fn() - reference).abs().max()) > tolerance:
-            raise AssertionError(f"sweep config {cfg} wrong at m={m} k={k} n={n}")
-        ms = time_ms(fn, cuda_graph)
-        if ms < best_ms:
-            best_ms, best_cfg = ms, dataclasses.asdict(cfg)
-    row["best_ms"], row["best_config"] = best_ms, best_cfg
-    row["best_speedup_vs_fp16"] = row["fp16_ms"] / best_ms
+    swept = {name: value for name, value in ms.items() if name.startswith("sweep")}
+    if swept:
+        best = min(swept, key=swept.get)
+        row["best_ms"] = swept[best]
+        row["best_config"] = dataclasses.asdict(W4A16Config(*SWEEP[int(best[5:])]))
+        row["best_speedup_vs_fp16"] = row["fp16_ms"] / row["best_ms"]
     return row
 
 
@@ -275,7 +305,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure engine decode tokens/s, AWQ vs bf16 (dummy weights)")
     parser.add_argument("--no-sweep", action="store_true",
                         help="skip the AWQ-layout kernel's config sweep (the battery's quick table)")
-    parser.add_argument("--rep-ms", type=int, default=REP_MS, help="timing window per figure")
+    parser.add_argument("--rep-ms", type=float, default=REP_MS,
+                        help="ms of calls per timed CUDA graph (each replayed in alternating rounds)")
+    parser.add_argument("--marlin-sweep", action="store_true",
+                        help="after the table: the repacked kernel's config sweep (w4a16_sweep.py), "
+                             "which benchmarks/w4a16_tune.py turns into the per-arch table")
     parser.add_argument("--e2e-one", choices=E2E_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--check-graphs", action="store_true",
                         help="only check CUDA graph capture at every decode batch size")
@@ -295,34 +329,44 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--smoke on CPU needs TRITON_INTERPRET=1")
         device, dtype = ("cuda", torch.float16) if torch.cuda.is_available() else ("cpu",
                                                                                    torch.float32)
-        shapes, tokens, timing = ((256, 128), (128, 256)), (1, 4, 17), False
+        shapes, tokens, timing = ((256, 128), (128, 256)), (1, 4, 17), "fake"
+        sweep_m = {"small_m": (1,), "large_m": (64,)}
     else:
         if not torch.cuda.is_available():
             parser.error("the benchmark needs a CUDA GPU (use --smoke to check it on CPU)")
         device, dtype = "cuda", torch.float16
-        shapes, tokens, timing = SHAPES, TOKENS, True
+        shapes, tokens = SHAPES, TOKENS
+        timing = "cuda_graph" if args.cuda_graph else "eager"
+        sweep_m = {}
     torch.manual_seed(0)
     rows: list[dict] = []
     e2e: list[dict] = []
-    save = (_writer(args, device, dtype, rows, e2e) if timing or args.out is not None
+    sweep_rows: list[dict] = []
+    summary: dict = {}
+    save = (_writer(args, device, dtype, rows, e2e, sweep_rows, summary) if not args.smoke or args.out
             else lambda complete=False: None)
+    problems = {}
+    # The table first (every shape), then the sweep, then e2e: a run cut off at its cap keeps
+    # what matters most.
     for k, n in shapes:
+        problems[k, n] = problem = Problem.make(k, n, device, dtype)
         for m in tokens:
-            row = bench_shape(m, k, n, device, dtype, timing, args.cuda_graph, not args.no_sweep)
+            row = bench_shape(m, problem, timing, not args.no_sweep)
             rows.append(row)
+            summary.clear()
+            summary.update(w4a16_tune.summarise_table(rows))
             save()
-            if timing:
-                best = (f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
-                        if "best_ms" in row else "")
-                print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
-                      f"bf16 {row['bf16_ms'] * 1e3:8.1f} us  "
-                      f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_bf16']:.2f}x bf16)"
-                      f"  marlin {row['marlin_ms'] * 1e3:8.1f} us ({row['marlin_speedup_vs_bf16']:.2f}x bf16)"
-                      f"{best}  dequant {row['dequant_ms'] * 1e3:8.1f} us  "
-                      f"limit {row['memory_bound_speedup_limit']:.2f}x", flush=True)
-            else:
-                print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e} "
-                      f"marlin err {row['marlin_max_abs_err']:.2e}")
+            _print_row(row, timing)
+    if args.marlin_sweep:
+        timer = lambda fns: w4a16_sweep.time_alternating(fns, timing, REP_MS)  # noqa: E731
+        for (k, n), problem in problems.items():
+            sweep_rows += w4a16_sweep.sweep_shape(problem, torch.device(device), timer, checker(), **sweep_m)
+            save()
+            print(f"sweep K={k} N={n}: {len(sweep_rows)} rows", flush=True)
+        summary.update(w4a16_tune.summarise_sweep(sweep_rows, rows))
+        save()
+        for line in w4a16_tune.report(summary):
+            print(line, flush=True)
     if args.e2e:
         for variant in E2E_VARIANTS:
             command = [sys.executable, __file__, "--e2e-one", variant]
@@ -341,8 +385,25 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _print_row(row: dict, timing: str) -> None:
+    m, k, n = row["m"], row["k"], row["n"]
+    if "fp16_ms" not in row or timing == "fake":
+        print(f"ok M={m} K={k} N={n} triton err {row['triton_max_abs_err']:.2e} "
+              f"marlin err {row['marlin_max_abs_err']:.2e}", flush=True)
+        return
+    best = (f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
+            if "best_ms" in row else "")
+    plain = (f"  plain {row['marlin_plain_ms'] * 1e3:8.1f} us" if "marlin_plain_ms" in row else "")
+    print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
+          f"bf16 {row['bf16_ms'] * 1e3:8.1f} us  "
+          f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_bf16']:.2f}x bf16)"
+          f"  marlin {row['marlin_ms'] * 1e3:8.1f} us ({row['marlin_speedup_vs_bf16']:.2f}x bf16)"
+          f"{plain}{best}  dequant {row['dequant_ms'] * 1e3:8.1f} us  "
+          f"limit {row['memory_bound_speedup_limit']:.2f}x", flush=True)
+
+
 def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: list[dict],
-            e2e: list[dict]):
+            e2e: list[dict], sweep_rows: list[dict], summary: dict):
     """What writes the result JSON, called after every row (a run cut short keeps its rows)."""
     import triton
 
@@ -357,14 +418,19 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
         "cuda": torch.version.cuda,
         "commit": git_commit(),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "timing": ("none (--smoke)" if args.smoke else "cuda_graph" if args.cuda_graph
-                   else "eager (triton.testing.do_bench)"),
+        "timing": (f"fake clock (--smoke: every timing {w4a16_sweep.FAKE_MS} ms)" if args.smoke
+                   else ("cuda_graph" if args.cuda_graph else "eager")
+                   + f", alternating: median of {w4a16_sweep.ROUNDS} rounds of {REP_MS} ms"),
+        "loadavg": os.getloadavg(),
+        "sm": (_sm(device)),
         "dtype": str(dtype).replace("torch.", ""),
         "fused_max_tokens": FUSED_MAX_TOKENS,
         "sweep": not args.no_sweep,
         "rep_ms": REP_MS,
         "date_utc": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "results": rows,
+        "summary": summary,
+        "marlin_sweep": sweep_rows,
         "e2e_decode": e2e,
         "complete": False,
     }
@@ -383,6 +449,14 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
             print(f"wrote {out}")
 
     return save
+
+
+def _sm(device: str) -> int | None:
+    """The SM version (90 for sm_90) the tuned table is keyed by; None off CUDA."""
+    if device != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability()
+    return 10 * major + minor
 
 
 if __name__ == "__main__":

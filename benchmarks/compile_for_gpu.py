@@ -134,8 +134,17 @@ def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bo
                          zeros: bool = True, broadcast: bool = False, lop3: bool = True) -> Variant:
     """The repacked-layout GEMM (kernels/triton/w4a16_marlin.py), its bucket's tiles (or the
     broadcast-load unpacking's), dequantising by the lop3 PTX as CUDA launches do (`lop3`
-    False: the plain-Triton path the interpreter tests)."""
-    config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132)
+    False: the plain-Triton path the interpreter tests). An arch with a swept table
+    (kernels/triton/w4a16_marlin_tuned.py) builds its own tiles where they differ."""
+    args = (dtype, max_tokens, group_size, split, zeros, broadcast, lop3)
+    default = _w4a16_marlin_variant(*args, arch=None)
+    tuned = {arch: own for arch in ARCHS if (own := _w4a16_marlin_variant(*args, arch=arch)) != default}
+    return dataclasses.replace(default, on_arch=tuned or None)
+
+
+def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool, zeros: bool,
+                          broadcast: bool, lop3: bool, arch: int | None) -> Variant:
+    config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132, arch=arch)
     if broadcast:
         config = w4a16_marlin_triton.BROADCAST_CONFIG
     return Variant(

@@ -105,7 +105,7 @@ case $stage in
     ;;
   w4a16)
     # Both kernels beside bf16/fp16 cuBLAS first (no sweep, short timing windows), then e2e.
-    $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --no-sweep --rep-ms 25 --e2e \
+    $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --no-sweep --marlin-sweep --e2e \
         --out "$out/w4a16_$gpu.json"
     ;;
   profile)

@@ -16,16 +16,17 @@ unpacking to measure: each of the BLOCK_K rows loads its int32 (8 rows share an 
 and shifts by 4 * (k % 8), one [BLOCK_K, BLOCK_N] load and no reshape.
 
 Split-K as in `w4a16_gemm` (the last program of an output tile sums the partials in split
-order), with the split count chosen so the programs fill whole waves of the GPU
-(`choose_split`). Above FUSED_MAX_TOKENS: dequantise on the device, then cuBLAS. Nothing
-makes a host tensor or synchronises, so CUDA graphs capture it.
+order), with the split count chosen so the programs fill whole waves of the GPU, and the
+tiles per M bucket from the GPU architecture's swept table (kernels/triton/
+w4a16_marlin_plan.py). Above that table's fused_max_tokens: dequantise on the device, then
+cuBLAS. Nothing makes a host tensor or synchronises, so CUDA graphs capture it.
 
 Kept importable only through `kernels.dispatch` or directly by tests: `triton.jit` decides
 compiled vs interpreted at import time.
 """
 
+import functools
 import os
-from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -33,38 +34,21 @@ import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
-
-
-@dataclass(frozen=True, slots=True)
-class MarlinConfig:
-    block_m: int
-    block_n: int
-    block_k: int  # at most: narrowed to divide the group
-    split_k: int  # at most: `choose_split` fits it to the shape and the SM count
-    num_warps: int
-    num_stages: int
-    broadcast_load: bool = False
-    plain_dequant: bool = False  # the plain-Triton magic numbers on CUDA too, not the lop3 PTX
-
-
-# (largest M of the bucket, its config). Chosen without a GPU (AOT matrix: shared memory and
-# spills on sm_80..sm_90); benchmarks/bench_w4a16.py times them and sweeps alternatives.
-M_BUCKETS: tuple[tuple[int, MarlinConfig], ...] = (
-    (16, MarlinConfig(block_m=16, block_n=64, block_k=128, split_k=16, num_warps=4, num_stages=4)),
-    (32, MarlinConfig(block_m=32, block_n=64, block_k=128, split_k=8, num_warps=4, num_stages=4)),
-    (64, MarlinConfig(block_m=64, block_n=128, block_k=64, split_k=4, num_warps=8, num_stages=3)),
-    (256, MarlinConfig(block_m=128, block_n=128, block_k=64, split_k=2, num_warps=8, num_stages=3)),
+from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the tests and benches use)
+    BROADCAST_CONFIG,
+    FUSED_MAX_TOKENS,
+    M_BUCKETS,
+    PROGRAMS_PER_SM,
+    MarlinConfig,
+    choose_config,
+    choose_split,
+    tuning,
+    wave_efficiency,
 )
-FUSED_MAX_TOKENS = M_BUCKETS[-1][0]
-# The broadcast-load unpacking at decode sizes: its loads are [BLOCK_K, BLOCK_N] int32 in shared
-# memory (8x the packed tile), so its K tile is halved to fit sm_86/sm_89's 99 KiB.
-BROADCAST_CONFIG = MarlinConfig(block_m=16, block_n=64, block_k=64, split_k=16, num_warps=4,
-                                num_stages=3, broadcast_load=True)
-MIN_K_TILES_PER_SPLIT = 2
-# Programs an SM runs at once in the wave model of `choose_split` (small tiles, few warps).
-PROGRAMS_PER_SM = 2
+
 DEQUANT_BLOCK_K = 64
 DEQUANT_BLOCK_N = 64
 # The interpreter runs no inline asm: fixed when this module is imported, as `triton.jit` is.
@@ -138,7 +122,7 @@ def _w4a16_marlin_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    for k0 in range(scalar(k_start), scalar(k_end), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=mask_m[:, None], other=0.0)
@@ -167,27 +151,18 @@ def _marlin_dequantize_kernel(
              mask=mask_n[None, :])
 
 
-def choose_split(tiles: int, k_tiles: int, max_split: int, num_sms: int) -> int:
-    """The split count (<= max_split, each split >= MIN_K_TILES_PER_SPLIT K tiles) that
-    minimises waves x K tiles per program, PROGRAMS_PER_SM programs per SM a wave: the
-    programs fill whole waves rather than leave a partial last one. Ties: fewer splits."""
-    slots = max(1, num_sms * PROGRAMS_PER_SM)
-    best, best_cost = 1, None
-    for split in range(1, max(1, max_split) + 1):
-        if split > 1 and k_tiles // split < MIN_K_TILES_PER_SPLIT:
-            break
-        cost = triton.cdiv(tiles * split, slots) * triton.cdiv(k_tiles, split)
-        if best_cost is None or cost < best_cost:
-            best, best_cost = split, cost
-    return best
+@functools.cache
+def device_arch(device: torch.device) -> int | None:
+    """The SM version of a CUDA device (90 for sm_90), whose tuned configs apply; None else."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
-def choose_config(m: int, n: int, k: int, group_size: int, num_sms: int) -> MarlinConfig:
-    bucket = next((cfg for limit, cfg in M_BUCKETS if m <= limit), M_BUCKETS[-1][1])
-    block_k = min(bucket.block_k, group_size)  # powers of two: divides the group
-    tiles = triton.cdiv(m, bucket.block_m) * triton.cdiv(n, bucket.block_n)
-    split_k = choose_split(tiles, k // block_k, bucket.split_k, num_sms)
-    return replace(bucket, block_k=block_k, split_k=split_k)
+def config_for(m: int, n: int, k: int, group_size: int, device: torch.device) -> MarlinConfig:
+    """What a launch on `device` runs: its architecture's tuned buckets, split to its SM count."""
+    return choose_config(m, n, k, group_size, streaming_multiprocessors(device), device_arch(device))
 
 
 def uses_lop3(device: torch.device, dtype: torch.dtype, plain: bool = False) -> bool:
@@ -210,7 +185,7 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
     _check(x, w)
     m, k = x.shape
     if config is None:
-        config = choose_config(m, w.n, k, w.group_size, streaming_multiprocessors(x.device))
+        config = config_for(m, w.n, k, w.group_size, x.device)
     if w.group_size % config.block_k or config.block_k % 16:
         raise ValueError(f"block_k {config.block_k} must be a multiple of 16 dividing the group")
     out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
@@ -256,9 +231,10 @@ def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None,
 
 
 def w4a16_gemm_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """What the engine runs with this kernel: the fused GEMM up to FUSED_MAX_TOKENS rows, above
-    that a device-side dequantise and one cuBLAS matmul (the bias fused into addmm)."""
-    if x.shape[0] <= FUSED_MAX_TOKENS:
+    """What the engine runs with this kernel: the fused GEMM up to the architecture's
+    fused_max_tokens rows (FUSED_MAX_TOKENS untuned), above that a device-side dequantise and
+    one cuBLAS matmul (the bias fused into addmm)."""
+    if x.shape[0] <= tuning(device_arch(x.device)).fused_max_tokens:
         return w4a16_matmul_marlin(x, w, bias)
     _check(x, w)
     weight = dequantize_marlin(w, x.dtype)

@@ -162,12 +162,12 @@ def test_batch_sizes_share_one_compiled_variant(marlin):
 
 def test_split_count_fills_whole_waves(marlin):
     # Llama-3-8B's 4096 x 4096 at M = 1 on 132 SMs: 64 column tiles, 32 K tiles of 128.
-    split = marlin.choose_split(64, 32, 16, 132)
     slots = 132 * marlin.PROGRAMS_PER_SM
+    split = marlin.choose_split(64, 32, 16, slots)
     cost = lambda s: -(-64 * s // slots) * -(-32 // s)  # noqa: E731
     assert all(cost(split) <= cost(s) for s in range(1, 17))
-    assert marlin.choose_split(64, 32, 16, 1) == 1  # one SM: nothing to fill
-    assert marlin.choose_split(4, 3, 16, 132) == 1  # too few K tiles to split
+    assert marlin.choose_split(64, 32, 16, 2) == 1  # one SM: nothing to fill
+    assert marlin.choose_split(4, 3, 16, slots) == 1  # too few K tiles to split
 
 
 def _gptq_sym_layer_tensors(k: int, n: int, group: int, act_order: bool, seed: int):

@@ -1,0 +1,198 @@
+"""The W4A16 bench's JSON -> which kernel wins per M bucket, and the per-architecture config
+table of the repacked kernel (kernels/triton/w4a16_marlin_tuned.py).
+
+    python benchmarks/w4a16_tune.py benchmarks/results/w4a16_h100.json            # write the table
+    python benchmarks/w4a16_tune.py benchmarks/results/w4a16_h100.json --dry-run  # print only
+
+The JSON is bench_w4a16.py's with --marlin-sweep (what `benchmarks/run_gpu.sh w4a16` runs);
+commit it beside the table this writes. Every choice is a geometric mean over the weight
+shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
+  decode bucket (M <= 16)  the sweep's best `config` row
+  programs_per_sm          the wave model's value whose `choose_split` picks cost least
+                           (measured time of its pick over the fastest measured split)
+  buckets 64 and 256       the sweep's best fused config at M = 64 and 256
+  fused_max_tokens         the largest bucket limit up to which the fused kernel beats
+                           dequantise + cuBLAS at every measured M (bucket 32 is not swept:
+                           it goes with bucket 64)
+The summary also names, per M of the table, the fastest of marlin / triton (the AWQ layout)
+/ dequantise + cuBLAS: what W4A16_AUTO (kernels/w4a16_choice.py) should say.
+"""
+
+import argparse
+import json
+import math
+import pprint
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "kernels" / "triton" / "w4a16_marlin_tuned.py"
+# The table's candidates: name -> the row's *_ms keys, the fastest of which stands for it.
+TABLE_KERNELS = {"marlin": ("marlin_ms",), "triton": ("triton_ms",),
+                 "dequant+cublas": ("marlin_dequant_ms", "dequant_ms")}
+DECODE_M = 64  # W4A16_AUTO is chosen on the table's M up to this (decode batches)
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
+
+
+def summarise_table(rows: list[dict]) -> dict:
+    """Per M: each kernel's geomean speed-up over bf16 and the winner; the auto kernel."""
+    by_m: dict[int, dict] = {}
+    for m in sorted({row["m"] for row in rows if "bf16_ms" in row}):
+        speedups = {}
+        for kernel, keys in TABLE_KERNELS.items():
+            values = [row["bf16_ms"] / min(row[key] for key in keys if key in row)
+                      for row in rows if row["m"] == m and "bf16_ms" in row
+                      and any(key in row for key in keys)]
+            if values:
+                speedups[kernel] = round(_geomean(values), 4)
+        by_m[m] = {"speedup_vs_bf16": speedups, "winner": max(speedups, key=speedups.get)}
+    decode = {kernel: _geomean([entry["speedup_vs_bf16"][kernel] for m, entry in by_m.items()
+                                if m <= DECODE_M and kernel in entry["speedup_vs_bf16"]])
+              for kernel in ("marlin", "triton")}
+    auto = max(decode, key=decode.get) if by_m else None
+    return {"winners_by_m": {str(m): entry for m, entry in by_m.items()},
+            "w4a16_auto": auto, "decode_speedup_vs_bf16": {k: round(v, 4) for k, v in decode.items()}}
+
+
+def _best_config(rows: list[dict]) -> tuple[list, float] | None:
+    """(values, geomean speed-up over bf16) of the config measured at every (m, shape)."""
+    groups = {(row["m"], row["k"], row["n"]) for row in rows}
+    by_values: dict[tuple, list[float]] = {}
+    for row in rows:
+        by_values.setdefault(tuple(row["values"]), []).append(row["bf16_ms"] / row["ms"])
+    complete = {values: _geomean(s) for values, s in by_values.items() if len(s) == len(groups)}
+    if not complete:
+        return None
+    best = max(complete, key=complete.get)
+    return list(best), complete[best]
+
+
+def _programs_per_sm(split_rows: list[dict]) -> tuple[int, dict] | None:
+    """The wave model's programs per SM whose split picks lose least against the fastest split."""
+    from kvdeck.kernels.triton.w4a16_marlin_plan import choose_split
+
+    groups: dict[tuple, list[dict]] = {}
+    for row in split_rows:
+        groups.setdefault((row["m"], row["k"], row["n"]), []).append(row)
+    if not groups:
+        return None
+    losses = {}
+    for programs in (int(p) for p in split_rows[0]["wave_efficiency"]):
+        ratios = []
+        for group in groups.values():
+            measured = {row["split"]: row["ms"] for row in group}
+            first = group[0]
+            pick = choose_split(first["tiles"], first["k_tiles"], max(measured), programs * first["num_sms"])
+            ratios.append(measured.get(pick, max(measured.values())) / min(measured.values()))
+        losses[programs] = _geomean(ratios)
+    best = min(losses, key=lambda p: (losses[p], p))
+    return best, {str(p): round(loss, 4) for p, loss in losses.items()}
+
+
+def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
+    """The tuned entry the sweep supports, and what each choice rests on."""
+    out: dict = {}
+    small = _best_config([r for r in sweep_rows if r["kind"] == "config"])
+    buckets = []
+    if small:
+        buckets.append([16, small[0]])
+        out["bucket16_speedup_vs_bf16"] = round(small[1], 4)
+    for limit in (64, 256):
+        fused = [r for r in sweep_rows if r["kind"] == "large" and r["path"] == "fused"
+                 and r.get("bucket") == limit and r["m"] == limit]
+        best = _best_config(fused)
+        if best:
+            buckets.append([limit, best[0]])
+            out[f"bucket{limit}_speedup_vs_bf16"] = round(best[1], 4)
+    picked = _programs_per_sm([r for r in sweep_rows if r["kind"] == "split"])
+    if picked:
+        out["programs_per_sm"], out["split_pick_loss"] = picked
+    # Fused (best config per M) against dequantise + cuBLAS, at every M measured.
+    fused_wins = {}
+    for m in sorted({r["m"] for r in sweep_rows if r["kind"] == "large"}):
+        at_m = [r for r in sweep_rows if r["kind"] == "large" and r["m"] == m]
+        dequant = _geomean([r["bf16_ms"] / r["ms"] for r in at_m if r["path"] == "dequant"])
+        best = _best_config([r for r in at_m if r["path"] == "fused"])
+        fused_wins[m] = best is not None and best[1] > dequant
+    for row in table_rows:  # the table's small M: fused marlin against its dequantise path
+        if row["m"] <= 16 and "marlin_ms" in row and "marlin_dequant_ms" in row:
+            won = row["marlin_ms"] < row["marlin_dequant_ms"]
+            fused_wins[row["m"]] = fused_wins.get(row["m"], True) and won
+    fused_max = 0
+    for limit in (16, 32, 64, 256):
+        if fused_wins and all(won for m, won in fused_wins.items() if m <= limit):
+            fused_max = limit
+        else:
+            break
+    out["fused_wins_by_m"] = {str(m): won for m, won in sorted(fused_wins.items())}
+    out["fused_max_tokens"] = fused_max
+    out["buckets"] = buckets
+    return {"tuned": out}
+
+
+def tuned_entry(result: dict, source: str) -> tuple[int, dict]:
+    """(SM version, the TUNED entry) from a bench JSON with its sweep."""
+    from kvdeck.kernels.triton.w4a16_marlin_plan import CONFIG_FIELDS, tuning_from_table
+
+    if not result.get("marlin_sweep"):
+        raise ValueError("the JSON has no marlin_sweep (run bench_w4a16.py --marlin-sweep)")
+    if result.get("sm") is None:
+        raise ValueError("the JSON names no SM version (a CPU smoke run): nothing to tune")
+    tuned = summarise_sweep(result["marlin_sweep"], result.get("results", []))["tuned"]
+    entry = {
+        "source": f"{source} ({result.get('device')}, commit {str(result.get('commit'))[:12]})",
+        "programs_per_sm": tuned.get("programs_per_sm", 2),
+        "fused_max_tokens": tuned["fused_max_tokens"],
+        "buckets": tuple((limit, dict(zip(CONFIG_FIELDS, values))) for limit, values in tuned["buckets"]),
+    }
+    tuning_from_table(entry)  # the kernel's own check of what it will read
+    return int(result["sm"]), entry
+
+
+def write_table(table: dict[int, dict], path: Path = TABLE) -> None:
+    header = path.read_text().split("\nTUNED", 1)[0] if path.exists() else '"""Tuned W4A16 configs."""\n'
+    body = pprint.pformat(table, width=100, sort_dicts=True)
+    path.write_text(f"{header}\nTUNED: dict[int, dict] = {body}\n")
+
+
+def report(summary: dict) -> list[str]:
+    lines = []
+    for m, entry in summary.get("winners_by_m", {}).items():
+        figures = "  ".join(f"{k} {v:.2f}x" for k, v in entry["speedup_vs_bf16"].items())
+        lines.append(f"M={m:>4}: {figures}  -> {entry['winner']}")
+    if summary.get("w4a16_auto"):
+        lines.append(f"W4A16_AUTO: {summary['w4a16_auto']} (decode M <= {DECODE_M}: "
+                     f"{summary['decode_speedup_vs_bf16']})")
+    if "tuned" in summary:
+        lines.append(f"tuned: {json.dumps(summary['tuned'])}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("result", type=Path, help="bench_w4a16.py JSON with marlin_sweep")
+    parser.add_argument("--table", type=Path, default=TABLE, help="the module to (re)write")
+    parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
+    args = parser.parse_args(argv)
+    result = json.loads(args.result.read_text())
+    summary = {**summarise_table(result.get("results", [])),
+               **summarise_sweep(result.get("marlin_sweep", []), result.get("results", []))}
+    for line in report(summary):
+        print(line)
+    arch, entry = tuned_entry(result, args.result.name)
+    namespace: dict = {}
+    if args.table.exists():
+        exec(compile(args.table.read_text(), str(args.table), "exec"), namespace)
+    table = {**namespace.get("TUNED", {}), arch: entry}
+    print(f"sm_{arch}: {pprint.pformat(entry, width=100)}")
+    if not args.dry_run:
+        write_table(table, args.table)
+        print(f"wrote {args.table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""How the repacked W4A16 kernel's launches are shaped (kernels/triton/w4a16_marlin_plan.py):
+split-K counts that fill whole waves, the per-architecture table and the tool that writes it
+from a GPU sweep (benchmarks/w4a16_tune.py); and the kernel, under the interpreter, at every
+split count a launch can run."""
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kvdeck.kernels.triton import w4a16_marlin_plan as plan
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import w4a16_tune  # noqa: E402
+
+# Llama-3-8B's (K, N) at M = 1 with the decode bucket's tiles (block_n 64, block_k 128).
+LLAMA_8B_SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
+H100_SLOTS = 132 * plan.PROGRAMS_PER_SM
+
+
+def _brute_best(tiles: int, k_tiles: int, max_split: int, slots: int) -> float:
+    allowed = [s for s in range(1, max_split + 1) if (s == 1 or k_tiles // s >= plan.MIN_K_TILES_PER_SPLIT)
+               and plan.split_tiles(k_tiles, s)[1] == s]
+    return max(plan.wave_efficiency(tiles, k_tiles, s, slots) for s in allowed)
+
+
+def test_wave_efficiency_counts_partial_waves_and_uneven_splits():
+    assert plan.wave_efficiency(66, 32, 4, 264) == 1.0  # 264 programs: one whole wave
+    # 5 splits of 32 tiles run 7 tiles each, 330 programs in two waves of 264 slots.
+    assert plan.wave_efficiency(66, 32, 5, 264) == pytest.approx(66 * 32 / (2 * 264 * 7))
+    assert plan.split_tiles(10, 4) == (3, 4) and plan.split_tiles(10, 6) == (2, 5)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 78 * 2, 108 * 2, 132 * 2, 132 * 4])
+@pytest.mark.parametrize("tiles", [1, 7, 32, 64, 224])
+@pytest.mark.parametrize("k_tiles", [1, 3, 32, 112])
+def test_choose_split_is_the_most_efficient_allowed_split(tiles, k_tiles, slots):
+    split = plan.choose_split(tiles, k_tiles, 16, slots)
+    assert 1 <= split <= 16 and (split == 1 or k_tiles // split >= plan.MIN_K_TILES_PER_SPLIT)
+    assert plan.split_tiles(k_tiles, split)[1] == split  # the launch runs exactly this many
+    assert math.isclose(plan.wave_efficiency(tiles, k_tiles, split, slots),
+                        _brute_best(tiles, k_tiles, 16, slots))
+
+
+@pytest.mark.parametrize("k,n", LLAMA_8B_SHAPES)
+def test_llama_8b_decode_fills_whole_waves_on_an_h100(k, n):
+    tiles, k_tiles = n // 64, k // 128
+    split = plan.choose_split(tiles, k_tiles, 16, H100_SLOTS)
+    assert plan.wave_efficiency(tiles, k_tiles, split, H100_SLOTS) > 0.95
+    # The AWQ-layout kernel's rule (about two programs per SM, then evened) leaves a partial
+    # wave on the 14336-wide layer: 448 programs in two waves of 264.
+    old = max(1, min(16, -(-H100_SLOTS // tiles), k_tiles // 2))
+    if n == 14336:
+        assert plan.wave_efficiency(tiles, k_tiles, old, H100_SLOTS) < 0.9
+
+
+def test_tuned_table_is_checked_and_leaves_other_buckets_alone(monkeypatch):
+    fields = dict(block_m=16, block_n=128, block_k=128, split_k=8, num_warps=8, num_stages=5)
+    entry = {"buckets": ((16, fields),), "programs_per_sm": 3, "fused_max_tokens": 64, "source": "t"}
+    tuned = plan.tuning_from_table(entry)
+    assert tuned.buckets[0] == (16, plan.MarlinConfig(**fields))
+    assert tuned.buckets[1:] == plan.M_BUCKETS[1:] and tuned.fused_max_tokens == 64
+    monkeypatch.setitem(plan._TUNINGS, 90, tuned)
+    config = plan.choose_config(1, 4096, 4096, 128, num_sms=132, arch=90)
+    assert (config.block_n, config.num_stages) == (128, 5) and config.split_k <= 8
+    assert plan.choose_config(1, 4096, 4096, 128, num_sms=132, arch=80) == plan.choose_config(
+        1, 4096, 4096, 128, num_sms=132)  # no table for sm_80: the defaults
+    assert plan.tuning(None) is plan.DEFAULT_TUNING
+    with pytest.raises(ValueError, match="bucket limits"):
+        plan.tuning_from_table({"buckets": ((48, fields),)})
+    with pytest.raises(ValueError, match="fused_max_tokens"):
+        plan.tuning_from_table({"fused_max_tokens": 100})
+
+
+def _sweep_result() -> dict:
+    """A sweep JSON as a GPU run writes it, with made-up times that single out a winner."""
+    rows, table = [], []
+    good, default = [16, 128, 128, 16, 8, 4], [16, 64, 128, 16, 4, 4]
+    for k, n in LLAMA_8B_SHAPES:
+        for m in (1, 16):
+            for values, ms in ((default, 2.0), (good, 1.0)):
+                rows.append({"kind": "config", "m": m, "k": k, "n": n, "values": values, "ms": ms,
+                             "bf16_ms": 4.0})
+            tiles, k_tiles = n // 64, k // 128
+            for split in (1, 2, 4, 8, 16):  # fastest where 4 programs per SM would pick
+                pick = plan.choose_split(tiles, k_tiles, 16, 4 * 132)
+                rows.append({"kind": "split", "m": m, "k": k, "n": n, "tiles": tiles, "k_tiles": k_tiles,
+                             "num_sms": 132, "split": split, "ms": 1.0 if split == pick else 1.5,
+                             "bf16_ms": 4.0, "wave_efficiency": {"1": 0.5, "2": 0.5, "4": 0.5}})
+        for m in (64, 256, 512):
+            rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "dequant", "ms": 1.0,
+                         "bf16_ms": 1.0})
+            for bucket, values in ((64, [64, 128, 64, 4, 8, 3]), (256, [128, 128, 64, 2, 8, 3])):
+                rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "fused", "bucket": bucket,
+                             "values": values, "ms": 0.9 if m == 64 else 1.2, "bf16_ms": 1.0})
+        for m in (1, 16, 64, 256):
+            table.append({"m": m, "k": k, "n": n, "bf16_ms": 4.0, "marlin_ms": 1.0 if m <= 64 else 5.0,
+                          "triton_ms": 2.0 if m <= 64 else 6.0, "marlin_dequant_ms": 3.0, "dequant_ms": 3.5})
+    return {"sm": 90, "device": "NVIDIA H100", "commit": "abc", "results": table, "marlin_sweep": rows}
+
+
+def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
+    result = _sweep_result()
+    summary = w4a16_tune.summarise_table(result["results"])
+    assert summary["w4a16_auto"] == "marlin"
+    assert summary["winners_by_m"]["1"]["winner"] == "marlin"
+    assert summary["winners_by_m"]["256"]["winner"] == "dequant+cublas"
+    tuned = w4a16_tune.summarise_sweep(result["marlin_sweep"], result["results"])["tuned"]
+    assert tuned["buckets"][0] == [16, [16, 128, 128, 16, 8, 4]]
+    assert tuned["programs_per_sm"] == 4
+    assert tuned["fused_max_tokens"] == 64  # fused wins at 64, dequantise + cuBLAS at 256
+    path = tmp_path / "json.json"
+    path.write_text(json.dumps(result))
+    table = tmp_path / "tuned.py"
+    table.write_text('"""header"""\n\nTUNED: dict[int, dict] = {}\n')
+    assert w4a16_tune.main([str(path), "--table", str(table)]) == 0
+    namespace: dict = {}
+    exec(table.read_text(), namespace)
+    tuning = plan.tuning_from_table(namespace["TUNED"][90])
+    assert tuning.programs_per_sm == 4 and tuning.fused_max_tokens == 64
+    assert tuning.buckets[0][1] == plan.MarlinConfig(16, 128, 128, 16, 8, 4)
+    assert table.read_text().startswith('"""header"""')
+    result["sm"] = None  # a CPU smoke run: nothing to tune
+    path.write_text(json.dumps(result))
+    with pytest.raises(ValueError, match="SM version"):
+        w4a16_tune.main([str(path), "--table", str(table), "--dry-run"])
+
+
+@pytest.fixture(scope="module")
+def marlin():
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the kernel under TRITON_INTERPRET=1")
+    from kvdeck.kernels.triton import w4a16_marlin
+
+    return w4a16_marlin
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_every_runnable_split_count_matches_the_reference(marlin, symmetric):
+    from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq
+    from kvdeck.kernels.reference.w4a16_repack import repack_awq
+    from tests.quant.test_w4a16_marlin import _random_awq
+
+    k, n, group = 256, 72, 32
+    qweight, qzeros, scales = _random_awq(k, n, group, torch.float32, 21, symmetric)
+    repacked = repack_awq(qweight, qzeros, scales, group)
+    x = torch.randn(3, k, generator=torch.Generator().manual_seed(3))
+    expected = x.double() @ dequantize_awq(qweight, qzeros, scales, group).double()
+    base = plan.MarlinConfig(block_m=16, block_n=64, block_k=32, split_k=1, num_warps=4, num_stages=2)
+    k_tiles = k // base.block_k
+    splits = [s for s in range(1, k_tiles + 1)
+              if (s == 1 or k_tiles // s >= 2) and plan.split_tiles(k_tiles, s)[1] == s]
+    assert splits == [1, 2, 3, 4]
+    for split in splits:
+        out = marlin.w4a16_matmul_marlin(x, repacked, config=plan.MarlinConfig(**{
+            **{f: getattr(base, f) for f in plan.CONFIG_FIELDS}, "split_k": split}))
+        torch.testing.assert_close(out.double(), expected, rtol=1e-4, atol=1e-3)
