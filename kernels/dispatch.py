@@ -80,11 +80,14 @@ def w4a16_gemm_repacked(x: torch.Tensor, weight: RepackedW4, bias: torch.Tensor 
 
 def lora_linear_delta(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                       rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
-                      rank: int, num_slots: int | None = None, backend: str = "auto") -> torch.Tensor:
+                      rank: int, num_slots: int | None = None, backend: str = "auto",
+                      slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
     """out += each adapter row's LoRA delta (shrink, then expand; contract
-    kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere."""
+    kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere.
+    `slot_ranks` (int32 [slots]): each slot's own rank, which the Triton pair reads so a row
+    loads only its adapter's ranks (the zero padding past them adds nothing either way)."""
     if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
         return lora_linear_delta_torch(x, out, a, b, rows, row_slots, output_sizes, rank, num_slots)
     from kvdeck.kernels.triton.lora import lora_linear_delta_triton
 
-    return lora_linear_delta_triton(x, out, a, b, rows, row_slots, output_sizes, rank)
+    return lora_linear_delta_triton(x, out, a, b, rows, row_slots, output_sizes, rank, slot_ranks)

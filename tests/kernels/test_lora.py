@@ -110,3 +110,33 @@ def test_grouped_rows_padding_and_modes():
     apart = group_rows(np.asarray([0] * 9 + [1]), torch.float32, cpu)
     assert apart.rows_per_slot == 0 and apart.bounds == (0, 9, 10)
     assert group_rows(np.asarray([2, 2, 2]), torch.float32, cpu).index is None
+
+
+def test_triton_every_row_skips_negative_slots_and_reads_slot_ranks():
+    """The decode graphs' form: every row given (padding and base rows at slot -1, which must
+    write nothing and read no slot), launched at the padded rank with each slot's own rank
+    from device memory. Slots are zero past their rank, so the sums equal the reference's."""
+    output_sizes, padded = [32, 16, 16], 8
+    x, out, a, b = _case(5, output_sizes, slots=3, padded=padded)
+    slot_rank = [8, 3, 5]
+    for slot, rank in enumerate(slot_rank):  # the manager's layout: zero past the adapter's rank
+        a[:, slot, rank:] = 0
+        b[:, slot * padded + rank : (slot + 1) * padded] = 0
+    token_slots = [2, -1, 0, -1, 1, 2, -1]
+    row_slots = torch.tensor(token_slots)
+    expected = _loop(x, out, a, b, token_slots, output_sizes, padded)
+    got = lora_linear_delta_triton(x, out.clone(), a, b, None, row_slots, output_sizes, padded,
+                                   torch.tensor(slot_rank, dtype=torch.int32))
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+    base = [t for t, s in enumerate(token_slots) if s < 0]
+    assert torch.equal(got[base], out[base])  # bit for bit: never read nor written
+    # A slot rank below the weights' shows it is read: slot 0 then adds only its first 2 ranks.
+    short = lora_linear_delta_triton(x, out.clone(), a, b, None, row_slots, output_sizes, padded,
+                                     torch.tensor([2, 3, 5], dtype=torch.int32))
+    a2, b2 = a.clone(), b.clone()
+    a2[:, 0, 2:] = 0
+    torch.testing.assert_close(short.double(), _loop(x, out, a2, b2, token_slots, output_sizes, padded),
+                               rtol=1e-5, atol=1e-4)
+    # Every row at slot -1: the output is untouched.
+    none = torch.full((7,), -1)
+    assert torch.equal(lora_linear_delta_triton(x, out.clone(), a, b, None, none, output_sizes, padded), out)
