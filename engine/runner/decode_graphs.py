@@ -15,6 +15,11 @@ max_model_len alone, a batch-1 step of a few hundred tokens would launch 32 most
 segments and merge them, every layer. So a small bucket also has graphs captured for
 shorter lengths, one for each split count below max_model_len's (`split_tiers`), and a step
 replays the shortest that covers its longest row: no more segments than its context fills.
+
+With LoRA (`lora`: the manager's graph inputs, engine/runner/lora/graph_inputs.py) every
+bucket and tier has a second graph, captured with the adapter layers, which decode-only
+steps with adapter rows replay (each row's slot copied into a static buffer, padding rows
+at -1). Base-only steps keep replaying the plain graphs, so they pay nothing for LoRA.
 """
 
 import bisect
@@ -24,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kvdeck.engine.runner.lora.graph_inputs import LoRAGraphInputs
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.types.arith import cdiv
 from kvdeck.kernels.triton.attention_tuning import MIN_TOKENS_PER_SEGMENT, choose_num_segments
@@ -107,12 +113,13 @@ class DecodeGraphs:
     def __init__(self, model: torch.nn.Module, max_num_seqs: int, max_model_len: int, block_size: int,
                  hidden_size: int, dtype: torch.dtype, device: torch.device, num_kv_groups: int = 1,
                  num_kv_heads: int | None = None, num_sms: int | None = None,
-                 with_logits: bool = False) -> None:
+                 with_logits: bool = False, lora: LoRAGraphInputs | None = None) -> None:
         """`num_kv_heads`, `num_sms`: the attention's split policy (split_tiers); without
         them each bucket has its max_model_len graph alone. `with_logits`: the graphs also run
         the output head and the greedy argmax (`logits`, `greedy_tokens` after a run), so a
-        greedy step samples without another launch."""
+        greedy step samples without another launch. `lora`: also capture the adapter graphs."""
         self.model = model
+        self.lora = lora
         self.with_logits = with_logits
         self.logits: torch.Tensor | None = None  # [max_batch, vocab], allocated by the first forward
         self.greedy: torch.Tensor | None = None  # [max_batch]
@@ -129,16 +136,21 @@ class DecodeGraphs:
             size: split_tiers(size, max_model_len, num_kv_heads, num_sms) if num_kv_heads and num_sms else []
             for size in self.sizes}
         self.tier_replays: dict[tuple[int, int], Callable[[], None]] = {}  # (bucket, length)
+        # The adapter graphs, (bucket, tier length or None for max_model_len's).
+        self.lora_replays: dict[tuple[int, int | None], Callable[[], None]] = {}
 
     @property
     def max_batch_size(self) -> int:
         return self.sizes[-1]
 
-    def _forward(self, batch_size: int, max_seq_len: int | None = None) -> None:
+    def _forward(self, batch_size: int, max_seq_len: int | None = None, with_lora: bool = False) -> None:
         buffers = self.buffers
         meta = buffers.metadata(batch_size, max_seq_len or self.max_model_len)
-        buffers.hidden[:batch_size] = self.model(buffers.input_ids[:batch_size],
-                                                 buffers.positions[:batch_size], meta)
+        ids, positions = buffers.input_ids[:batch_size], buffers.positions[:batch_size]
+        if with_lora:
+            buffers.hidden[:batch_size] = self.lora.forward(self.model, ids, positions, meta, batch_size)
+        else:
+            buffers.hidden[:batch_size] = self.model(ids, positions, meta)
         if self.with_logits:
             logits = self.model.compute_logits(buffers.hidden[:batch_size])
             if self.logits is None:  # the first (eager) forward, never inside a capture
@@ -149,21 +161,28 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Record one graph per bucket, largest first so the smaller ones reuse its memory pool."""
+        """Record one graph per bucket (and per bucket with LoRA), largest first so the smaller
+        ones reuse its memory pool."""
         pool = None
         for size in reversed(self.sizes):
             for length in [None, *self.tiers[size]]:
-                self._forward(size, length)  # compiles and autotunes outside the capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    self._forward(size, length)
-                pool = graph.pool()
-                if length is None:
-                    self.replays[size] = graph.replay
-                else:
-                    self.tier_replays[size, length] = graph.replay
+                for with_lora in self._lora_modes():
+                    self._forward(size, length, with_lora)  # compiles and autotunes outside the capture
+                    torch.cuda.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool):
+                        self._forward(size, length, with_lora)
+                    pool = graph.pool()
+                    if with_lora:
+                        self.lora_replays[size, length] = graph.replay
+                    elif length is None:
+                        self.replays[size] = graph.replay
+                    else:
+                        self.tier_replays[size, length] = graph.replay
         torch.cuda.synchronize()
+
+    def _lora_modes(self) -> tuple[bool, ...]:
+        return (False, True) if self.lora is not None else (False,)
 
     def use_eager_replays(self) -> None:
         """Run the same static-buffer path without capturing: how the padding and buffer
@@ -171,13 +190,23 @@ class DecodeGraphs:
         self.replays = {size: (lambda size=size: self._forward(size)) for size in self.sizes}
         self.tier_replays = {(size, length): (lambda size=size, length=length: self._forward(size, length))
                              for size, lengths in self.tiers.items() for length in lengths}
+        if self.lora is not None:
+            self.lora_replays = {
+                (size, length): (lambda size=size, length=length: self._forward(size, length, True))
+                for size in self.sizes for length in [None, *self.tiers[size]]}
 
     def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
         return (bool(self.replays) and meta.max_query_len == 1 and num_seqs <= self.max_batch_size
                 and meta.block_tables.shape[1] <= self.buffers.block_tables[0].shape[1])
 
-    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden]."""
+    def can_run_lora(self, meta: AttentionMetadata, num_seqs: int) -> bool:
+        """Whether a step with adapter rows can replay the adapter graphs."""
+        return bool(self.lora_replays) and self.can_run(meta, num_seqs)
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+            lora_slots: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden].
+        `lora_slots` (each row's adapter slot, -1: the base): replay the adapter graphs."""
         num_seqs = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
         buffers = self.buffers
@@ -194,7 +223,11 @@ class DecodeGraphs:
             slot_buffer[num_seqs:size].fill_(-1)
         buffers.seq_lens[num_seqs:size].fill_(1)
         tier = next((length for length in self.tiers[size] if length >= meta.max_seq_len), None)
-        (self.replays[size] if tier is None else self.tier_replays[size, tier])()
+        if lora_slots is not None:
+            self.lora.set_rows(lora_slots, size)
+            self.lora_replays[size, tier]()
+        else:
+            (self.replays[size] if tier is None else self.tier_replays[size, tier])()
         self.last_rows = num_seqs
         return buffers.hidden[:num_seqs]
 
@@ -249,6 +282,18 @@ class DecodeGraphs:
         input_ids = torch.arange(len(seq_lens), device=device) % 97 + 1
         eager = self.model(input_ids, positions, meta).float()
         replayed = self.run(input_ids, positions, meta).float()
+        diff = self._mismatch(eager, replayed)
+        if self.lora is not None:  # the adapter graphs against the same adapter forward, eager
+            lora_slots = torch.arange(len(seq_lens), device=device) % (self.lora.num_slots + 1) - 1
+            self.lora.set_rows(lora_slots, len(seq_lens))
+            eager = self.lora.forward(self.model, input_ids, positions, meta, len(seq_lens)).float()
+            replayed = self.run(input_ids, positions, meta, lora_slots).float()
+            lora_diff = self._mismatch(eager, replayed)
+            if lora_diff is not None:
+                diff = lora_diff if diff is None else max(diff, lora_diff)
+        return diff
+
+    def _mismatch(self, eager: torch.Tensor, replayed: torch.Tensor) -> float | None:
         diff = (eager - replayed).abs().max().item()
         # Graphs fix the attention split count, so low-precision sums may round differently.
         tolerance = 1e-4 if self.dtype == torch.float32 else 5e-2

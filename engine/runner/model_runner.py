@@ -271,7 +271,9 @@ class ModelRunner:
                               self.block_size, self.model_config.hidden_size, self.dtype, self.device,
                               num_kv_groups=len(self.kv_pool.groups),
                               num_kv_heads=self.model_config.num_key_value_heads,
-                              num_sms=streaming_multiprocessors(self.device), with_logits=True)
+                              num_sms=streaming_multiprocessors(self.device), with_logits=True,
+                              lora=self.lora.graph_inputs(max_rows or self.config.max_num_seqs)
+                              if self.lora is not None else None)
         if progress:
             progress("capturing", f"capturing CUDA graphs for decode batch sizes up to "
                                   f"{graphs.max_batch_size}")
@@ -399,9 +401,15 @@ class ModelRunner:
                 torch.set_num_threads(threads)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        if inputs.lora is not None:  # adapter rows: the Python forward, eager (no graphs, no native stack)
-            return self.lora.forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, inputs.lora)
         graphs = self.decode_graphs
+        if inputs.lora is not None:  # adapter rows: the adapter graphs, else the Python forward, eager
+            if graphs is not None and getattr(graphs, "lora", None) is not None \
+                    and graphs.can_run_lora(inputs.meta, inputs.meta.seq_lens.shape[0]):
+                hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
+                                    lora_slots=self.lora.graph_token_slots(inputs.lora))
+                inputs.graph_logits = graphs.last_logits() if graphs.with_logits else None
+                return hidden
+            return self.lora.forward(self.model, inputs.input_ids, inputs.positions, inputs.meta, inputs.lora)
         if (graphs is not None and graphs.can_run(inputs.meta, inputs.meta.seq_lens.shape[0])
                 and not native_decode.decoder_stack_takes(self.model, inputs.input_ids)):
             hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta)

@@ -8,6 +8,9 @@ loaded into max_loras device slots as steps need them, and each step's per-token
 - `forward(model, inputs)` (running a step with adapter rows) puts the step's adapters in
   slots (evicting the least recently used slot no row of this step needs), sets the per-row
   slots every `LinearSlots` reads, and runs the model's Python forward eagerly.
+- `graph_token_slots(plan)` (a decode-only step the adapter decode graphs replay) puts the
+  step's adapters in slots and gives each row's slot for the graphs' static buffer
+  (`graph_inputs`, graph_inputs.py).
 The scheduler keeps the distinct adapters of a step at most max_loras, so slots never run out.
 """
 
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 
 from kvdeck.engine.runner.lora.adapter import HostAdapter, LoRATarget, load_adapter, model_targets
+from kvdeck.engine.runner.lora.graph_inputs import LoRAGraphInputs, python_forward
 from kvdeck.engine.runner.lora.slots import LinearSlots, LoRAContext, LoRAStep
 from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
 from kvdeck.engine.runner.models.linear import Linear
@@ -71,6 +75,8 @@ class LoRAManager:
         self.rank_of: dict[int, int] = {}  # adapter id -> its rank (slotted adapters)
         self.slot_request: dict[int, LoRARequest] = {}  # adapter id -> the adapter in its slot
         self.free_slots = list(range(max_loras))
+        # Each slot's rank on the device: the decode graphs' kernels read it (graph_inputs.py).
+        self.slot_ranks = torch.zeros(max_loras, dtype=torch.int32, device=device)
         self._warmed = False  # the Triton kernels' variants compiled (warm_up)
         # The torch path's last step: (token ids, slot table, rank, its LoRAStep).
         self._last_step: tuple[np.ndarray, dict[int, int], int, LoRAStep | None] | None = None
@@ -173,6 +179,18 @@ class LoRAManager:
         finally:
             self.context.step = None
 
+    def graph_inputs(self, max_batch: int) -> LoRAGraphInputs:
+        """The static inputs of adapter decode graphs of up to `max_batch` rows."""
+        token_slots = torch.full((max_batch,), -1, dtype=torch.long, device=self.device)
+        return LoRAGraphInputs(self.context, token_slots, self.slot_ranks, self.max_rank, self.max_loras,
+                               self.backend)
+
+    def graph_token_slots(self, plan: LoRAStepPlan) -> torch.Tensor:
+        """For a step the adapter decode graphs replay: its adapters put in slots (as
+        `forward` does), and each row's slot (-1: the base), int64 on the device."""
+        slot_table = self._slots_for(plan.adapters)
+        return torch.from_numpy(_token_slots(plan.token_ids, slot_table)).to(self.device, non_blocking=True)
+
     def warm_up(self) -> int:
         """Compile the Triton kernels' variants before serving (warm_up.py): each distinct
         layer's slots applied to one dummy row under each rank class, with every row and with
@@ -199,13 +217,7 @@ class LoRAManager:
     @staticmethod
     def _eager_forward(model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor,
                        meta) -> torch.Tensor:
-        inner = model.model
-        stack, inner.decoder_stack = getattr(inner, "decoder_stack", None), None  # it cannot apply them
-        try:
-            return model(input_ids, positions, meta)
-        finally:
-            if stack is not None:
-                inner.decoder_stack = stack
+        return python_forward(model, input_ids, positions, meta)  # the decoder stack cannot apply them
 
     def _slots_for(self, adapters: dict[int, LoRARequest]) -> dict[int, int]:
         """Adapter id -> slot for the step's adapters, loading those not in a slot."""
@@ -219,6 +231,7 @@ class LoRAManager:
                     self._load_slot(slot, adapter)
                     self.slot_of[lora_int_id] = slot
                     self.rank_of[lora_int_id] = adapter.rank
+                    self.slot_ranks[slot] = adapter.rank
                     self.slot_request[lora_int_id] = adapter.request
                 self.slot_of.move_to_end(lora_int_id)
                 table[lora_int_id] = slot

@@ -27,6 +27,7 @@ class LoRAStep:
     num_slots: int  # the step's adapters sit in slots [0, num_slots)
     backend: str  # the kernels' backend (auto | triton | torch)
     groups: RowGroups | None = None  # the torch path: rows grouped by slot (rows/row_slots unused)
+    slot_ranks: torch.Tensor | None = None  # int32 [slots]: each slot's rank (the decode graphs')
 
 
 @dataclass(slots=True)
@@ -76,4 +77,4 @@ class LinearSlots:
                 self._grouped_key = key
             return lora_grouped_delta(x, out, *self._grouped, step.groups)
         return lora_linear_delta(x, out, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
-                                 step.rank, step.num_slots, step.backend)
+                                 step.rank, step.num_slots, step.backend, step.slot_ranks)

@@ -1,0 +1,82 @@
+"""Adapter decode graphs on the static-buffer path (`capture=False`: the graphs' buffers and
+padding, replayed eagerly, as tests/engine/test_decode_graphs.py does for the plain graphs):
+decode steps with adapter rows replay the adapter graphs and give peft's merged model's tokens,
+base rows and padding rows untouched, base-only steps keep the plain graphs, and an adapter
+loaded into a slot after the capture is what the next replay reads."""
+
+import pytest
+
+from kvdeck import LLM, SamplingParams
+from tests.engine.lora.conftest import MAX_NEW, PROMPTS
+from tests.lora_factory import merged_greedy
+
+pytestmark = pytest.mark.usefixtures("no_decoder_stack")
+
+GREEDY = SamplingParams(max_tokens=MAX_NEW, temperature=0.0, ignore_eos=True)
+ENGINE = dict(enable_lora=True, max_num_batched_tokens=16, num_gpu_blocks_override=64, max_model_len=128,
+              max_num_seqs=8)
+
+
+def _with_recorded_graphs(llm: LLM) -> tuple[list, list]:
+    """Capture (eagerly) and record which plain and adapter graphs replay: (plain, lora)."""
+    runner = llm.engine.core.runner
+    runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
+    graphs = runner.decode_graphs
+    assert graphs is not None and graphs.lora is not None  # the self-check passed, both sets
+    plain, lora = [], []
+    for size, replay in list(graphs.replays.items()):
+        graphs.replays[size] = (lambda s=size, r=replay: (plain.append(s), r())[1])
+    for key, replay in list(graphs.lora_replays.items()):
+        graphs.lora_replays[key] = (
+            lambda k=key, r=replay: (lora.append((k, graphs.lora.token_slots.tolist())), r())[1])
+    return plain, lora
+
+
+def _tokens(outputs) -> list[list[int]]:
+    return [list(out.outputs[0].token_ids) for out in outputs]
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_adapter_rows_replay_the_adapter_graphs(lora_llama, backend):
+    """The base and two adapters (ranks 8 and 4, under max_lora_rank 16) in one batch of 3
+    rows, padded to the 4-row bucket; the torch reference's every-slot form, or the Triton
+    pair (interpreted, so shorter prompts) at the captured rank reading each slot's rank."""
+    setup = lora_llama
+    sql, code = setup.requests["sql"], setup.requests["code"]
+    if backend == "torch":
+        prompts, params = PROMPTS, GREEDY
+        expected = [setup.expected("sql", 0), setup.expected(None, 1), setup.expected("code", 2)]
+    else:
+        prompts = [p[-6:] for p in PROMPTS]
+        params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)
+        expected = [merged_greedy(setup.model_dir, path, [prompt], 4)[0]
+                    for path, prompt in zip([setup.adapters["sql"], None, setup.adapters["code"]], prompts)]
+    with LLM(str(setup.model_dir), attention_backend=backend, max_lora_rank=16, **ENGINE) as llm:
+        plain, lora = _with_recorded_graphs(llm)
+        got = _tokens(llm.generate(prompts, params, lora_request=[sql, None, code]))
+        assert got == expected
+        # Decode steps of the three went through the 4-row adapter graph: the base row and
+        # the padding row at slot -1.
+        manager = llm.engine.core.runner.lora
+        full = [s[:4] for (size, _), s in lora if size == 4]
+        assert [manager.slot_of[1], -1, manager.slot_of[2], -1] in full
+        assert manager.slot_ranks.tolist()[:2] in ([8, 4], [4, 8])
+        lora.clear()
+        plain.clear()
+        assert _tokens(llm.generate(prompts[1:2], params)) == expected[1:2]
+        assert plain and not lora  # a base-only step keeps the plain graphs
+
+
+def test_slot_reloaded_after_capture_is_seen_by_the_replay(lora_llama):
+    """max_loras=1: sql, then code, then sql again take slot 0 in turn, each loaded after the
+    graphs were captured; every decode replays the same adapter graphs."""
+    setup = lora_llama
+    sql, code = setup.requests["sql"], setup.requests["code"]
+    with LLM(str(setup.model_dir), max_loras=1, **ENGINE) as llm:
+        _, lora = _with_recorded_graphs(llm)
+        order = [(sql, 1), (code, 2), (sql, 0)]
+        for adapter, prompt in order:
+            got = _tokens(llm.generate([PROMPTS[prompt]], GREEDY, lora_request=adapter))
+            assert got == [setup.expected(adapter.lora_name, prompt)]
+            assert lora and all(s[0] == 0 for _, s in lora)  # slot 0, replayed
+            lora.clear()
