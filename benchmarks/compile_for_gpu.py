@@ -41,6 +41,7 @@ from kvdeck.kernels.triton import attention as attention_triton  # noqa: E402
 from kvdeck.kernels.triton import attention_tuning  # noqa: E402
 from kvdeck.kernels.triton import kv_cache as kv_cache_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
+from kvdeck.kernels.triton import lora as lora_triton  # noqa: E402
 from kvdeck.kernels.triton import qk_norm_rope_kv as qk_norm_rope_kv_triton  # noqa: E402
 from kvdeck.kernels.triton import rmsnorm as rmsnorm_triton  # noqa: E402
 from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
@@ -221,6 +222,33 @@ def qk_norm_rope_kv_variants() -> dict[str, Variant]:
     return variants
 
 
+def lora_variants() -> dict[str, Variant]:
+    """The LoRA shrink/expand pair (kernels/triton/lora.py) in both launch forms: eager steps
+    (a list of adapter rows, the step's largest rank) and the adapter decode graphs (every
+    row, captured at max_lora_rank 64, each slot's rank read from device memory)."""
+    variants = {}
+    forms = (("rows_r16", True, False, 16), ("graph_r64", False, True, 64))
+    for dtype in ("fp16", "bf16"):
+        for form, has_rows, has_ranks, rank in forms:
+            ranks = "*i32" if has_ranks else "*i64"  # without ranks the launch passes the slots
+            block_r = triton.next_power_of_2(rank)
+            variants[f"lora_shrink_{dtype}_{form}"] = Variant(
+                lora_triton._lora_shrink_kernel,
+                dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", rows_ptr="*i64", slots_ptr="*i64",
+                     ranks_ptr=ranks, h_ptr="*fp32"),
+                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r, BLOCK_K=lora_triton._BLOCK_K),
+                dict(num_warps=4), decode=True,
+            )
+            variants[f"lora_expand_{dtype}_{form}"] = Variant(
+                lora_triton._lora_expand_kernel,
+                dict(h_ptr="*fp32", b_ptr=f"*{dtype}", rows_ptr="*i64", slots_ptr="*i64",
+                     ranks_ptr=ranks, out_ptr=f"*{dtype}", offsets_ptr="*i32", sizes_ptr="*i32"),
+                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r, BLOCK_N=lora_triton._BLOCK_N),
+                dict(num_warps=4), decode=True,
+            )
+    return variants
+
+
 def build_variants() -> dict[str, Variant]:
     variants = {}
     for dtype in ATTENTION_DTYPES:
@@ -316,6 +344,7 @@ def build_variants() -> dict[str, Variant]:
         dict(num_warps=num_warps_for(gpu_rows(16) * 16)), decode=True,
     )
     variants.update(qk_norm_rope_kv_variants())
+    variants.update(lora_variants())
     for act, name in ((activation_triton.SILU, "silu"), (activation_triton.GELU_TANH, "gelu_tanh")):
         variants[f"{name}_and_mul_bf16"] = Variant(
             activation_triton._act_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),
