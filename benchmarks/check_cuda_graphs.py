@@ -3,7 +3,10 @@
     python benchmarks/check_cuda_graphs.py --out benchmarks/results/cuda_graphs_<gpu>.json
 
 1. Correctness: the bundled demo model, greedy, 8 prompts x 64 tokens, graphs vs
-   `enforce_eager=True`; every token must match.
+   `enforce_eager=True`; every token must match. Both engines have LoRA on (two random
+   adapters, benchmarks/lora_adapters.py): the prompts run on the base (the plain graphs),
+   then again mixing the two adapters and the base (the adapter graphs against the eager
+   adapter forward); every token must match there too.
 2. Speed: the Qwen3-0.6B config with dummy bf16 weights, decode-heavy batches of 1, 8 and
    64 requests (16-token prompts, 256 new tokens), output tokens/s with graphs and eager
    in the same run, and their ratio.
@@ -16,13 +19,17 @@ graphs' static buffers replayed eagerly (the GPU battery's CPU test; no figure).
 import argparse
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from kvdeck import LLM, SamplingParams
+from kvdeck import LLM, LoRARequest, SamplingParams
 from kvdeck.app.bench.result import build_result, write_json_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lora_adapters import write_random_adapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,13 +50,27 @@ def _engine(model: str | None, enforce_eager: bool, smoke: bool, **kwargs) -> LL
 
 
 def greedy_tokens(enforce_eager: bool, prompts: list[list[int]], model: str | None = None,
-                  smoke: bool = False) -> tuple[list[list[int]], bool]:
+                  smoke: bool = False, loras: list | None = None) -> tuple[list[list[int]], bool, list, int]:
+    """The base's greedy tokens, whether graphs were captured, the tokens under `loras` (one
+    per prompt, None: the base) and how many adapter steps replayed the adapter graphs."""
     # `with`: the engine's memory is freed on leaving, so the next engine profiles a free card.
-    with _engine(model, enforce_eager, smoke, gpu_memory_utilization=GPU_MEMORY_UTILIZATION) as llm:
+    with _engine(model, enforce_eager, smoke, gpu_memory_utilization=GPU_MEMORY_UTILIZATION,
+                 enable_lora=True, max_loras=2, max_lora_rank=16) as llm:
         captured = llm.engine.core.runner.decode_graphs is not None if smoke else llm.engine.info.cuda_graphs
         params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, detokenize=False)
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    return tokens, captured
+        manager, graph_steps = llm.engine.core.runner.lora, []
+        graph_slots = manager.graph_token_slots
+        manager.graph_token_slots = lambda plan: (graph_steps.append(1), graph_slots(plan))[1]
+        with_loras = [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=loras)]
+    return tokens, captured, with_loras, len(graph_steps)
+
+
+def _model_dir(model: str | None) -> Path:
+    from kvdeck.engine.types.model_path import resolve_model_path
+
+    path = Path(resolve_model_path(model))
+    return path.parent if path.is_file() else path
 
 
 def decode_throughput(enforce_eager: bool, batch_sizes: list[int], model: str | None = None,
@@ -121,18 +142,30 @@ def main() -> int:
     rng = random.Random(1)
     prompts = [[rng.randrange(4096 if not args.smoke else 200) for _ in range(rng.randint(8, 200))]
                for _ in range(8 if not args.smoke else 3)]
-    with_graphs, captured = greedy_tokens(False, prompts, args.model, args.smoke)
-    eager, _ = greedy_tokens(True, prompts, args.model, args.smoke)
+    with tempfile.TemporaryDirectory() as tmp:
+        adapters = [LoRARequest(f"check{i}", i + 1, str(write_random_adapter(
+            _model_dir(args.model), Path(tmp) / f"a{i}", rank, seed=i, scale=0.2)))
+            for i, rank in enumerate((8, 16))]
+        loras = [adapters[0], None, adapters[1]] * 3
+        loras = loras[: len(prompts)]
+        with_graphs, captured, graphs_lora, graph_steps = greedy_tokens(False, prompts, args.model,
+                                                                        args.smoke, loras)
+        eager, _, eager_lora, _ = greedy_tokens(True, prompts, args.model, args.smoke, loras)
     matching = sum(a == b for a, b in zip(with_graphs, eager))
-    print(f"graphs captured: {captured}; greedy sequences equal to eager: {matching}/{len(prompts)}",
+    lora_matching = sum(a == b for a, b in zip(graphs_lora, eager_lora))
+    print(f"graphs captured: {captured}; greedy sequences equal to eager: {matching}/{len(prompts)}; "
+          f"with adapters: {lora_matching}/{len(prompts)} ({graph_steps} adapter steps on adapter graphs)",
           flush=True)
-    figures.update(graphs_captured=captured, greedy_sequences_equal=matching, greedy_sequences=len(prompts))
+    figures.update(graphs_captured=captured, greedy_sequences_equal=matching, greedy_sequences=len(prompts),
+                   lora_greedy_sequences_equal=lora_matching, lora_adapter_graph_steps=graph_steps,
+                   lora_changes_tokens=graphs_lora != with_graphs)
     save()
     decode_throughput(False, batch_sizes, args.model, args.smoke, on_batch)
     decode_throughput(True, batch_sizes, args.model, args.smoke, on_batch)
     if args.out:
         print(f"wrote {args.out}")
-    return 0 if captured and matching == len(prompts) else 1
+    lora_ok = lora_matching == len(prompts) and graph_steps > 0
+    return 0 if captured and matching == len(prompts) and lora_ok else 1
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@
 #   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMMs (AWQ layout, repacked `marlin`) and bf16/fp16
 #                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
+#   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
+#                                      # both on CUDA graphs (issue 36's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
-#   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, w4a16, kernels in one
+#   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, w4a16, kernels, lora in one
 #                                      # command, each under a time cap, the caps adding up to 480 s
 #                                      # (benchmarks/gpu_battery.py; baseline needs its own command)
 #
@@ -25,7 +27,7 @@
 # test_gpu_battery.py): every stage's commands on the tiny model in DIR, the kernels under the
 # Triton interpreter, timings that need a GPU from a fake clock.
 set -euo pipefail
-stage=${1:?usage: benchmarks/run_gpu.sh check|throughput|baseline|decode|kernels|w4a16|profile|imports|all [OUT_DIR]}
+stage=${1:?usage: benchmarks/run_gpu.sh check|throughput|baseline|decode|kernels|w4a16|profile|lora|imports|all [OUT_DIR]}
 cd "$(dirname "$0")/.."
 repo=$(pwd)
 out=${2:-${OUT_DIR:-benchmarks/results}}
@@ -113,6 +115,9 @@ case $stage in
     $python benchmarks/profile_decode.py "${profile[@]}" --enforce-eager --batch-sizes 1,8 \
         --out "$out/profile_decode_qwen3-0.6b_eager_$gpu.json"
     ;;
+  lora)
+    $python benchmarks/bench_lora_gpu.py "${smoke[@]}" --out "$out/lora_gpu_$gpu.json"
+    ;;
   all)
     fake=()
     [ -n "${KVDECK_BATTERY_SMOKE:-}" ] && fake=(--fake-clock)
@@ -121,7 +126,7 @@ case $stage in
   imports)
     kvdeck --help >/dev/null
     $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
-    for script in bench_w4a16 profile_decode check_cuda_graphs gpu_battery; do
+    for script in bench_w4a16 profile_decode check_cuda_graphs bench_lora_gpu gpu_battery; do
         $python benchmarks/$script.py --help >/dev/null
     done
     echo "imports: the staged package runs"

@@ -27,6 +27,7 @@ STAGE_JSON = {
                    "throughput_qwen3-0.6b_eager_cpu.json"],
     "w4a16": ["w4a16_cpu.json"],
     "kernels": ["kernels_cpu.json"],
+    "lora": ["lora_gpu_cpu.json"],
 }
 
 
@@ -67,6 +68,11 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert {"schedule", "prepare_inputs", "model_and_sampling", "update_outputs", "frontend"} <= set(phases)
     graphs = json.loads((out / "cuda_graphs_cpu.json").read_text())
     assert graphs["greedy_sequences_equal"] == graphs["greedy_sequences"]
+    assert graphs["lora_greedy_sequences_equal"] == graphs["greedy_sequences"]
+    assert graphs["lora_adapter_graph_steps"] > 0
+    lora = json.loads((out / "lora_gpu_cpu.json").read_text())
+    assert lora["adapter_graphs_captured"] and lora["adapter_steps_on_graphs"] > 0
+    assert lora["adapter_decode_steps_eager"] == 0 and lora["lora_over_base_median"] > 0
     assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
 
 
