@@ -80,3 +80,24 @@ def test_slot_reloaded_after_capture_is_seen_by_the_replay(lora_llama):
             assert got == [setup.expected(adapter.lora_name, prompt)]
             assert lora and all(s[0] == 0 for _, s in lora)  # slot 0, replayed
             lora.clear()
+
+
+def test_speculative_verify_chunks_replay_the_adapter_graphs(lora_llama):
+    """Verify chunks are k + 1 decode rows under the request's adapter: decode-only
+    speculative steps replay the adapter graphs (sized for them) with every row's slot."""
+    setup = lora_llama
+    sql, code = setup.requests["sql"], setup.requests["code"]
+    config = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, "prompt_lookup_max": 2}
+    with LLM(str(setup.model_dir), speculative_config=config, **{**ENGINE, "max_num_seqs": 4}) as llm:
+        core = llm.engine.core
+        core.runner.capture_decode_graphs(core.max_model_len, capture=False, max_rows=16)
+        graphs = core.runner.decode_graphs
+        assert graphs is not None and graphs.lora_replays and graphs.max_batch_size == 16
+        rows: list[int] = []
+        run = graphs.run
+        graphs.run = lambda ids, pos, meta, lora_slots=None: (
+            rows.append(ids.shape[0]) if lora_slots is not None else None, run(ids, pos, meta, lora_slots))[1]
+        got = _tokens(llm.generate(PROMPTS, GREEDY, lora_request=[code, None, sql]))
+        assert got == [setup.expected("code", 0), setup.expected(None, 1), setup.expected("sql", 2)]
+        assert rows and max(rows) > len(PROMPTS)  # verify chunks replayed on the adapter graphs
+        assert llm.stats().spec.num_draft_tokens > 0
