@@ -7,13 +7,14 @@ sides replaying CUDA graphs (the adapter graphs and the plain ones).
 
 The Qwen3-0.6B config with dummy bf16 weights; random adapters on every projection
 (benchmarks/lora_adapters.py: the GPU image has no peft). One engine (enable_lora, max_loras 8,
-max_lora_rank 16, max_num_seqs 64, synchronous scheduling so each step is timed alone) serves
-both sides. A run adds the batch's requests (random 32-token prompts; on the lora side request
-i uses adapter i % 8), steps until every request decodes, then times `--steps` decode steps
-(wall clock of the engine's step, the device synchronised) and takes their median. Runs
-alternate base, lora, lora, base, ... (`--pairs` of each); the figure is the median of the
-per-pair lora / base ratios. Target: <= 1.2. The JSON is rewritten after every run, with how
-many adapter steps replayed the adapter graphs and how many fell back to the eager forward.
+max_lora_rank 16, max_num_seqs 64, max_model_len 256 so few split tiers are captured,
+synchronous scheduling so each step is timed alone) serves both sides. A run adds the
+batch's requests (random 32-token prompts; on the lora side request i uses adapter i % 8),
+steps until every request decodes, then times `--steps` decode steps (wall clock of the
+engine's step, the device synchronised) and takes their median. Runs alternate base, lora,
+lora, base, ... (`--pairs` of each); the figure is the median of the per-pair lora / base
+ratios. Target: <= 1.2. The JSON is rewritten after every run, with how many adapter steps
+replayed the adapter graphs and how many decode steps fell back to the eager forward.
 `--smoke`: the tiny model on the CPU, the graphs' static buffers replayed eagerly, tiny sizes.
 """
 
@@ -93,6 +94,8 @@ def main() -> int:
     parser.add_argument("--max-lora-rank", type=int, default=16,
                         help="the slots' rank (the graphs' capture rank)")
     parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--max-model-len", type=int, default=256,
+                        help="short: few split tiers to capture (the stage's start-up is most of its time)")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="the CPU form: tiny model and sizes, no figure")
@@ -110,6 +113,7 @@ def main() -> int:
     model_dir = Path(model).parent if Path(model).is_file() else Path(model)
     config = {"model": model, "requests": args.requests, "adapters": args.adapters, "rank": args.rank,
               "max_lora_rank": args.max_lora_rank, "prompt_len": args.prompt_len, "steps": args.steps,
+              "max_model_len": args.max_model_len,
               "pairs": args.pairs, "smoke": args.smoke, "load_average_before": os.getloadavg(),
               "timing": "median wall time of a decode step (device synchronised), synchronous scheduling"}
     figures: dict = {"step_s": {"base": [], "lora": []}, "lora_over_base_per_pair": []}
@@ -120,7 +124,8 @@ def main() -> int:
             write_json_atomic(Path(args.out), build_result("lora_gpu", config, figures))
 
     engine_args = dict(enable_lora=True, max_loras=args.adapters, max_lora_rank=args.max_lora_rank,
-                       max_num_seqs=args.requests, load_format="dummy", seed=0, async_scheduling=False)
+                       max_num_seqs=args.requests, max_model_len=args.max_model_len, load_format="dummy",
+                       seed=0, async_scheduling=False)
     if args.smoke:
         engine_args.update(device="cpu", dtype="float32", kv_cache_memory_gib=0.01)
     else:
