@@ -20,14 +20,14 @@ import gpu_battery  # noqa: E402
 
 # What each stage leaves in OUT_DIR (named after the device: "cpu" here).
 STAGE_JSON = {
-    "profile": ["profile_decode_qwen3-0.6b_cpu.json", "profile_decode_qwen3-0.6b_eager_cpu.json"],
-    "decode": ["decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"],
     "check": ["check_kernels_cpu.json", "cuda_graphs_cpu.json"],
+    "w4a16": ["w4a16_cpu.json"],
+    "lora": ["lora_gpu_cpu.json"],
+    "decode": ["decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"],
     "throughput": ["throughput_qwen3-0.6b_cpu.json", "throughput_qwen3-0.6b_sync_cpu.json",
                    "throughput_qwen3-0.6b_eager_cpu.json"],
-    "w4a16": ["w4a16_cpu.json"],
+    "profile": ["profile_decode_qwen3-0.6b_cpu.json", "profile_decode_qwen3-0.6b_eager_cpu.json"],
     "kernels": ["kernels_cpu.json"],
-    "lora": ["lora_gpu_cpu.json"],
 }
 
 
