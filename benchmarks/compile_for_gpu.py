@@ -236,7 +236,8 @@ def lora_variants() -> dict[str, Variant]:
                 lora_triton._lora_shrink_kernel,
                 dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", rows_ptr="*i64", slots_ptr="*i64",
                      ranks_ptr=ranks, h_ptr="*fp32"),
-                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r, BLOCK_K=lora_triton._BLOCK_K),
+                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r,
+                     BLOCK_K=lora_triton.shrink_block_k(block_r)),
                 dict(num_warps=4), decode=True,
             )
             variants[f"lora_expand_{dtype}_{form}"] = Variant(

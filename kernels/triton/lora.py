@@ -18,7 +18,14 @@ import triton.language as tl
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 
-_BLOCK_K = 64  # input columns a shrink program reads at a time
+_BLOCK_K = 64  # input columns a shrink program reads at a time (at ranks up to 32)
+_SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLOCK_K
+
+
+def shrink_block_k(block_r: int) -> int:
+    """The shrink's K tile for a rank block: a 64 x 64 fp32 tile took 205-241 registers (of
+    255) on sm_80-90, so larger ranks read narrower K tiles."""
+    return max(16, min(_BLOCK_K, _SHRINK_TILE // block_r))
 _BLOCK_N = 64  # output columns an expand program writes
 
 
@@ -109,12 +116,13 @@ def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | No
         return h
     if x.stride(-1) != 1:
         x = x.contiguous()
+    block_r = max(2, triton.next_power_of_2(rank))
     launch(_lora_shrink_kernel, (num_rows, num_slices),
            x, a, rows if rows is not None else row_slots, row_slots,
            slot_ranks if slot_ranks is not None else row_slots, h,
            num_rows, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0),
            HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
-           BLOCK_R=max(2, triton.next_power_of_2(rank)), BLOCK_K=_BLOCK_K)
+           BLOCK_R=block_r, BLOCK_K=shrink_block_k(block_r))
     return h
 
 

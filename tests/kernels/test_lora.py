@@ -140,3 +140,20 @@ def test_triton_every_row_skips_negative_slots_and_reads_slot_ranks():
     # Every row at slot -1: the output is untouched.
     none = torch.full((7,), -1)
     assert torch.equal(lora_linear_delta_triton(x, out.clone(), a, b, None, none, output_sizes, padded), out)
+
+
+def test_a_large_rank_reads_narrower_k_tiles_with_the_same_sums():
+    # Rank 40 pads to a 64-rank block, whose shrink reads 32 input columns at a time
+    # (shrink_block_k): 100 inputs take four K tiles, the last one partly masked.
+    from kvdeck.kernels.triton.lora import shrink_block_k
+
+    assert shrink_block_k(64) == 32 and shrink_block_k(16) == 64 and shrink_block_k(256) == 16
+    output_sizes, rank = [24, 40], 40
+    x, out, a, b = _case(5, output_sizes, slots=2, padded=48, in_size=100, tokens=4)
+    token_slots = [1, -1, 0, 1]
+    rows = torch.tensor([t for t, s in enumerate(token_slots) if s >= 0])
+    row_slots = torch.tensor([s for s in token_slots if s >= 0])
+    expected = _loop(x, out, a, b, token_slots, output_sizes, rank)
+    got = lora_linear_delta_triton(x, out.clone(), a, b, rows, row_slots, output_sizes, rank)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
+    assert torch.equal(got[1], out[1])
