@@ -403,8 +403,7 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         graphs = self.decode_graphs
         if inputs.lora is not None:  # adapter rows: the adapter graphs, else the Python forward, eager
-            if graphs is not None and getattr(graphs, "lora", None) is not None \
-                    and graphs.can_run_lora(inputs.meta, inputs.meta.seq_lens.shape[0]):
+            if graphs is not None and graphs.can_run_lora(inputs.meta, inputs.meta.seq_lens.shape[0]):
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
                                     lora_slots=self.lora.graph_token_slots(inputs.lora))
                 inputs.graph_logits = graphs.last_logits() if graphs.with_logits else None
