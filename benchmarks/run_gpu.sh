@@ -16,7 +16,7 @@
 #   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
 #                                      # both on CUDA graphs (issue 36's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
-#   benchmarks/run_gpu.sh all          # profile, decode, check, throughput, w4a16, kernels, lora in one
+#   benchmarks/run_gpu.sh all          # check, w4a16, lora, decode, throughput, profile, kernels in one
 #                                      # command, each under a time cap, the caps adding up to 480 s
 #                                      # (benchmarks/gpu_battery.py; baseline needs its own command)
 #
@@ -106,7 +106,8 @@ case $stage in
     $python benchmarks/bench_kernels.py "${smoke[@]:0:1}" --no-check --sweep --out "$out/kernels_$gpu.json"
     ;;
   w4a16)
-    # Both kernels beside bf16/fp16 cuBLAS first (no sweep, short timing windows), then e2e.
+    # The table (every kernel beside bf16/fp16 cuBLAS, no per-row config sweep), then the
+    # marlin config sweep the tuned table comes from (w4a16_tune.py), then e2e.
     $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --no-sweep --marlin-sweep --e2e \
         --out "$out/w4a16_$gpu.json"
     ;;
