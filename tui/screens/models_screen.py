@@ -169,10 +169,14 @@ class ModelsScreen(Screen):
         return self.tasks is not None and self.tasks.busy
 
     def _to_ui(self, callback: Callable[..., object], *args: object) -> None:
-        """Run `callback` on the UI thread; dropped if the app has already closed."""
+        """Run `callback` on the UI thread; dropped if the app has already closed (asked first:
+        a closed loop refuses the call after its coroutine is made, which then warns)."""
+        app = self.app
+        if not app.is_running:
+            return
         try:
-            self.app.call_from_thread(callback, *args)
-        except RuntimeError:
+            app.call_from_thread(callback, *args)
+        except RuntimeError:  # it closed just now
             pass
 
     def _runner(self) -> ModelTaskRunner | None:
