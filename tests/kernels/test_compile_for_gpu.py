@@ -11,6 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton
+from kvdeck.kernels.triton import w4a16_marlin as w4a16_marlin_triton
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "compile_for_gpu.py"
 _spec = importlib.util.spec_from_file_location("compile_for_gpu", SCRIPT)
 aot = importlib.util.module_from_spec(_spec)  # names and limits; compiles run below
@@ -42,11 +45,11 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
             for group in (1, 4, 8):
                 assert f"attention_decode_{dtype}_d{head_dim}_g{group}" in aot.VARIANTS
                 assert f"attention_prefill_{dtype}_d{head_dim}_g{group}" in aot.VARIANTS
-        for max_tokens, _ in aot.w4a16_gemm_triton.M_BUCKETS:
+        for max_tokens, _ in w4a16_gemm_triton.M_BUCKETS:
             assert f"w4a16_m{max_tokens}_{dtype}_g128_splitk" in aot.VARIANTS
         # The repacked-layout kernel: every bucket, every group at decode, GPTQ's symmetric
         # form, the broadcast-load unpacking and its dequantise (on every arch, as all are).
-        for max_tokens, _ in aot.w4a16_marlin_triton.M_BUCKETS:
+        for max_tokens, _ in w4a16_marlin_triton.M_BUCKETS:
             for split in ("", "_splitk"):
                 assert f"w4a16_marlin_m{max_tokens}_{dtype}_g128{split}" in aot.VARIANTS
         for tag in ("g32", "g64", "g128_sym", "g128_broadcast", "g128_plain"):
