@@ -17,6 +17,7 @@ sweep has not measured keeps the defaults below, chosen without a GPU (AOT matri
 memory and spills on sm_80..sm_90).
 """
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 from kvdeck.kernels.triton.w4a16_marlin_tuned import TUNED
@@ -130,7 +131,11 @@ def choose_split(tiles: int, k_tiles: int, max_split: int, slots: int) -> int:
 
 
 def bucket_config(m: int, arch: int | None = None) -> MarlinConfig:
-    buckets = tuning(arch).buckets
+    return _bucket(tuning(arch), m)
+
+
+def _bucket(arch_tuning: ArchTuning, m: int) -> MarlinConfig:
+    buckets = arch_tuning.buckets
     return next((cfg for limit, cfg in buckets if m <= limit), buckets[-1][1])
 
 
@@ -138,9 +143,15 @@ def choose_config(m: int, n: int, k: int, group_size: int, num_sms: int,
                   arch: int | None = None) -> MarlinConfig:
     """The bucket's config for an [m, k] x [k, n] product on `arch` (its tuned table, else the
     defaults), block_k fitted to the group and split_k to the shape and `num_sms`."""
-    bucket = bucket_config(m, arch)
+    return _fitted_config(m, n, k, group_size, num_sms, tuning(arch))
+
+
+@functools.lru_cache(maxsize=4096)  # every launch asks; a model has few shapes (all frozen)
+def _fitted_config(m: int, n: int, k: int, group_size: int, num_sms: int,
+                   arch_tuning: ArchTuning) -> MarlinConfig:
+    bucket = _bucket(arch_tuning, m)
     block_k = min(bucket.block_k, group_size)  # powers of two: divides the group
     tiles = _cdiv(m, bucket.block_m) * _cdiv(n, bucket.block_n)
-    slots = num_sms * tuning(arch).programs_per_sm
+    slots = num_sms * arch_tuning.programs_per_sm
     split_k = choose_split(tiles, k // block_k, bucket.split_k, slots)
     return replace(bucket, block_k=block_k, split_k=split_k)
