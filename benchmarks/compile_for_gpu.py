@@ -57,7 +57,7 @@ ALIGNED_INTS = {
 # quarter of the matrix for the cost of ptxas alone). DERIVATION_CHECKED compiles sm_89 in
 # full as well and reports whether the two PTX texts agree (the test requires it).
 DERIVED_FROM = {89: 86}
-DERIVATION_CHECKED = ("attention_decode_bf16_d128_g4", "attention_prefill_fp16_d256_g8",
+DERIVATION_CHECKED = ("attention_decode_bf16_d128_g4", "attention_prefill_bf16_d256_g8",
                       "w4a16_m16_bf16_g128_splitk")
 
 

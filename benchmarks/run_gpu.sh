@@ -5,8 +5,8 @@
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
 #                                      # (engine decode, and W4A16 at every decode batch size)
-#   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16: graphs with and
-#                                      # without async scheduling, and eager
+#   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16 on graphs, then as
+#                                      # AWQ INT4 (marlin), then bf16 without async scheduling, eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
 #   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
@@ -16,9 +16,9 @@
 #   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
 #                                      # both on CUDA graphs (issue 36's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
-#   benchmarks/run_gpu.sh all          # check, w4a16, lora, decode, throughput, profile, kernels in one
-#                                      # command, each under a time cap, the caps adding up to 480 s
-#                                      # (benchmarks/gpu_battery.py; baseline needs its own command)
+#   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput, decode, profile in one command,
+#                                      # each under a time cap, the caps adding up to 480 s
+#                                      # (benchmarks/gpu_battery.py; baseline and kernels need their own)
 #
 # JSON goes to $2, else $OUT_DIR, else benchmarks/results, named after the GPU (h100, h200,
 # ...); every stage writes its JSON as it goes, and `all` adds OUT_DIR/battery.json and a log
@@ -61,6 +61,7 @@ decode_len=(--input-len 128 --output-len 256)
 repeats=${REPEATS:-3}
 dummy=(--load-format dummy --dtype bfloat16)
 profile=(--model "$qwen")
+awq_group=128
 smoke=()  # what each GPU script takes to run its CPU smoke form
 if [ -n "${KVDECK_BATTERY_SMOKE:-}" ]; then
     qwen=$KVDECK_BATTERY_SMOKE
@@ -71,6 +72,7 @@ if [ -n "${KVDECK_BATTERY_SMOKE:-}" ]; then
     profile=(--model "$qwen" --load-format dummy --dtype float32 --kv-cache-memory-gib 0.01
              --input-len 4 --output-len 4)
     smoke=(--smoke --model "$KVDECK_BATTERY_SMOKE")
+    awq_group=32  # the tiny model's 64-wide hidden state
     export TRITON_INTERPRET=1
 fi
 if [ "$stage" != imports ] && [ "$stage" != all ]; then
@@ -84,9 +86,16 @@ case $stage in
     $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
     ;;
   throughput)
-    # CUDA graphs with async scheduling (the default), then without it, then eager.
+    # CUDA graphs with async scheduling (the default); the same model as AWQ INT4 on the
+    # repacked marlin kernel (issue 34: not slower than its bf16 self); then bf16 without async
+    # scheduling, then eager.
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --out "$out/throughput_qwen3-0.6b_$gpu.json"
+    awq_dir=$(mktemp -d)
+    $python benchmarks/awq_config.py "$qwen" "$awq_dir" --group-size "$awq_group" >/dev/null
+    KVDECK_W4A16_KERNEL=marlin kvdeck bench throughput "${dummy[@]}" --model "$awq_dir" "${standard[@]}" \
+        --repeats "$repeats" --out "$out/throughput_qwen3-0.6b_awq_marlin_$gpu.json"
+    rm -rf "$awq_dir"
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --no-async-scheduling --out "$out/throughput_qwen3-0.6b_sync_$gpu.json"
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
@@ -127,7 +136,7 @@ case $stage in
   imports)
     kvdeck --help >/dev/null
     $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
-    for script in bench_w4a16 profile_decode check_cuda_graphs bench_lora_gpu gpu_battery; do
+    for script in bench_w4a16 profile_decode check_cuda_graphs bench_lora_gpu gpu_battery awq_config; do
         $python benchmarks/$script.py --help >/dev/null
     done
     echo "imports: the staged package runs"

@@ -26,6 +26,7 @@ def environment() -> dict:
         "device": "cpu",
         "load_average_start": _LOAD_AT_START,
         "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "kvdeck_env": kvdeck_knobs(),
     }
     for name in ("triton", "transformers"):
         try:
@@ -36,6 +37,17 @@ def environment() -> dict:
         info["device"] = torch.cuda.get_device_name(0)
         info["cuda"] = torch.version.cuda
     return info
+
+
+def kvdeck_knobs() -> dict[str, str]:
+    """The KVDECK_* variables set (KVDECK_W4A16_KERNEL, KVDECK_CPU_ISA, ...): a run's kernels
+    depend on them. Never a secret: KVDECK_API_KEY and the like are left out of a JSON that
+    gets committed."""
+    return {name: value for name, value in sorted(os.environ.items())
+            if name.startswith("KVDECK_") and not any(word in name for word in _SECRET_WORDS)}
+
+
+_SECRET_WORDS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 
 def git_commit() -> str | None:

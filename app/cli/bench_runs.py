@@ -56,11 +56,12 @@ def run_throughput(args: argparse.Namespace) -> int:
     output_len = parse_range(args.output_len, "--output-len")
     args.seed = args.seed if args.seed is not None else 0
     engine_kwargs = engine_kwargs_from_args(args)
+    from kvdeck.engine.types.model_config import read_model_config
+
+    model_config = read_model_config(resolve_model_path(args.model))
     if not args.prompts_file:
         # The workload's longest request: the length a contiguous allocator would reserve.
-        from kvdeck.engine.types.model_config import read_model_config
-
-        limit = read_model_config(resolve_model_path(args.model)).max_position_embeddings
+        limit = model_config.max_position_embeddings
         engine_kwargs.setdefault("max_model_len", min(limit, input_len[1] + output_len[1]))
     speculative = engine_kwargs.get("speculative_config") is not None
     if speculative and args.baseline != "none":
@@ -118,6 +119,9 @@ def run_throughput(args: argparse.Namespace) -> int:
         "model": args.model or "demo", "num_prompts": args.num_prompts,
         "input_len": list(input_len), "output_len": list(output_len), "seed": args.seed,
         "engine": engine_kwargs, "prompts_file": args.prompts_file,
+        # What sets two runs of one shape apart (bf16 against AWQ INT4, run_gpu.sh's throughput).
+        "quantization_config": model_config.quantization_config,
+        "weight_bytes_per_token": info.weight_bytes_per_token,
         "warmup": f"{WARMUP_REQUESTS} requests of <= {WARMUP_OUTPUT_LEN} tokens, untimed, on each side",
         "repeats": args.repeats, "threads": torch.get_num_threads(), "baseline": baseline_config,
         "workload": args.workload,

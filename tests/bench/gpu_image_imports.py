@@ -9,9 +9,11 @@ import importlib.abc
 import runpy
 import sys
 
-# kvdeck's dependencies that the GPU image does not have (pyproject.toml minus the five).
+# kvdeck's dependencies that the GPU image does not have (pyproject.toml minus the five, and
+# minus httpx: the image's transformers 5.17 needs huggingface_hub 1.x, which needs httpx and
+# imports it with transformers).
 ABSENT_ON_GPU_IMAGE = ("textual", "textual_plotext", "plotext", "fastapi", "starlette", "uvicorn",
-                       "prometheus_client", "platformdirs", "bitsandbytes", "matplotlib", "httpx",
+                       "prometheus_client", "platformdirs", "bitsandbytes", "matplotlib",
                        "openai", "pydantic", "llguidance", "xgrammar")
 
 

@@ -23,11 +23,10 @@ STAGE_JSON = {
     "check": ["check_kernels_cpu.json", "cuda_graphs_cpu.json"],
     "w4a16": ["w4a16_cpu.json"],
     "lora": ["lora_gpu_cpu.json"],
+    "throughput": ["throughput_qwen3-0.6b_cpu.json", "throughput_qwen3-0.6b_awq_marlin_cpu.json",
+                   "throughput_qwen3-0.6b_sync_cpu.json", "throughput_qwen3-0.6b_eager_cpu.json"],
     "decode": ["decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"],
-    "throughput": ["throughput_qwen3-0.6b_cpu.json", "throughput_qwen3-0.6b_sync_cpu.json",
-                   "throughput_qwen3-0.6b_eager_cpu.json"],
     "profile": ["profile_decode_qwen3-0.6b_cpu.json", "profile_decode_qwen3-0.6b_eager_cpu.json"],
-    "kernels": ["kernels_cpu.json"],
 }
 
 
@@ -57,11 +56,15 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
         for name in entry["json"]:
             assert json.loads((out / name).read_text())  # each parses
         assert (out / f"{entry['stage']}.log").exists()
-    kernels = json.loads((out / "kernels_cpu.json").read_text())
-    assert kernels["complete"] and kernels["timing"].startswith("fake clock")
-    assert kernels["decode_attention"] and kernels["prefill_attention"] and kernels["elementwise"]
+    bf16, awq = (json.loads((out / f"throughput_qwen3-0.6b{tag}_cpu.json").read_text())
+                 for tag in ("", "_awq_marlin"))
+    assert bf16["config"]["quantization_config"] is None
+    assert awq["config"]["quantization_config"]["quant_method"] == "awq"
+    assert awq["environment"]["kvdeck_env"]["KVDECK_W4A16_KERNEL"] == "marlin"
+    assert awq["config"]["weight_bytes_per_token"] < bf16["config"]["weight_bytes_per_token"]
+    assert awq["kvdeck"]["output_tokens"] == bf16["kvdeck"]["output_tokens"]  # the same workload
     w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
-    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["awq", "awq_marlin", "bf16"]
+    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["bf16", "awq_marlin", "awq"]
     assert all(row["marlin_max_abs_err"] < 1e-3 for row in w4a16["results"])  # both kernels checked
     profile = json.loads((out / "profile_decode_qwen3-0.6b_cpu.json").read_text())
     phases = profile["batches"]["1"]["step_phases_ms"]
@@ -74,6 +77,20 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert lora["adapter_graphs_captured"] and lora["adapter_steps_on_graphs"] > 0
     assert lora["adapter_decode_steps_eager"] == 0 and lora["lora_over_base_median"] > 0
     assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
+
+
+@pytest.mark.slow
+def test_the_kernels_stage_runs_on_its_own(tiny_llama_dir, tmp_path):
+    # The attention tile sweep is out of `all` (its issue is resolved) but a lease may run it.
+    python = f"{sys.executable} {REPO / 'tests' / 'bench' / 'python_on_gpu_image.py'}"
+    env = {**os.environ, "PYTHON": python, "KVDECK_BATTERY_SMOKE": str(tiny_llama_dir)}
+    env.pop("TRITON_INTERPRET", None)
+    done = subprocess.run(["bash", str(REPO / "benchmarks" / "run_gpu.sh"), "kernels", str(tmp_path)],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kernels = json.loads((tmp_path / "kernels_cpu.json").read_text())
+    assert kernels["complete"] and kernels["timing"].startswith("fake clock")
+    assert kernels["decode_attention"] and kernels["prefill_attention"] and kernels["elementwise"]
 
 
 def test_a_stage_past_its_cap_is_killed_with_its_children(tmp_path):
