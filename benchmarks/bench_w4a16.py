@@ -20,8 +20,10 @@ moved (fp16 weight vs int4 weight + scales + zeros). Each row is written as soon
 measured, with `summary`: per M, the fastest of marlin / triton / dequantise + cuBLAS
 (benchmarks/w4a16_tune.py). --marlin-sweep then sweeps the repacked kernel's configs, split
 counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_marlin_tuned.py).
---e2e adds engine decode for AWQ with the AWQ-layout kernel, AWQ repacked for the marlin
-kernel, and bf16.
+--marlin-sweep also times the table's marlin path again under the sweep's pick
+(`marlin_tuned`), and `summary.targets` / `summary.targets_tuned` judge issue 34's targets
+on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16, AWQ on
+the repacked marlin kernel (under the sweep's pick when it ran) and AWQ on the AWQ layout.
 
     python benchmarks/bench_w4a16.py                 # H100/H200: writes benchmarks/results/
     python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
@@ -51,9 +53,9 @@ from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import w4a16_e2e  # noqa: E402
 import w4a16_sweep  # noqa: E402
 import w4a16_tune  # noqa: E402
-from awq_config import AWQ_CONFIG  # noqa: E402  (group 128, as GROUP)
 
 SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 TOKENS = (1, 4, 16, 64, 256, 512)
@@ -85,58 +87,6 @@ def random_awq(k: int, n: int, device: str, dtype: torch.dtype):
 
 
 REP_MS = 5  # ms of calls per CUDA graph, each replayed w4a16_sweep.ROUNDS times
-
-
-# The issue's end-to-end target: a Llama-3.2-1B-shaped AWQ model at batch 1 against its bf16 self.
-LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3.2-1b" / "config.json")
-                         .read_text())
-TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
-              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-# The target's pair first (a w4a16 stage cut at its cap keeps them), the AWQ-layout kernel last.
-E2E_VARIANTS = ("bf16", "awq_marlin", "awq")
-
-
-def e2e_decode(variant: str, smoke: bool) -> dict:
-    """Decode throughput of one engine (run in its own process so GPU memory is freed)."""
-    import tempfile
-    import time
-
-    from kvdeck import LLM, SamplingParams
-
-    config = dict(TINY_LLAMA if smoke else LLAMA_32_1B)
-    if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
-        os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
-        if smoke:  # on the CPU only the triton backend repacks (the kernel interpreted)
-            config["quantization_config"] = {**AWQ_CONFIG, "w4a16_backend": "triton"}
-        else:
-            config["quantization_config"] = AWQ_CONFIG
-    elif variant == "awq":
-        os.environ["KVDECK_W4A16_KERNEL"] = "awq"
-        config["quantization_config"] = AWQ_CONFIG
-    dtype = "float16" if variant.startswith("awq") else "bfloat16"
-    with tempfile.TemporaryDirectory() as model_dir:
-        (Path(model_dir) / "config.json").write_text(json.dumps(config))
-        kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
-        llm = LLM(model=model_dir, load_format="dummy", max_model_len=2048, **kwargs)
-        rows = []
-        # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
-        prompt_len, new_tokens = (16, 4) if smoke else (128, 256)
-        for batch in (1, 16) if not smoke else (1, 2):
-            params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
-            prompts = [[(7 * i + j) % 900 + 10 for j in range(prompt_len)] for i in range(batch)]
-            warm_up = SamplingParams(max_tokens=2 if smoke else 4, ignore_eos=True)
-            llm.generate(prompts[:1], warm_up)
-            start = time.perf_counter()
-            outputs = llm.generate(prompts, params)
-            wall = time.perf_counter() - start
-            decode = [(o.metrics.last_token_time - o.metrics.first_token_time)
-                      / max(1, len(o.outputs[0].token_ids) - 1) for o in outputs]
-            rows.append({
-                "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
-                "wall_s": wall, "output_tokens_per_s": batch * new_tokens / wall,
-                "mean_inter_token_latency_ms": 1e3 * sum(decode) / len(decode),
-            })
-    return {"variant": variant, "dtype": kwargs.get("dtype"), "runs": rows}
 
 
 def git_commit() -> str:
@@ -312,15 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marlin-sweep", action="store_true",
                         help="after the table: the repacked kernel's config sweep (w4a16_sweep.py), "
                              "which benchmarks/w4a16_tune.py turns into the per-arch table")
-    parser.add_argument("--e2e-one", choices=E2E_VARIANTS, help=argparse.SUPPRESS)
     parser.add_argument("--check-graphs", action="store_true",
                         help="only check CUDA graph capture at every decode batch size")
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/)")
     args = parser.parse_args(argv)
     REP_MS = args.rep_ms
-    if args.e2e_one:
-        print("E2E_RESULT " + json.dumps(e2e_decode(args.e2e_one, args.smoke)))
-        return 0
     if args.check_graphs:
         if not torch.cuda.is_available() and not (args.smoke and os.environ.get("TRITON_INTERPRET") == "1"):
             parser.error("--check-graphs needs a CUDA GPU (or --smoke under TRITON_INTERPRET=1)")
@@ -345,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     e2e: list[dict] = []
     sweep_rows: list[dict] = []
     summary: dict = {}
-    save = (_writer(args, device, dtype, rows, e2e, sweep_rows, summary) if not args.smoke or args.out
+    tuned: dict = {"entry": None, "rows": []}  # the sweep's pick and the table's marlin under it
+    save = (_writer(args, device, dtype, rows, e2e, sweep_rows, summary, tuned) if not args.smoke or args.out
             else lambda complete=False: None)
     problems = {}
-    # The table first (every shape), then the sweep, then e2e: a run cut off at its cap keeps
-    # what matters most.
+    # The table first (every shape), then the sweep and the marlin path under its pick, then
+    # e2e: a run cut off at its cap keeps what matters most.
     for k, n in shapes:
         problems[k, n] = problem = Problem.make(k, n, device, dtype)
         for m in tokens:
@@ -367,22 +314,35 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sweep K={k} N={n}: {len(sweep_rows)} rows", flush=True)
         summary.update(w4a16_tune.summarise_sweep(sweep_rows, rows))
         save()
-        for line in w4a16_tune.report(summary):
-            print(line, flush=True)
+        # The sweep's pick, installed in this process (and e2e's marlin engine), the table's
+        # marlin path timed again under it: the targets' figures from this lease.
+        from kvdeck.kernels.triton import w4a16_marlin as marlin
+
+        tuned["entry"] = w4a16_tune.entry_from_sweep(
+            summary["tuned"], f"this run's sweep ({device}, {git_commit()[:12]}), not committed")
+        marlin.use_tuning(marlin.device_arch(torch.device(device)), tuned["entry"])
+        for key, problem in problems.items():
+            tuned["rows"] += w4a16_sweep.tuned_rows({key: problem}, tokens, timer, checker())
+            summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
+            save()
+    summary["targets"] = w4a16_tune.targets(rows, e2e)
+    save()
+    for line in w4a16_tune.report(summary):
+        print(line, flush=True)
     if args.e2e:
-        for variant in E2E_VARIANTS:
-            command = [sys.executable, __file__, "--e2e-one", variant]
-            command += ["--smoke"] if args.smoke else []
-            done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)
-            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("E2E_RESULT ")]
-            if done.returncode != 0 or not lines:
-                raise RuntimeError(f"e2e {variant} failed:\n{done.stderr[-3000:]}")
-            e2e.append(json.loads(lines[-1][len("E2E_RESULT "):]))
+        for variant in w4a16_e2e.VARIANTS:
+            e2e.append(w4a16_e2e.run_variant(variant, args.smoke, tuned["entry"]))
+            summary["targets"] = w4a16_tune.targets(rows, e2e)
+            if tuned["rows"]:
+                summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
             save()
             for run in e2e[-1]["runs"]:
-                print(f"e2e {variant:4s} batch {run['batch']:3d}: "
+                print(f"e2e {variant:10s} batch {run['batch']:3d}: "
                       f"{run['output_tokens_per_s']:9.1f} tok/s  "
                       f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
+        verdicts = {key: value for key, value in summary.items() if key.startswith("targets")}
+        for line in w4a16_tune.report(verdicts):
+            print(line, flush=True)
     save(complete=True)
     return 0
 
@@ -405,7 +365,7 @@ def _print_row(row: dict, timing: str) -> None:
 
 
 def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: list[dict],
-            e2e: list[dict], sweep_rows: list[dict], summary: dict):
+            e2e: list[dict], sweep_rows: list[dict], summary: dict, tuned: dict):
     """What writes the result JSON, called after every row (a run cut short keeps its rows)."""
     import triton
 
@@ -433,6 +393,10 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
         "results": rows,
         "summary": summary,
         "marlin_sweep": sweep_rows,
+        # The table's marlin path under the sweep's pick (w4a16_sweep.tuned_rows), and the pick
+        # (what w4a16_tune.py would write; e2e's marlin engine ran it too).
+        "marlin_tuned": tuned["rows"],
+        "marlin_tuned_entry": None,
         "e2e_decode": e2e,
         "complete": False,
     }
@@ -444,6 +408,7 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
 
     def save(complete: bool = False) -> None:
         result["complete"] = complete
+        result["marlin_tuned_entry"] = tuned["entry"]
         tmp = out.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(result, indent=2) + "\n")
         tmp.replace(out)

@@ -16,9 +16,10 @@
 #   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
 #                                      # both on CUDA graphs (issue 36's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
-#   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput, decode, profile in one command,
-#                                      # each under a time cap, the caps adding up to 480 s
-#                                      # (benchmarks/gpu_battery.py; baseline and kernels need their own)
+#   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput, decode in one command, each
+#                                      # under a time cap, the caps adding up to 480 s
+#                                      # (benchmarks/gpu_battery.py; baseline, kernels and profile
+#                                      # need their own)
 #
 # JSON goes to $2, else $OUT_DIR, else benchmarks/results, named after the GPU (h100, h200,
 # ...); every stage writes its JSON as it goes, and `all` adds OUT_DIR/battery.json and a log

@@ -13,6 +13,10 @@ The sweep, per weight shape (Llama-3-8B's), each group timed together with bf16 
           efficiency `choose_split`'s model gives each for 1..8 programs per SM
   large   M = 64, 256, 512: fused configs for the two upper buckets against dequantise + cuBLAS
 benchmarks/w4a16_tune.py turns the JSON into the per-architecture table the kernel reads.
+
+`tuned_rows` then times the table's `marlin` path again under the sweep's pick (installed in
+the process by w4a16_marlin_plan.use_tuning), each (shape, M) against bf16 cuBLAS: the
+figures issue 34's targets are judged on, from the same lease as the sweep.
 """
 
 import statistics
@@ -175,4 +179,28 @@ def _large_m_rows(problem, m: int, num_sms: int, timer, check) -> list[dict]:
     for name, (limit, values, cfg) in configs.items():
         rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "fused", "bucket": limit,
                      "values": list(values), "config": asdict(cfg), "ms": ms[name], "bf16_ms": ms["bf16"]})
+    return rows
+
+
+def tuned_rows(problems: dict, tokens: tuple[int, ...], timer, check) -> list[dict]:
+    """The table's `marlin` (the engine's path: fused up to the tuning's fused limit, else
+    dequantise + cuBLAS) again, under the tuning `use_tuning` installed, each (shape, M)
+    timed together with bf16 cuBLAS: the speed-ups the sweep's pick gives."""
+    from kvdeck.kernels.triton import w4a16_marlin as marlin
+
+    rows = []
+    for problem in problems.values():
+        k, n, repacked, dense_bf16 = problem.k, problem.n, problem.repacked, problem.dense.to(torch.bfloat16)
+        for m in tokens:
+            x, reference = problem.input(m)
+            x_bf16 = x.to(torch.bfloat16)
+            fns = {"bf16": lambda x_bf16=x_bf16, dense_bf16=dense_bf16: x_bf16 @ dense_bf16,
+                   "marlin": lambda x=x, repacked=repacked: marlin.w4a16_gemm_marlin(x, repacked)}
+            check(f"tuned marlin m={m} k={k} n={n}", fns["marlin"](), reference)
+            ms = timer(fns)
+            arch_tuning = marlin.tuning(marlin.device_arch(x.device))
+            rows.append({"m": m, "k": k, "n": n, "fused": m <= arch_tuning.fused_max_tokens,
+                         "config": asdict(marlin.config_for(m, n, k, problem.group, x.device)),
+                         "bf16_ms": ms["bf16"], "marlin_ms": ms["marlin"],
+                         "marlin_speedup_vs_bf16": ms["bf16"] / ms["marlin"]})
     return rows

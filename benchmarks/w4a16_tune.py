@@ -15,7 +15,9 @@ shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
                            dequantise + cuBLAS at every measured M (bucket 32 is not swept:
                            it goes with bucket 64)
 The summary also names, per M of the table, the fastest of marlin / triton (the AWQ layout)
-/ dequantise + cuBLAS: what W4A16_AUTO (kernels/w4a16_choice.py) should say.
+/ dequantise + cuBLAS: what W4A16_AUTO (kernels/w4a16_choice.py) should say. `targets`
+judges issue 34's targets on a set of rows (the table's, or bench_w4a16's `marlin_tuned`,
+timed under the sweep's pick) and e2e.
 """
 
 import argparse
@@ -31,6 +33,15 @@ TABLE = REPO / "kernels" / "triton" / "w4a16_marlin_tuned.py"
 TABLE_KERNELS = {"marlin": ("marlin_ms",), "triton": ("triton_ms",),
                  "dequant+cublas": ("marlin_dequant_ms", "dequant_ms")}
 DECODE_M = 64  # W4A16_AUTO is chosen on the table's M up to this (decode batches)
+# Issue 34's targets (CUDA-graph timing): (what, which rows, least speed-up of `marlin` over
+# bf16 cuBLAS), and AWQ's batch-1 decode on the marlin kernel over its bf16 self.
+GEMM_TARGETS = (
+    ("M <= 16 on 4096x14336 and 14336x4096",
+     lambda row: row["m"] <= 16 and 14336 in (row["k"], row["n"]), 2.5),
+    ("M <= 16 on 4096x4096", lambda row: row["m"] <= 16 and row["k"] == row["n"] == 4096, 1.8),
+    ("every M up to 512", lambda row: row["m"] <= 512, 1.0),
+)
+E2E_TARGET = 2.0
 
 
 def _geomean(values: list[float]) -> float:
@@ -133,23 +144,49 @@ def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
     return {"tuned": out}
 
 
-def tuned_entry(result: dict, source: str) -> tuple[int, dict]:
-    """(SM version, the TUNED entry) from a bench JSON with its sweep."""
+def targets(rows: list[dict], e2e: list[dict]) -> dict:
+    """Each of issue 34's targets: the worst measured figure, how many rows measured it, and
+    whether it holds (None: nothing here measured it, as a CPU smoke run's shapes)."""
+    out = {}
+    for what, selects, bar in GEMM_TARGETS:
+        speedups = [row["marlin_speedup_vs_bf16"] for row in rows
+                    if "marlin_speedup_vs_bf16" in row and selects(row)]
+        worst = min(speedups) if speedups else None
+        out[f"gemm {what} >= {bar}x bf16"] = {
+            "worst": None if worst is None else float(f"{worst:.4g}"), "rows": len(speedups),
+            "met": None if worst is None else worst >= bar}
+    batch1 = {entry["variant"]: run["output_tokens_per_s"] for entry in e2e
+              for run in entry["runs"] if run["batch"] == 1}
+    ratio = batch1["awq_marlin"] / batch1["bf16"] if {"awq_marlin", "bf16"} <= set(batch1) else None
+    out[f"e2e batch-1 decode awq_marlin >= {E2E_TARGET}x bf16"] = {
+        "ratio": None if ratio is None else float(f"{ratio:.4g}"),
+        "met": None if ratio is None else ratio >= E2E_TARGET}
+    return out
+
+
+def entry_from_sweep(tuned: dict, source: str) -> dict:
+    """The TUNED entry `summarise_sweep(...)["tuned"]` supports, checked as the kernel reads it."""
     from kvdeck.kernels.triton.w4a16_marlin_plan import CONFIG_FIELDS, tuning_from_table
 
-    if not result.get("marlin_sweep"):
-        raise ValueError("the JSON has no marlin_sweep (run bench_w4a16.py --marlin-sweep)")
-    if result.get("sm") is None:
-        raise ValueError("the JSON names no SM version (a CPU smoke run): nothing to tune")
-    tuned = summarise_sweep(result["marlin_sweep"], result.get("results", []))["tuned"]
     entry = {
-        "source": f"{source} ({result.get('device')}, commit {str(result.get('commit'))[:12]})",
+        "source": source,
         "programs_per_sm": tuned.get("programs_per_sm", 2),
         "fused_max_tokens": tuned["fused_max_tokens"],
         "buckets": tuple((limit, dict(zip(CONFIG_FIELDS, values))) for limit, values in tuned["buckets"]),
     }
     tuning_from_table(entry)  # the kernel's own check of what it will read
-    return int(result["sm"]), entry
+    return entry
+
+
+def tuned_entry(result: dict, source: str) -> tuple[int, dict]:
+    """(SM version, the TUNED entry) from a bench JSON with its sweep."""
+    if not result.get("marlin_sweep"):
+        raise ValueError("the JSON has no marlin_sweep (run bench_w4a16.py --marlin-sweep)")
+    if result.get("sm") is None:
+        raise ValueError("the JSON names no SM version (a CPU smoke run): nothing to tune")
+    tuned = summarise_sweep(result["marlin_sweep"], result.get("results", []))["tuned"]
+    source = f"{source} ({result.get('device')}, commit {str(result.get('commit'))[:12]})"
+    return int(result["sm"]), entry_from_sweep(tuned, source)
 
 
 def write_table(table: dict[int, dict], path: Path = TABLE) -> None:
@@ -168,6 +205,11 @@ def report(summary: dict) -> list[str]:
                      f"{summary['decode_speedup_vs_bf16']})")
     if "tuned" in summary:
         lines.append(f"tuned: {json.dumps(summary['tuned'])}")
+    for key, label in (("targets", "defaults"), ("targets_tuned", "the sweep's pick")):
+        for target, figures in summary.get(key, {}).items():
+            verdict = {True: "met", False: "MISSED", None: "not measured"}[figures["met"]]
+            shown = {name: value for name, value in figures.items() if name != "met"}
+            lines.append(f"target ({label}) {target}: {verdict} {json.dumps(shown)}")
     return lines
 
 
@@ -178,8 +220,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
+    e2e = result.get("e2e_decode", [])
     summary = {**summarise_table(result.get("results", [])),
-               **summarise_sweep(result.get("marlin_sweep", []), result.get("results", []))}
+               **summarise_sweep(result.get("marlin_sweep", []), result.get("results", [])),
+               "targets": targets(result.get("results", []), e2e)}
+    if result.get("marlin_tuned"):
+        summary["targets_tuned"] = targets(result["marlin_tuned"], e2e)
     for line in report(summary):
         print(line)
     arch, entry = tuned_entry(result, args.result.name)

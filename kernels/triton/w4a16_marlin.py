@@ -46,6 +46,7 @@ from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the 
     choose_config,
     choose_split,
     tuning,
+    use_tuning,
     wave_efficiency,
 )
 

@@ -86,12 +86,22 @@ def tuning_from_table(entry: dict) -> ArchTuning:
                       source=str(entry.get("source", "tuned")))
 
 
-_TUNINGS = {int(arch): tuning_from_table(entry) for arch, entry in TUNED.items()}
+# SM version -> its tuning; `use_tuning` may add one, None (off CUDA) included.
+_TUNINGS: dict[int | None, ArchTuning] = {int(arch): tuning_from_table(entry)
+                                          for arch, entry in TUNED.items()}
 
 
 def tuning(arch: int | None) -> ArchTuning:
-    """The configs for an SM version (None: not a GPU, the defaults)."""
-    return _TUNINGS.get(arch, DEFAULT_TUNING) if arch is not None else DEFAULT_TUNING
+    """The configs for an SM version (None: not a GPU, the defaults unless `use_tuning` said)."""
+    return _TUNINGS.get(arch, DEFAULT_TUNING)
+
+
+def use_tuning(arch: int | None, entry: dict) -> ArchTuning:
+    """Serve `arch` (None: off CUDA, as under the interpreter) with a TUNED-style entry in this
+    process, over the committed table: bench_w4a16.py times its own sweep's pick before anyone
+    commits it. Launch configs are cached by tuning object, so later launches see it at once."""
+    _TUNINGS[arch] = chosen = tuning_from_table(entry)
+    return chosen
 
 
 def _cdiv(a: int, b: int) -> int:

@@ -132,6 +132,41 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
         w4a16_tune.main([str(path), "--table", str(table), "--dry-run"])
 
 
+def test_use_tuning_serves_an_arch_at_once_and_the_cpu_too(monkeypatch):
+    monkeypatch.setattr(plan, "_TUNINGS", dict(plan._TUNINGS))  # the test's own table
+    before = plan.choose_config(1, 4096, 4096, 128, num_sms=132, arch=90)  # cached on the old tuning
+    fields = dict(block_m=16, block_n=128, block_k=128, split_k=8, num_warps=8, num_stages=5)
+    chosen = plan.use_tuning(90, {"buckets": ((16, fields),), "fused_max_tokens": 32, "source": "run"})
+    after = plan.choose_config(1, 4096, 4096, 128, num_sms=132, arch=90)
+    assert before.block_n == 64 and (after.block_n, after.num_stages) == (128, 5)
+    assert plan.tuning(90) is chosen and chosen.source == "run"
+    assert plan.tuning(None) is plan.DEFAULT_TUNING  # only what was asked for changes
+    plan.use_tuning(None, {"fused_max_tokens": 0})  # the interpreter's runs (the smoke bench)
+    assert plan.tuning(None).fused_max_tokens == 0
+    with pytest.raises(ValueError, match="fused_max_tokens"):
+        plan.use_tuning(90, {"fused_max_tokens": 100})
+    assert plan.tuning(90) is chosen  # a refused entry leaves the last one serving
+
+
+def test_targets_take_the_worst_row_of_each_and_e2e_at_batch_1():
+    rows = [{"m": m, "k": k, "n": n, "marlin_speedup_vs_bf16": speedup}
+            for (k, n), m, speedup in (((4096, 14336), 1, 3.1), ((14336, 4096), 16, 2.4),
+                                       ((4096, 4096), 1, 1.9), ((4096, 4096), 512, 1.05))]
+    e2e = [{"variant": variant, "runs": [{"batch": 1, "output_tokens_per_s": tps},
+                                         {"batch": 16, "output_tokens_per_s": 10 * tps}]}
+           for variant, tps in (("bf16", 100.0), ("awq_marlin", 230.0))]
+    verdicts = w4a16_tune.targets(rows, e2e)
+    assert verdicts["gemm M <= 16 on 4096x14336 and 14336x4096 >= 2.5x bf16"] == {
+        "worst": 2.4, "rows": 2, "met": False}
+    assert verdicts["gemm M <= 16 on 4096x4096 >= 1.8x bf16"] == {"worst": 1.9, "rows": 1, "met": True}
+    assert verdicts["gemm every M up to 512 >= 1.0x bf16"] == {"worst": 1.05, "rows": 4, "met": True}
+    assert verdicts["e2e batch-1 decode awq_marlin >= 2.0x bf16"] == {"ratio": 2.3, "met": True}
+    unmeasured = w4a16_tune.targets([], e2e[:1])  # a run cut before its rows and its marlin engine
+    assert all(figures["met"] is None for figures in unmeasured.values())
+    lines = w4a16_tune.report({"targets": verdicts, "targets_tuned": unmeasured})
+    assert sum("MISSED" in line for line in lines) == 1 and sum("not measured" in line for line in lines) == 4
+
+
 @pytest.fixture(scope="module")
 def marlin():
     if os.environ.get("TRITON_INTERPRET") != "1":

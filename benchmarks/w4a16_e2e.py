@@ -1,0 +1,110 @@
+"""End-to-end decode of the W4A16 stage (bench_w4a16.py --e2e): a Llama-3.2-1B-shaped model
+with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel, then on the
+AWQ-layout kernel; batch 1 (issue 34's target: AWQ >= 2x its bf16 self) and 16. Each engine
+runs in a process of its own (`run_variant`), so one's GPU memory is gone before the next.
+
+    python benchmarks/w4a16_e2e.py VARIANT [--smoke] [--tuned-entry JSON]
+
+--tuned-entry: a TUNED-style entry (benchmarks/w4a16_tune.py) the marlin kernel serves this
+GPU's architecture with, in that process: the bench's own sweep's pick, before it is committed.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from awq_config import AWQ_CONFIG
+
+LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3.2-1b" / "config.json")
+                         .read_text())
+TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
+              "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
+# The target's pair first (a w4a16 stage cut at its cap keeps them), the AWQ-layout kernel last.
+VARIANTS = ("bf16", "awq_marlin", "awq")
+RESULT_PREFIX = "E2E_RESULT "
+
+
+def run_variant(variant: str, smoke: bool, tuned_entry: dict | None = None) -> dict:
+    """One engine's figures, from a process of its own; RuntimeError with its stderr if it fails."""
+    command = [sys.executable, __file__, variant, *(["--smoke"] if smoke else [])]
+    if tuned_entry is not None and variant == "awq_marlin":
+        command += ["--tuned-entry", json.dumps(tuned_entry)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"e2e {variant} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
+    """Decode throughput of one engine, in this process."""
+    from kvdeck import LLM, SamplingParams
+
+    config = dict(TINY_LLAMA if smoke else LLAMA_32_1B)
+    if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
+        os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
+        # On the CPU only the triton backend repacks (the kernel interpreted).
+        config["quantization_config"] = {**AWQ_CONFIG, "w4a16_backend": "triton"} if smoke else AWQ_CONFIG
+    elif variant == "awq":
+        os.environ["KVDECK_W4A16_KERNEL"] = "awq"
+        config["quantization_config"] = AWQ_CONFIG
+    tuning_source = None
+    if variant == "awq_marlin":
+        from kvdeck.kernels.triton import w4a16_marlin_plan as plan
+
+        arch = _arch()
+        if tuned_entry is not None:
+            plan.use_tuning(arch, tuned_entry)
+        tuning_source = plan.tuning(arch).source
+    dtype = "float16" if variant.startswith("awq") else "bfloat16"
+    rows = []
+    with tempfile.TemporaryDirectory() as model_dir:
+        (Path(model_dir) / "config.json").write_text(json.dumps(config))
+        kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
+        llm = LLM(model=model_dir, load_format="dummy", max_model_len=2048, **kwargs)
+        # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
+        prompt_len, new_tokens = (16, 4) if smoke else (128, 256)
+        for batch in (1, 2) if smoke else (1, 16):
+            params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
+            prompts = [[(7 * i + j) % 900 + 10 for j in range(prompt_len)] for i in range(batch)]
+            warm_up = SamplingParams(max_tokens=2 if smoke else 4, ignore_eos=True)
+            llm.generate(prompts[:1], warm_up)
+            start = time.perf_counter()
+            outputs = llm.generate(prompts, params)
+            wall = time.perf_counter() - start
+            per_token = [(o.metrics.last_token_time - o.metrics.first_token_time)
+                         / max(1, len(o.outputs[0].token_ids) - 1) for o in outputs]
+            rows.append({
+                "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
+                "wall_s": wall, "output_tokens_per_s": batch * new_tokens / wall,
+                "mean_inter_token_latency_ms": 1e3 * sum(per_token) / len(per_token),
+            })
+    return {"variant": variant, "dtype": kwargs.get("dtype"), "marlin_tuning": tuning_source, "runs": rows}
+
+
+def _arch() -> int | None:
+    import torch
+
+    from kvdeck.kernels.triton.w4a16_marlin import device_arch
+
+    return device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("variant", choices=VARIANTS)
+    parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
+    parser.add_argument("--tuned-entry", type=json.loads, default=None,
+                        help="a TUNED-style entry (JSON) for this GPU's architecture")
+    args = parser.parse_args(argv)
+    print(RESULT_PREFIX + json.dumps(decode(args.variant, args.smoke, args.tuned_entry)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
