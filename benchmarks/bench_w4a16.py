@@ -324,6 +324,7 @@ def main(argv: list[str] | None = None) -> int:
         for key, problem in problems.items():
             tuned["rows"] += w4a16_sweep.tuned_rows({key: problem}, tokens, timer, checker())
             summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
+            summary.update(w4a16_tune.summarise_table(rows, tuned["rows"]))  # w4a16_auto, tuned
             save()
     summary["targets"] = w4a16_tune.targets(rows, e2e)
     save()
@@ -335,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             summary["targets"] = w4a16_tune.targets(rows, e2e)
             if tuned["rows"]:
                 summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
+            summary.update(w4a16_tune.summarise_table(rows, tuned["rows"]))  # w4a16_auto, tuned
             save()
             for run in e2e[-1]["runs"]:
                 print(f"e2e {variant:10s} batch {run['batch']:3d}: "

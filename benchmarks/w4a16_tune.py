@@ -2,6 +2,7 @@
 table of the repacked kernel (kernels/triton/w4a16_marlin_tuned.py).
 
     python benchmarks/w4a16_tune.py benchmarks/results/w4a16_h100.json            # write the table
+                                                                                  # and W4A16_AUTO
     python benchmarks/w4a16_tune.py benchmarks/results/w4a16_h100.json --dry-run  # print only
 
 The JSON is bench_w4a16.py's with --marlin-sweep (what `benchmarks/run_gpu.sh w4a16` runs);
@@ -14,8 +15,9 @@ shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
   fused_max_tokens         the largest bucket limit up to which the fused kernel beats
                            dequantise + cuBLAS at every measured M (bucket 32 is not swept:
                            it goes with bucket 64)
-The summary also names, per M of the table, the fastest of marlin / triton (the AWQ layout)
-/ dequantise + cuBLAS: what W4A16_AUTO (kernels/w4a16_choice.py) should say. `targets`
+The summary also names, per M of the table, the fastest of marlin (under the sweep's pick,
+where the JSON timed it: `marlin_tuned`) / triton (the AWQ layout) / dequantise + cuBLAS, and
+sets W4A16_AUTO (kernels/w4a16_choice.py) to the faster of marlin and triton at decode sizes. `targets`
 judges issue 34's targets on a set of rows (the table's, or bench_w4a16's `marlin_tuned`,
 timed under the sweep's pick) and e2e.
 """
@@ -24,11 +26,13 @@ import argparse
 import json
 import math
 import pprint
+import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "kernels" / "triton" / "w4a16_marlin_tuned.py"
+CHOICE = REPO / "kernels" / "w4a16_choice.py"  # W4A16_AUTO: what KVDECK_W4A16_KERNEL=auto runs
 # The table's candidates: name -> the row's *_ms keys, the fastest of which stands for it.
 TABLE_KERNELS = {"marlin": ("marlin_ms",), "triton": ("triton_ms",),
                  "dequant+cublas": ("marlin_dequant_ms", "dequant_ms")}
@@ -48,8 +52,10 @@ def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else float("nan")
 
 
-def summarise_table(rows: list[dict]) -> dict:
-    """Per M: each kernel's geomean speed-up over bf16 and the winner; the auto kernel."""
+def summarise_table(rows: list[dict], tuned_rows: list[dict] | None = None) -> dict:
+    """Per M: each kernel's geomean speed-up over bf16 and the winner; the auto kernel.
+    `tuned_rows` (bench_w4a16's `marlin_tuned`): marlin's figures under the sweep's pick,
+    which the tuned table will serve, in place of the table's (each against its own bf16)."""
     by_m: dict[int, dict] = {}
     for m in sorted({row["m"] for row in rows if "bf16_ms" in row}):
         speedups = {}
@@ -57,13 +63,17 @@ def summarise_table(rows: list[dict]) -> dict:
             values = [row["bf16_ms"] / min(row[key] for key in keys if key in row)
                       for row in rows if row["m"] == m and "bf16_ms" in row
                       and any(key in row for key in keys)]
+            tuned = [row["marlin_speedup_vs_bf16"] for row in tuned_rows or () if row["m"] == m]
+            if kernel == "marlin" and tuned:
+                values = tuned
             if values:
                 speedups[kernel] = round(_geomean(values), 4)
         by_m[m] = {"speedup_vs_bf16": speedups, "winner": max(speedups, key=speedups.get)}
     decode = {kernel: _geomean([entry["speedup_vs_bf16"][kernel] for m, entry in by_m.items()
                                 if m <= DECODE_M and kernel in entry["speedup_vs_bf16"]])
               for kernel in ("marlin", "triton")}
-    auto = max(decode, key=decode.get) if by_m else None
+    # KVDECK_W4A16_KERNEL's names: the table's `triton` is the AWQ-layout kernel, `awq` there.
+    auto = {"marlin": "marlin", "triton": "awq"}[max(decode, key=decode.get)] if by_m else None
     return {"winners_by_m": {str(m): entry for m, entry in by_m.items()},
             "w4a16_auto": auto, "decode_speedup_vs_bf16": {k: round(v, 4) for k, v in decode.items()}}
 
@@ -189,6 +199,18 @@ def tuned_entry(result: dict, source: str) -> tuple[int, dict]:
     return int(result["sm"]), entry_from_sweep(tuned, source)
 
 
+def write_auto(kernel: str, path: Path = CHOICE) -> bool:
+    """Set `W4A16_AUTO = "<kernel>"` in kernels/w4a16_choice.py; whether the line changed."""
+    text = path.read_text()
+    line = re.search(r'^W4A16_AUTO = "(\w+)"$', text, flags=re.MULTILINE)
+    if line is None:
+        raise ValueError(f"{path} has no W4A16_AUTO line to set")
+    if line.group(1) == kernel:
+        return False
+    path.write_text(text[:line.start()] + f'W4A16_AUTO = "{kernel}"' + text[line.end():])
+    return True
+
+
 def write_table(table: dict[int, dict], path: Path = TABLE) -> None:
     header = path.read_text().split("\nTUNED", 1)[0] if path.exists() else '"""Tuned W4A16 configs."""\n'
     body = pprint.pformat(table, width=100, sort_dicts=True)
@@ -217,11 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("result", type=Path, help="bench_w4a16.py JSON with marlin_sweep")
     parser.add_argument("--table", type=Path, default=TABLE, help="the module to (re)write")
+    parser.add_argument("--choice", type=Path, default=CHOICE, help="the module whose W4A16_AUTO to set")
     parser.add_argument("--dry-run", action="store_true", help="print, write nothing")
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
     e2e = result.get("e2e_decode", [])
-    summary = {**summarise_table(result.get("results", [])),
+    summary = {**summarise_table(result.get("results", []), result.get("marlin_tuned")),
                **summarise_sweep(result.get("marlin_sweep", []), result.get("results", [])),
                "targets": targets(result.get("results", []), e2e)}
     if result.get("marlin_tuned"):
@@ -237,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.dry_run:
         write_table(table, args.table)
         print(f"wrote {args.table}")
+        if summary.get("w4a16_auto"):
+            changed = write_auto(summary["w4a16_auto"], args.choice)
+            print(f"{'set' if changed else 'kept'} W4A16_AUTO = {summary['w4a16_auto']!r} in {args.choice}")
     return 0
 
 

@@ -119,7 +119,11 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
     path.write_text(json.dumps(result))
     table = tmp_path / "tuned.py"
     table.write_text('"""header"""\n\nTUNED: dict[int, dict] = {}\n')
-    assert w4a16_tune.main([str(path), "--table", str(table)]) == 0
+    choice = tmp_path / "w4a16_choice.py"
+    choice.write_text((REPO / "kernels" / "w4a16_choice.py").read_text().replace(
+        'W4A16_AUTO = "marlin"', 'W4A16_AUTO = "awq"'))
+    assert w4a16_tune.main([str(path), "--table", str(table), "--choice", str(choice)]) == 0
+    assert '\nW4A16_AUTO = "marlin"\n' in choice.read_text()
     namespace: dict = {}
     exec(table.read_text(), namespace)
     tuning = plan.tuning_from_table(namespace["TUNED"][90])
@@ -130,6 +134,24 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
     path.write_text(json.dumps(result))
     with pytest.raises(ValueError, match="SM version"):
         w4a16_tune.main([str(path), "--table", str(table), "--dry-run"])
+
+
+def test_auto_follows_the_tuned_figures_and_names_the_awq_kernel(tmp_path):
+    table = _sweep_result()["results"]
+    assert w4a16_tune.summarise_table(table)["w4a16_auto"] == "marlin"  # 4x against triton's 2x
+    # Under the sweep's pick marlin runs 1.5x bf16, slower than the AWQ layout's 2x: awq, by
+    # KVDECK_W4A16_KERNEL's name for it (the table calls it triton).
+    tuned = [{"m": row["m"], "k": row["k"], "n": row["n"], "marlin_speedup_vs_bf16": 1.5} for row in table]
+    summary = w4a16_tune.summarise_table(table, tuned)
+    assert summary["w4a16_auto"] == "awq"
+    assert summary["winners_by_m"]["1"]["speedup_vs_bf16"]["marlin"] == 1.5
+    choice = tmp_path / "w4a16_choice.py"
+    choice.write_text('"""doc"""\n\nW4A16_AUTO = "marlin"\nW4A16_METHODS = ("awq",)\n')
+    assert w4a16_tune.write_auto("awq", choice) and not w4a16_tune.write_auto("awq", choice)
+    assert choice.read_text() == '"""doc"""\n\nW4A16_AUTO = "awq"\nW4A16_METHODS = ("awq",)\n'
+    choice.write_text("nothing to set\n")
+    with pytest.raises(ValueError, match="no W4A16_AUTO line"):
+        w4a16_tune.write_auto("awq", choice)
 
 
 def test_use_tuning_serves_an_arch_at_once_and_the_cpu_too(monkeypatch):
