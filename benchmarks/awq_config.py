@@ -1,7 +1,7 @@
 """An AWQ INT4 model of a given shape for `--load-format dummy` runs: writes OUT_DIR/config.json,
 SRC's config with AutoAWQ's quantisation_config added (4 bits, zero points, GEMM layout), so the
 engine builds its INT4 layers with random packed weights. run_gpu.sh's throughput stage times
-the standard workload on Qwen3-0.6B this way against its bf16 self (issue 34's end-to-end target).
+the standard workload on Qwen3-0.6B this way against its bf16 self (INT4 must not be slower).
 
     python benchmarks/awq_config.py SRC OUT_DIR [--group-size 128]
 

@@ -21,7 +21,7 @@ measured, with `summary`: per M, the fastest of marlin / triton / dequantise + c
 (benchmarks/w4a16_tune.py). --marlin-sweep then sweeps the repacked kernel's configs, split
 counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_marlin_tuned.py).
 --marlin-sweep also times the table's marlin path again under the sweep's pick
-(`marlin_tuned`), and `summary.targets` / `summary.targets_tuned` judge issue 34's targets
+(`marlin_tuned`), and `summary.targets` / `summary.targets_tuned` judge the W4A16 targets
 on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16, AWQ on
 the repacked marlin kernel (under the sweep's pick when it ran) and AWQ on the AWQ layout.
 

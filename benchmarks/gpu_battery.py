@@ -32,8 +32,8 @@ from pathlib import Path
 # issues' figures come first after the correctness checks: w4a16 (the table, the sweep its
 # tuned configs come from, about 75 s; the table's marlin path again under the sweep's pick,
 # about 15; e2e's bf16 and AWQ-on-marlin engines, about 30 each, then the AWQ layout's),
-# lora (issue 36's target, about 50 s) and throughput (bf16, then the same model as AWQ INT4:
-# issue 34's "not slower than bf16"; about 45 s each). Decode's graphs run, whose issue is
+# lora (multi-LoRA's <= 1.2x, about 50 s) and throughput (bf16, then the same model as AWQ INT4:
+# INT4's "not slower than bf16"; about 45 s each). Decode's graphs run, whose issue is
 # resolved, takes what is left; the attention tile sweep (`kernels`) and `profile` need a
 # command of their own. Every script writes its JSON as it goes, so a stage cut at its cap
 # keeps its rows.

@@ -88,7 +88,7 @@ case $stage in
     ;;
   throughput)
     # CUDA graphs with async scheduling (the default); the same model as AWQ INT4 on the
-    # repacked marlin kernel (issue 34: not slower than its bf16 self); then bf16 without async
+    # repacked marlin kernel (INT4's target: not slower than its bf16 self); then bf16 without async
     # scheduling, then eager.
     kvdeck bench throughput "${dummy[@]}" --model "$qwen" "${standard[@]}" --repeats "$repeats" \
         --out "$out/throughput_qwen3-0.6b_$gpu.json"

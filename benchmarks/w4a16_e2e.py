@@ -1,6 +1,6 @@
 """End-to-end decode of the W4A16 stage (bench_w4a16.py --e2e): a Llama-3.2-1B-shaped model
 with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel, then on the
-AWQ-layout kernel; batch 1 (issue 34's target: AWQ >= 2x its bf16 self) and 16. Each engine
+AWQ-layout kernel; batch 1 (the target: AWQ >= 2x its bf16 self) and 16. Each engine
 runs in a process of its own (`run_variant`), so one's GPU memory is gone before the next.
 
     python benchmarks/w4a16_e2e.py VARIANT [--smoke] [--tuned-entry JSON]

@@ -16,7 +16,7 @@ benchmarks/w4a16_tune.py turns the JSON into the per-architecture table the kern
 
 `tuned_rows` then times the table's `marlin` path again under the sweep's pick (installed in
 the process by w4a16_marlin_plan.use_tuning), each (shape, M) against bf16 cuBLAS: the
-figures issue 34's targets are judged on, from the same lease as the sweep.
+figures the W4A16 targets (w4a16_tune.targets) are judged on, from the same lease as the sweep.
 """
 
 import statistics

@@ -18,7 +18,7 @@ shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
 The summary also names, per M of the table, the fastest of marlin (under the sweep's pick,
 where the JSON timed it: `marlin_tuned`) / triton (the AWQ layout) / dequantise + cuBLAS, and
 sets W4A16_AUTO (kernels/w4a16_choice.py) to the faster of marlin and triton at decode sizes. `targets`
-judges issue 34's targets on a set of rows (the table's, or bench_w4a16's `marlin_tuned`,
+judges the W4A16 targets on a set of rows (the table's, or bench_w4a16's `marlin_tuned`,
 timed under the sweep's pick) and e2e.
 """
 
@@ -37,7 +37,7 @@ CHOICE = REPO / "kernels" / "w4a16_choice.py"  # W4A16_AUTO: what KVDECK_W4A16_K
 TABLE_KERNELS = {"marlin": ("marlin_ms",), "triton": ("triton_ms",),
                  "dequant+cublas": ("marlin_dequant_ms", "dequant_ms")}
 DECODE_M = 64  # W4A16_AUTO is chosen on the table's M up to this (decode batches)
-# Issue 34's targets (CUDA-graph timing): (what, which rows, least speed-up of `marlin` over
+# The W4A16 targets (CUDA-graph timing, an H100 or H200): (what, which rows, least speed-up of `marlin` over
 # bf16 cuBLAS), and AWQ's batch-1 decode on the marlin kernel over its bf16 self.
 GEMM_TARGETS = (
     ("M <= 16 on 4096x14336 and 14336x4096",
@@ -155,7 +155,7 @@ def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
 
 
 def targets(rows: list[dict], e2e: list[dict]) -> dict:
-    """Each of issue 34's targets: the worst measured figure, how many rows measured it, and
+    """Each W4A16 target: the worst measured figure, how many rows measured it, and
     whether it holds (None: nothing here measured it, as a CPU smoke run's shapes)."""
     out = {}
     for what, selects, bar in GEMM_TARGETS:
