@@ -11,7 +11,10 @@ The sweep, per weight shape (Llama-3-8B's), each group timed together with bf16 
   config  M <= 16 (M = 1 and 16): MarlinConfig candidates for the decode bucket
   split   M = 1 and 16, the bucket's config: every split count a launch can run, with the wave
           efficiency `choose_split`'s model gives each for 1..8 programs per SM
-  large   M = 64, 256, 512: fused configs for the two upper buckets against dequantise + cuBLAS
+  large   M = 32, 64, 256, 512: fused configs of the 32, 64 and 256 buckets (at each M those of
+          the buckets that could serve it) against dequantise + cuBLAS
+A candidate that fails (a launch the GPU refuses, a wrong result) leaves an `error` row and
+the others go on: one bad config does not cost the lease its sweep.
 benchmarks/w4a16_tune.py turns the JSON into the per-architecture table the kernel reads.
 
 `tuned_rows` then times the table's `marlin` path again under the sweep's pick (installed in
@@ -39,8 +42,9 @@ SMALL_M_CONFIGS = (  # (block_m, block_n, block_k, split_k max, num_warps, num_s
     (16, 64, 64, 32, 4, 5),
     (16, 256, 128, 8, 8, 3),
 )
-LARGE_M = (64, 256, 512)
+LARGE_M = (32, 64, 256, 512)
 LARGE_M_CONFIGS = {  # bucket limit -> candidates (the first is the default)
+    32: ((32, 64, 128, 8, 4, 4), (32, 128, 128, 8, 4, 4), (32, 128, 64, 8, 8, 4)),
     64: ((64, 128, 64, 4, 8, 3), (64, 128, 128, 4, 8, 3), (64, 256, 64, 2, 8, 3)),
     256: ((128, 128, 64, 2, 8, 3), (128, 256, 64, 2, 8, 3), (128, 128, 64, 1, 4, 4)),
 }
@@ -142,12 +146,11 @@ def _small_m_rows(problem, m: int, num_sms: int, timer, check) -> list[dict]:
     for split in splits:
         fns[f"split{split}"] = lambda s=split: marlin.w4a16_matmul_marlin(
             x, problem.repacked, config=replace(base, split_k=s))
-    for name, fn in fns.items():
-        check(f"sweep {name} m={m} k={k} n={n}", fn(), reference)
+    fns, rows = _runnable(fns, check, m, k, n, reference)
     ms = timer(fns)
-    rows = [{"kind": "config", "m": m, "k": k, "n": n, "values": list(values), "config": asdict(cfg),
-             "ms": ms[name], "bf16_ms": ms["bf16"]} for name, (values, cfg) in configs.items()]
-    for split in splits:
+    rows += [{"kind": "config", "m": m, "k": k, "n": n, "values": list(values), "config": asdict(cfg),
+              "ms": ms[name], "bf16_ms": ms["bf16"]} for name, (values, cfg) in configs.items() if name in ms]
+    for split in (split for split in splits if f"split{split}" in ms):
         efficiency = {str(p): round(wave_efficiency(tiles, k_tiles, split, p * num_sms), 4)
                       for p in PROGRAMS_PER_SM_CHOICES}
         rows.append({"kind": "split", "m": m, "k": k, "n": n, "values": list(SMALL_M_CONFIGS[0]),
@@ -165,21 +168,44 @@ def _large_m_rows(problem, m: int, num_sms: int, timer, check) -> list[dict]:
     fns = {"bf16": lambda: x_bf16 @ dense_bf16,
            "dequant": lambda: x @ marlin.dequantize_marlin(problem.repacked, x.dtype)}
     configs = {}
-    for limit, candidates in LARGE_M_CONFIGS.items():
-        for values in candidates:
+    # The buckets that could serve M (the largest serves every M above it: M = 512's row says
+    # how the fused kernel fares past the buckets).
+    serving = [limit for limit in LARGE_M_CONFIGS if limit >= m] or [max(LARGE_M_CONFIGS)]
+    for limit in serving:
+        for values in LARGE_M_CONFIGS[limit]:
             cfg = _fitted(values, m, n, k, group, num_sms)
             name = f"bucket{limit}_{len(configs)}"
             configs[name] = (limit, values, cfg)
             fns[name] = lambda cfg=cfg: marlin.w4a16_matmul_marlin(x, problem.repacked, config=cfg)
-    for name, fn in fns.items():
-        check(f"sweep {name} m={m} k={k} n={n}", fn(), reference)
+    fns, rows = _runnable(fns, check, m, k, n, reference)
     ms = timer(fns)
-    rows = [{"kind": "large", "m": m, "k": k, "n": n, "path": "dequant", "ms": ms["dequant"],
-             "bf16_ms": ms["bf16"]}]
+    if "dequant" in ms:
+        rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "dequant", "ms": ms["dequant"],
+                     "bf16_ms": ms["bf16"]})
     for name, (limit, values, cfg) in configs.items():
-        rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "fused", "bucket": limit,
-                     "values": list(values), "config": asdict(cfg), "ms": ms[name], "bf16_ms": ms["bf16"]})
+        if name in ms:
+            rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "fused", "bucket": limit,
+                         "values": list(values), "config": asdict(cfg), "ms": ms[name],
+                         "bf16_ms": ms["bf16"]})
     return rows
+
+
+def _runnable(fns: dict, check, m: int, k: int, n: int, reference: torch.Tensor) -> tuple[dict, list[dict]]:
+    """The candidates that run and are right (bf16 cuBLAS, the yardstick, must), and an
+    `error` row for each other one."""
+    kept, errors = {}, []
+    for name, fn in fns.items():
+        try:
+            check(f"sweep {name} m={m} k={k} n={n}", fn(), reference)
+        except Exception as exc:  # noqa: BLE001  (a refused launch is a RuntimeError or a triton error)
+            if name == "bf16":
+                raise
+            errors.append({"kind": "error", "m": m, "k": k, "n": n, "candidate": name,
+                           "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+            print(f"sweep {name} m={m} k={k} n={n} left out: {errors[-1]['error']}", flush=True)
+            continue
+        kept[name] = fn
+    return kept, errors
 
 
 def tuned_rows(problems: dict, tokens: tuple[int, ...], timer, check) -> list[dict]:

@@ -11,10 +11,11 @@ shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
   decode bucket (M <= 16)  the sweep's best `config` row
   programs_per_sm          the wave model's value whose `choose_split` picks cost least
                            (measured time of its pick over the fastest measured split)
-  buckets 64 and 256       the sweep's best fused config at M = 64 and 256
+  buckets 32, 64 and 256   the sweep's best fused config at M = 32, 64 and 256
   fused_max_tokens         the largest bucket limit up to which the fused kernel beats
-                           dequantise + cuBLAS at every measured M (bucket 32 is not swept:
-                           it goes with bucket 64)
+                           dequantise + cuBLAS at every measured M
+Candidates the sweep could not run (its `error` rows) are left out; a config counts only
+where it ran at every shape.
 The summary also names, per M of the table, the fastest of marlin (under the sweep's pick,
 where the JSON timed it: `marlin_tuned`) / triton (the AWQ layout) / dequantise + cuBLAS, and
 sets W4A16_AUTO (kernels/w4a16_choice.py) to the faster of marlin and triton at decode sizes. `targets`
@@ -121,7 +122,7 @@ def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
     if small:
         buckets.append([16, small[0]])
         out["bucket16_speedup_vs_bf16"] = round(small[1], 4)
-    for limit in (64, 256):
+    for limit in (32, 64, 256):
         fused = [r for r in sweep_rows if r["kind"] == "large" and r["path"] == "fused"
                  and r.get("bucket") == limit and r["m"] == limit]
         best = _best_config(fused)
@@ -135,9 +136,9 @@ def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
     fused_wins = {}
     for m in sorted({r["m"] for r in sweep_rows if r["kind"] == "large"}):
         at_m = [r for r in sweep_rows if r["kind"] == "large" and r["m"] == m]
-        dequant = _geomean([r["bf16_ms"] / r["ms"] for r in at_m if r["path"] == "dequant"])
+        dequant = [r["bf16_ms"] / r["ms"] for r in at_m if r["path"] == "dequant"]
         best = _best_config([r for r in at_m if r["path"] == "fused"])
-        fused_wins[m] = best is not None and best[1] > dequant
+        fused_wins[m] = best is not None and (not dequant or best[1] > _geomean(dequant))
     for row in table_rows:  # the table's small M: fused marlin against its dequantise path
         if row["m"] <= 16 and "marlin_ms" in row and "marlin_dequant_ms" in row:
             won = row["marlin_ms"] < row["marlin_dequant_ms"]

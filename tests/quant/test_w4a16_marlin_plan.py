@@ -93,12 +93,23 @@ def _sweep_result() -> dict:
                 rows.append({"kind": "split", "m": m, "k": k, "n": n, "tiles": tiles, "k_tiles": k_tiles,
                              "num_sms": 132, "split": split, "ms": 1.0 if split == pick else 1.5,
                              "bf16_ms": 4.0, "wave_efficiency": {"1": 0.5, "2": 0.5, "4": 0.5}})
-        for m in (64, 256, 512):
+        for m in (32, 64, 256, 512):
             rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "dequant", "ms": 1.0,
                          "bf16_ms": 1.0})
             for bucket, values in ((64, [64, 128, 64, 4, 8, 3]), (256, [128, 128, 64, 2, 8, 3])):
                 rows.append({"kind": "large", "m": m, "k": k, "n": n, "path": "fused", "bucket": bucket,
-                             "values": values, "ms": 0.9 if m == 64 else 1.2, "bf16_ms": 1.0})
+                             "values": values, "ms": 0.9 if m <= 64 else 1.2, "bf16_ms": 1.0})
+        # Bucket 32: the second candidate wins; a third ran at one shape only (the GPU refused
+        # it at the others) and cannot be picked, however fast.
+        for values, ms in (([32, 64, 128, 8, 4, 4], 0.8), ([32, 128, 128, 8, 4, 4], 0.7)):
+            rows.append({"kind": "large", "m": 32, "k": k, "n": n, "path": "fused", "bucket": 32,
+                         "values": values, "ms": ms, "bf16_ms": 1.0})
+        if (k, n) == LLAMA_8B_SHAPES[0]:
+            rows.append({"kind": "large", "m": 32, "k": k, "n": n, "path": "fused", "bucket": 32,
+                         "values": [32, 256, 128, 8, 8, 4], "ms": 0.1, "bf16_ms": 1.0})
+        else:
+            rows.append({"kind": "error", "m": 32, "k": k, "n": n, "candidate": "bucket32_2",
+                         "error": "OutOfResources: shared memory"})
         for m in (1, 16, 64, 256):
             table.append({"m": m, "k": k, "n": n, "bf16_ms": 4.0, "marlin_ms": 1.0 if m <= 64 else 5.0,
                           "triton_ms": 2.0 if m <= 64 else 6.0, "marlin_dequant_ms": 3.0, "dequant_ms": 3.5})
@@ -113,6 +124,8 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
     assert summary["winners_by_m"]["256"]["winner"] == "dequant+cublas"
     tuned = w4a16_tune.summarise_sweep(result["marlin_sweep"], result["results"])["tuned"]
     assert tuned["buckets"][0] == [16, [16, 128, 128, 16, 8, 4]]
+    assert tuned["buckets"][1] == [32, [32, 128, 128, 8, 4, 4]]
+    assert [limit for limit, _ in tuned["buckets"]] == [16, 32, 64, 256]
     assert tuned["programs_per_sm"] == 4
     assert tuned["fused_max_tokens"] == 64  # fused wins at 64, dequantise + cuBLAS at 256
     path = tmp_path / "json.json"
@@ -134,6 +147,31 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
     path.write_text(json.dumps(result))
     with pytest.raises(ValueError, match="SM version"):
         w4a16_tune.main([str(path), "--table", str(table), "--dry-run"])
+
+
+def test_a_sweep_candidate_that_fails_leaves_an_error_row_and_the_rest_run():
+    import w4a16_sweep
+
+    def refused():
+        raise RuntimeError("out of resource: shared memory, Required: 300000")
+
+    right = torch.ones(2, 2)
+    checked = []
+
+    def check(name, out, reference):
+        checked.append(name)
+        if not torch.equal(out, reference):
+            raise AssertionError(f"{name} wrong")
+
+    fns = {"bf16": lambda: right, "config0": lambda: right, "config1": refused,
+           "config2": lambda: 2 * right}
+    kept, errors = w4a16_sweep._runnable(fns, check, 32, 4096, 4096, right)
+    assert list(kept) == ["bf16", "config0"]
+    assert [(e["candidate"], e["error"].split(":")[0]) for e in errors] == [
+        ("config1", "RuntimeError"), ("config2", "AssertionError")]
+    assert all(e["kind"] == "error" and e["m"] == 32 for e in errors)
+    with pytest.raises(RuntimeError, match="shared memory"):  # the yardstick itself must run
+        w4a16_sweep._runnable({"bf16": refused}, check, 32, 4096, 4096, right)
 
 
 def test_auto_follows_the_tuned_figures_and_names_the_awq_kernel(tmp_path):
