@@ -4,7 +4,8 @@
 # needed here). Run from anywhere:
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
-#                                      # (engine decode, and W4A16 at every decode batch size)
+#                                      # (engine decode, and both W4A16 kernels at every decode
+#                                      # batch size)
 #   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16 on graphs, then as
 #                                      # AWQ INT4 (marlin), then bf16 without async scheduling, eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
@@ -85,6 +86,8 @@ case $stage in
     $python benchmarks/check_kernels_gpu.py "${smoke[@]:0:1}" --out "$out/check_kernels_$gpu.json"
     $python benchmarks/check_cuda_graphs.py "${smoke[@]}" --out "$out/cuda_graphs_$gpu.json"
     $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
+    # The repacked kernel too: the w4a16 stage's e2e and throughput's AWQ run replay it in graphs.
+    KVDECK_W4A16_KERNEL=marlin $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
     ;;
   throughput)
     # CUDA graphs with async scheduling (the default); the same model as AWQ INT4 on the
