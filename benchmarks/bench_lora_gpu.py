@@ -14,7 +14,9 @@ steps until every request decodes, then times `--steps` decode steps (wall clock
 engine's step, the device synchronised) and takes their median. Runs alternate base, lora,
 lora, base, ... (`--pairs` of each); the figure is the median of the per-pair lora / base
 ratios. Target: <= 1.2. The JSON is rewritten after every run, with how many adapter steps
-replayed the adapter graphs and how many decode steps fell back to the eager forward.
+replayed the adapter graphs, how many decode steps fell back to the eager forward, and how
+many kernel variants compiled after start-up (the start-up warm-up's LoRA ranks should leave
+none: `kernel_compiles_first_adapter_steps`, `kernel_compiles_after_start`).
 `--smoke`: the tiny model on the CPU, the graphs' static buffers replayed eagerly, tiny sizes.
 """
 
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 
 from kvdeck import LLM, LoRARequest, SamplingParams
+from kvdeck.app.bench.compiles import kernel_compiles
 from kvdeck.app.bench.result import build_result, write_json_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -150,7 +153,11 @@ def main() -> int:
             def prompts() -> list[list[int]]:
                 return [[rng.randrange(vocab) for _ in range(args.prompt_len)] for _ in range(args.requests)]
 
+            # Kernel variants compiled after start-up (whose warm-up compiles one LoRA rank of
+            # each class Triton specialises on): 0 when it covered the adapters' steps.
+            compiles_at_start = kernel_compiles(llm)
             decode_step_s(llm, prompts(), sides["lora"], 2)  # warm: the adapters into their slots
+            figures["kernel_compiles_first_adapter_steps"] = kernel_compiles(llm) - compiles_at_start
             for pair in range(args.pairs):
                 for side in ("base", "lora") if pair % 2 == 0 else ("lora", "base"):
                     step = decode_step_s(llm, prompts(), sides[side], args.steps)
@@ -162,12 +169,13 @@ def main() -> int:
                 median = statistics.median(figures["lora_over_base_per_pair"])
                 figures.update(lora_over_base_median=median, target_ratio=TARGET_RATIO,
                                meets_target=median <= TARGET_RATIO,
-                               adapter_steps_on_graphs=use.graphs, adapter_decode_steps_eager=use.eager)
+                               adapter_steps_on_graphs=use.graphs, adapter_decode_steps_eager=use.eager,
+                               kernel_compiles_after_start=kernel_compiles(llm) - compiles_at_start)
                 save()
     median = figures["lora_over_base_median"]
     print(f"{args.adapters} rank-{args.rank} adapters / base-only decode step at {args.requests} requests: "
           f"{median:.3f}x (target <= {TARGET_RATIO}); adapter steps on graphs {use.graphs}, "
-          f"eager {use.eager}")
+          f"eager {use.eager}; kernel compiles after start-up {figures['kernel_compiles_after_start']}")
     if args.out:
         print(f"wrote {args.out}")
     return 0 if figures["adapter_graphs_captured"] and use.eager == 0 else 1

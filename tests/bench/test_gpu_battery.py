@@ -80,6 +80,8 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     lora = json.loads((out / "lora_gpu_cpu.json").read_text())
     assert lora["adapter_graphs_captured"] and lora["adapter_steps_on_graphs"] > 0
     assert lora["adapter_decode_steps_eager"] == 0 and lora["lora_over_base_median"] > 0
+    # Whether the start-up warm-up covered the adapters' kernels (nothing compiles on the CPU).
+    assert {"kernel_compiles_first_adapter_steps", "kernel_compiles_after_start"} <= set(lora)
     assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
 
 
