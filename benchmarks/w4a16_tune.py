@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sm_{arch}: {pprint.pformat(entry, width=100)}")
     if not args.dry_run:
         write_table(table, args.table)
-        print(f"wrote {args.table}")
+        print(f"wrote {args.table}; the AOT matrix compiles its tiles for sm_{arch} (no spill, "
+              "shared memory that fits): python -m pytest tests/kernels/test_compile_for_gpu.py")
         if summary.get("w4a16_auto"):
             changed = write_auto(summary["w4a16_auto"], args.choice)
             print(f"{'set' if changed else 'kept'} W4A16_AUTO = {summary['w4a16_auto']!r} in {args.choice}")
