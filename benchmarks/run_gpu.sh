@@ -140,7 +140,8 @@ case $stage in
   imports)
     kvdeck --help >/dev/null
     $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
-    for script in bench_w4a16 profile_decode check_cuda_graphs bench_lora_gpu gpu_battery awq_config; do
+    for script in bench_w4a16 w4a16_e2e w4a16_tune profile_decode check_cuda_graphs bench_lora_gpu gpu_battery \
+                  awq_config; do
         $python benchmarks/$script.py --help >/dev/null
     done
     echo "imports: the staged package runs"
