@@ -9,7 +9,8 @@ a cubin with Triton's own toolchain, so code that only the interpreter ran is pr
 lower for real GPUs, and reports per variant and arch what would refuse a launch or slow
 it: shared memory against the arch's per-block limit, registers and spills (the ptxas log
 of the compile itself, so the figures are the cubin's), and loads pipelined through shared
-memory. Prints one JSON line per (variant, arch), or with --markdown the table of
+memory; for the W4A16 GEMMs on sm_90, the K loop's machine code per weight (sass_loop.py).
+Prints one JSON line per (variant, arch), or with --markdown the table of
 kernels/README.md. Compiles run in a process pool with an empty Triton cache (a cached
 kernel has no ptxas log).
 Must run without TRITON_INTERPRET (the interpreter replaces `triton.jit`).
@@ -36,7 +37,10 @@ from triton.compiler import ASTSource  # noqa: E402
 from triton.compiler.compiler import make_backend  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # aot_variants beside this script
+import sass_loop  # noqa: E402
 from aot_variants import ARCHS, SHARED_MEMORY_LIMIT, VARIANTS  # noqa: E402
+
+SASS_ARCH = 90  # the W4A16 K loop's machine code is counted on Hopper (the lent GPUs' arch)
 
 # Integer arguments the launcher would mark as multiples of 16 (strides of real caches,
 # activations and weights, model dims); without the mark no load is vectorised or pipelined.
@@ -106,7 +110,20 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
         # The W4A16 lop3 dequantisation's instructions in the PTX (kernels/triton/w4a16_lop3.py).
         "lop3": compiled.asm["ptx"].count("lop3.b32"),
     }
+    if name.startswith("w4a16") and arch == SASS_ARCH:
+        result.update(_k_loop(compiled.asm["cubin"], variant))
     return result, compiled.asm["ptx"]
+
+
+def _k_loop(cubin: bytes, variant) -> dict:
+    """The W4A16 GEMM's K loop in machine code (sass_loop.py): instructions per iteration and
+    per weight each thread dequantises, the most frequent opcodes."""
+    body = sass_loop.largest_loop(cubin)
+    tile = variant.constexprs["BLOCK_K"] * variant.constexprs["BLOCK_N"]
+    weights = tile / (32 * variant.options["num_warps"])
+    total = sum(body.values())
+    return {"k_loop_sass": total, "sass_per_weight": round(total / weights, 2),
+            "k_loop_opcodes": dict(body.most_common(8))}
 
 
 def _retarget(ptx: str, source: int, arch: int) -> str:
