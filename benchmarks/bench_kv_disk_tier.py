@@ -1,4 +1,4 @@
-"""The prefix cache's disk tier (issue 35): time to first token of a long conversation resumed
+"""The prefix cache's disk tier: time to first token of a long conversation resumed
 after a restart, with the disk tier against without it.
 
     python benchmarks/bench_kv_disk_tier.py --model SMOLLM2_DIR \

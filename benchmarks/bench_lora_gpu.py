@@ -1,4 +1,4 @@
-"""Multi-LoRA decode on a GPU (issue 36's GPU target): a batch of 64 decoding requests under 8
+"""Multi-LoRA decode on a GPU (its target: <= 1.2x the base): a batch of 64 decoding requests under 8
 distinct rank-16 adapters against the same batch on the base alone, decode step time, both
 sides replaying CUDA graphs (the adapter graphs and the plain ones).
 

@@ -1,4 +1,4 @@
-"""Multi-LoRA decode cost (issue 36's CPU target): a batch of 64 requests mixing 4 adapters and
+"""Multi-LoRA decode cost on the CPU: a batch of 64 requests mixing 4 adapters and
 the base against the same batch on the base alone, decode step time, on the torch path.
 
     python benchmarks/bench_lora_mix.py --out benchmarks/results/lora_mix_demo_cpu.json
@@ -12,7 +12,7 @@ gate/up/down), random non-zero B, are made for the model in a temporary folder. 
 the fifth being the base), steps until every request decodes, then times `--steps` decode
 steps (the core's step: packing, forward, sampling) and takes their median. Runs alternate
 base, mixed, base, mixed ... (`--pairs` of each); the figure is the median of the per-pair
-mixed / base ratios. The target (issue 36): <= 1.3. The machine's load average is in the JSON.
+mixed / base ratios. The target: <= 1.3. The machine's load average is in the JSON.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""`kvdeck plan` against a recorded CPU session (issue 37's target: TTFT p50 and ITL p50
+"""`kvdeck plan` against a recorded CPU session (the target: TTFT p50 and ITL p50
 within 20%, peak KV blocks exact). The demo model serves a seeded synthetic workload in its
 own process (AsyncLLM, as `kvdeck --serve` runs it), recorded as `--record` records it
 (SessionRecorder + record_engine); then the planner replays the recording with a step-cost

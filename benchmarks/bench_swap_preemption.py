@@ -1,4 +1,4 @@
-"""Swap preemption against recompute (issue 35): a burst of long requests under a KV pool too
+"""Swap preemption against recompute: a burst of long requests under a KV pool too
 small for it, and what one swap costs against recomputing the same tokens.
 
     python benchmarks/bench_swap_preemption.py --model SMOLLM2_DIR \

@@ -15,7 +15,7 @@
 #                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
 #   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
-#                                      # both on CUDA graphs (issue 36's <= 1.2x target)
+#                                      # both on CUDA graphs (multi-LoRA's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
 #   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput, decode in one command, each
 #                                      # under a time cap, the caps adding up to 480 s

@@ -14,7 +14,7 @@ from kvdeck.app.plan.report import Comparison, percentile
 from kvdeck.app.plan.simulate import SimResult
 from kvdeck.app.plan.workload import FIRST_TOKEN_ID, FixedWorkload, PlannedRequest
 
-TTFT_TOLERANCE = 0.20  # issue 37: TTFT p50 and ITL p50 within 20%, peak KV blocks exact
+TTFT_TOLERANCE = 0.20  # the target: TTFT p50 and ITL p50 within 20%, peak KV blocks exact
 ITL_TOLERANCE = 0.20
 
 

@@ -124,7 +124,7 @@ async def test_settings_modal_validates_and_applies_sampling_and_system_prompt(m
 
 
 async def test_response_format_schema_from_a_file_reaches_the_request(make_app, tmp_path):
-    """Issue 18.4: a JSON schema from a file holds the reply; a bad file is refused in the
+    """Structured output in the chat: a JSON schema from a file holds the reply; a bad file is refused in the
     form with its reason, and the status line says which format is on."""
     from textual.widgets import Select
 

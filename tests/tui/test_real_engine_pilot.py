@@ -132,8 +132,9 @@ async def test_load_burst_rises_and_falls_and_inspector_matches_engine(tiny_llam
 
 async def test_schema_held_reply_parses_and_the_inspector_says_constrained(tiny_llama_dir,
                                                                            tmp_path):
-    """Issue 18.4 with the real engine: a random tiny model's reply, held to a schema from a
-    file, parses and validates; the inspector names the grammar and its compile time."""
+    """Structured output in the chat, with the real engine: a random tiny model's reply,
+    held to a schema from a file, parses and validates; the inspector names the grammar and
+    its compile time."""
     import json
 
     schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},

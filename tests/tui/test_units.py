@@ -161,7 +161,7 @@ def test_model_text_is_made_displayable():
 
 
 def test_widgets_get_their_services_not_the_app():
-    """Issue 14: no widget reaches into the App for its services."""
+    """Services are passed in: no widget reaches into the App for its services."""
     from pathlib import Path
 
     import kvdeck.tui

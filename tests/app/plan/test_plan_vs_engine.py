@@ -1,4 +1,4 @@
-"""The planner against the real engine on the demo model (issue 37's target): on the same
+"""The planner against the real engine on the demo model (the planner's target): on the same
 synthetic workload (multi-turn conversations with a shared system prompt, a pool small enough
 to preempt), the simulation's peak KV blocks and preemptions equal the engine's, and its step
 count is within 5% (it is equal: the scheduler is the engine's own)."""
