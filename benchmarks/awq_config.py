@@ -13,9 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-# AutoAWQ's GEMM checkpoints (what `kvdeck quantize` writes and the hub's AWQ models hold).
-AWQ_CONFIG = {"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True,
-              "version": "gemm"}
+from kvdeck.quant.checkpoint import AWQ_QUANTIZATION_CONFIG
 
 
 def awq_config(source: dict, group_size: int) -> dict:
@@ -25,14 +23,15 @@ def awq_config(source: dict, group_size: int) -> dict:
     for name, width in widths.items():
         if not isinstance(width, int) or width % group_size:
             raise ValueError(f"{name} {width!r} is not a multiple of the AWQ group size {group_size}")
-    return {**source, "quantization_config": {**AWQ_CONFIG, "group_size": group_size}}
+    return {**source, "quantization_config": {**AWQ_QUANTIZATION_CONFIG, "group_size": group_size}}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("source", type=Path, help="a model folder or its config.json")
     parser.add_argument("out_dir", type=Path, help="the folder to write config.json into")
-    parser.add_argument("--group-size", type=int, default=AWQ_CONFIG["group_size"], choices=(32, 64, 128))
+    parser.add_argument("--group-size", type=int, default=AWQ_QUANTIZATION_CONFIG["group_size"],
+                        choices=(32, 64, 128))
     args = parser.parse_args(argv)
     config_path = args.source / "config.json" if args.source.is_dir() else args.source
     try:

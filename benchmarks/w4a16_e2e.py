@@ -18,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from awq_config import AWQ_CONFIG
+from kvdeck.quant.checkpoint import AWQ_QUANTIZATION_CONFIG
 
 LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3.2-1b" / "config.json")
                          .read_text())
@@ -49,10 +49,11 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
     if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
         os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
         # On the CPU only the triton backend repacks (the kernel interpreted).
-        config["quantization_config"] = {**AWQ_CONFIG, "w4a16_backend": "triton"} if smoke else AWQ_CONFIG
+        config["quantization_config"] = ({**AWQ_QUANTIZATION_CONFIG, "w4a16_backend": "triton"} if smoke
+                                         else AWQ_QUANTIZATION_CONFIG)
     elif variant == "awq":
         os.environ["KVDECK_W4A16_KERNEL"] = "awq"
-        config["quantization_config"] = AWQ_CONFIG
+        config["quantization_config"] = AWQ_QUANTIZATION_CONFIG
     tuning_source = None
     if variant == "awq_marlin":
         from kvdeck.kernels.triton import w4a16_marlin_plan as plan

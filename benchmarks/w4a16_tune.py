@@ -60,13 +60,11 @@ def summarise_table(rows: list[dict], tuned_rows: list[dict] | None = None) -> d
     by_m: dict[int, dict] = {}
     for m in sorted({row["m"] for row in rows if "bf16_ms" in row}):
         speedups = {}
+        tuned = [row["marlin_speedup_vs_bf16"] for row in tuned_rows or () if row["m"] == m]
         for kernel, keys in TABLE_KERNELS.items():
-            values = [row["bf16_ms"] / min(row[key] for key in keys if key in row)
-                      for row in rows if row["m"] == m and "bf16_ms" in row
-                      and any(key in row for key in keys)]
-            tuned = [row["marlin_speedup_vs_bf16"] for row in tuned_rows or () if row["m"] == m]
-            if kernel == "marlin" and tuned:
-                values = tuned
+            values = tuned if kernel == "marlin" and tuned else [
+                row["bf16_ms"] / min(row[key] for key in keys if key in row)
+                for row in rows if row["m"] == m and "bf16_ms" in row and any(key in row for key in keys)]
             if values:
                 speedups[kernel] = round(_geomean(values), 4)
         by_m[m] = {"speedup_vs_bf16": speedups, "winner": max(speedups, key=speedups.get)}
