@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 
 from kvdeck.engine.frontend.tool_calls import ParsedText, ToolCallFormat, json_value_end, parse
+from kvdeck.engine.grammar.closed_schema import closed_objects
 
 # The reply is laid out as json.dumps writes it (as structured outputs and native calls).
 _LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -57,7 +58,8 @@ class GenericTools:
         return {**schema, "$defs": defs} if defs else schema
 
     def reply_schema(self) -> dict:
-        """A JSON schema of the whole reply."""
+        """A JSON schema of the whole reply, its objects closed (the arguments and the answer
+        have no keys their schemas do not name)."""
         item = self.call_schema()
         defs = item.pop("$defs", None)
         calls: dict = {"type": "array", "items": item, "minItems": 1}
@@ -72,7 +74,7 @@ class GenericTools:
                       "properties": {"response": {"type": "string"} if self.answer_schema is None
                                      else answer_schema}}
             call = {"anyOf": [call, answer]}
-        return {**call, "$defs": defs} if defs else call
+        return closed_objects({**call, "$defs": defs} if defs else call)
 
     def grammar(self) -> str:
         """A Lark grammar of the reply (properties in order: a call's name comes first)."""

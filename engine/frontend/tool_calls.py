@@ -12,6 +12,8 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from kvdeck.engine.grammar.closed_schema import closed_objects
+
 # Inside the forced calls, JSON is laid out as json.dumps does (as structured outputs).
 _CALL_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
@@ -26,10 +28,12 @@ class ToolCallFormat:
     in_list: bool = False  # the calls are the items of one JSON list
 
     def call_schema(self, tools: list[dict]) -> dict:
-        """A JSON schema of one call to any of `tools` (OpenAI function definitions)."""
+        """A JSON schema of one call to any of `tools` (OpenAI function definitions), their
+        parameters' objects closed (no keys the function does not name)."""
         calls = [{"type": "object", "additionalProperties": False, "required": ["name", self.args_key],
                   "properties": {"name": {"const": tool["name"]},
-                                 self.args_key: tool.get("parameters") or {"type": "object"}}}
+                                 self.args_key: closed_objects(tool.get("parameters")
+                                                               or {"type": "object"})}}
                  for tool in tools]
         schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
         return {**schema, "x-guidance": _CALL_LAYOUT}

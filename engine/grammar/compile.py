@@ -10,6 +10,7 @@ because its matchers roll back, which speculative decoding needs.
 
 import json
 
+from kvdeck.engine.grammar.closed_schema import closed_objects
 from kvdeck.engine.types.structured import StructuredOutputsParams
 
 ANY_JSON_OBJECT = '{"type": "object"}'
@@ -33,7 +34,8 @@ def grammar_definition(spec: StructuredOutputsParams) -> str:
     llg = _llguidance()
     match spec.kind:
         case "json":
-            return llg.LLMatcher.grammar_from_json_schema(spec.json, overrides=JSON_LAYOUT)
+            return llg.LLMatcher.grammar_from_json_schema(_closed_schema(spec.json),
+                                                          overrides=JSON_LAYOUT)
         case "json_object":
             return llg.LLMatcher.grammar_from_json_schema(ANY_JSON_OBJECT, overrides=JSON_LAYOUT)
         case "regex":
@@ -42,6 +44,14 @@ def grammar_definition(spec: StructuredOutputsParams) -> str:
             return llg.grammar_from("choice", json.dumps(list(spec.choice)))
         case _:  # GBNF / EBNF, or Lark
             return llg.grammar_from("grammar", spec.grammar)
+
+
+def _closed_schema(text: str) -> str | dict:
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return text  # not JSON: the converter's own message says so
+    return closed_objects(schema) if isinstance(schema, dict) else text
 
 
 def check_grammar(spec: StructuredOutputsParams) -> None:
