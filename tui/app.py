@@ -209,6 +209,9 @@ class KvdeckApp(App[int]):
         self.recording.engine_ready(client, engine.name)
         self.sub_title = self.recording.title(engine.name)
         self.load = LoadGenerator(client, state)
+        add_output_listener = getattr(client, "add_output_listener", None)  # a local engine
+        if add_output_listener is not None:  # finished requests' final figures
+            add_output_listener(state.add_output)
         engine.ready = True
         self._close_startup(startup)
         self.alerts.reset()

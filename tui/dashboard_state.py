@@ -16,14 +16,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kvdeck.engine.types.stats import RequestStats
+
 if TYPE_CHECKING:
     from kvdeck.app.attach.metrics_view import MetricsView
     from kvdeck.app.record.session import SessionRecorder
+    from kvdeck.engine.types.outputs import RequestOutput
     from kvdeck.engine.types.stats import EngineStats
 
 HISTORY_LEN = 240  # samples kept for the KV and throughput histories
 LATENCY_LEN = 400  # latency points kept for each graph
 THROUGHPUT_WINDOW_S = 1.0  # tokens/s is measured over at least this much engine time
+ENDED_LEN = 64  # finished requests' final figures kept for the inspector
 
 
 @dataclass(slots=True)
@@ -63,6 +67,11 @@ class DashboardState:
     _spec_counters: tuple[int, int, int] | None = None  # (drafts, drafted, accepted) last seen
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
     recorder: SessionRecorder | None = None  # while recording: gets every snapshot and latency
+    # A local engine's finished requests as their final outputs describe them, numbered in
+    # order: the last snapshot a request was in predates its last steps (a speculative step
+    # writes several tokens), and a short request may end between two snapshots.
+    ended: deque[tuple[int, RequestStats]] = field(default_factory=lambda: deque(maxlen=ENDED_LEN))
+    _ended_count: int = 0
 
     def add_stats(self, stats: EngineStats) -> None:
         if self.recorder is not None:
@@ -102,6 +111,23 @@ class DashboardState:
         if elapsed <= 0:
             return self.tokens_per_s if len(marks) > 1 else 0.0
         return (generated_total - first_n) / elapsed
+
+    def add_output(self, output: RequestOutput) -> None:
+        """A local engine's output (its output listener: one choice each, under its engine
+        request id); a final one is kept in `ended`."""
+        if not output.finished:
+            return
+        completion = output.outputs[0] if output.outputs else None
+        num_output = len(completion.token_ids) if completion is not None else 0
+        num_prompt = len(output.prompt_token_ids)
+        self._ended_count += 1
+        self.ended.append((self._ended_count, RequestStats(
+            request_id=output.request_id, state="finished", num_prompt_tokens=num_prompt,
+            # The last token sampled was never fed back: its K/V was not computed.
+            num_computed_tokens=num_prompt + num_output - 1 if num_output else 0,
+            num_output_tokens=num_output, block_table=[],
+            num_cached_tokens=output.num_cached_tokens, timeline=output.metrics.timeline)))
+        self.version += 1
 
     def add_metrics(self, view: MetricsView, timestamp: float) -> None:
         """A /metrics summary: KV usage, throughput and the TTFT / ITL medians over time."""
@@ -171,7 +197,7 @@ class DashboardState:
         self.tokens_per_s = 0.0
         for history in (self.kv_history, self.throughput_history, self.ttft_points,
                         self.itl_points, self._generation_marks, self.acceptance_history,
-                        self.accepted_per_step_history):
+                        self.accepted_per_step_history, self.ended):
             history.clear()
         self._spec_counters = None
         self.version += 1

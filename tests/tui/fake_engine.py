@@ -113,6 +113,7 @@ class FakeEngineClient:
         self.reject = reject  # every request fails with ValueError(reject), as a core refusal
         self.started_count = 0
         self.shutdown_count = 0
+        self.output_listeners: list[Callable[[RequestOutput], None]] = []
         self._next_id = 0
 
     # ----- lifecycle --------------------------------------------------------------------
@@ -256,13 +257,19 @@ class FakeEngineClient:
         except TimeoutError:
             pass
 
+    def add_output_listener(self, listener: Callable[[RequestOutput], None]) -> None:
+        self.output_listeners.append(listener)  # as AsyncLLM's: every request's outputs
+
     def _output(self, request: FakeRequest, text: str, delta: str, reason: str | None,
                 metrics: RequestMetrics) -> RequestOutput:
         completion = CompletionOutput(0, text, list(request.output_ids), reason)
-        return RequestOutput(request.request_id, None, request.prompt_ids, [completion],
-                             reason is not None, metrics, delta_text=delta,
-                             delta_token_ids=request.output_ids[-1:] if delta else [],
-                             num_cached_tokens=request.num_cached_tokens)
+        output = RequestOutput(request.request_id, None, request.prompt_ids, [completion],
+                               reason is not None, metrics, delta_text=delta,
+                               delta_token_ids=request.output_ids[-1:] if delta else [],
+                               num_cached_tokens=request.num_cached_tokens)
+        for listener in self.output_listeners:
+            listener(output)
+        return output
 
     # ----- the simulated block pool -----------------------------------------------------
     def _take_block(self) -> int | None:

@@ -218,3 +218,26 @@ async def test_inspector_keeps_finished_requests_dimmed_and_graphs_share_a_windo
         plots = [app.screen.query_one(f"#plot-{n}") for n in ("ttft", "itl", "throughput", "kv")]
         assert all(p._points and max(x for x, _ in p._points) <= 0 for p in plots)
         assert all(min(x for x, _ in p._points) >= -60 for p in plots)
+
+
+async def test_finished_requests_show_their_final_counts_not_their_last_snapshots(make_app):
+    """Snapshots come every 0.4 s and a request writes its 6 tokens in about 0.15 s: the
+    last snapshot a request was in (if any) predates its end. The final outputs set its
+    row, and a request no snapshot saw is listed too."""
+    app, factory = make_app(token_delay=0.02, stats_interval=0.4, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await fire_load(pilot, num_requests=5, prompt_tokens=24, output_tokens=6,
+                        shared_prefix_tokens=0)
+        inspector = app.screen.query_one(RequestInspector)
+        table = inspector.query_one(DataTable)
+        client = factory.client
+        assert await wait_for(pilot, lambda: client.counters["finished"] == 5, timeout=15)
+
+        def rows() -> list[tuple[str, ...]]:
+            return [tuple(str(cell) for cell in table.get_row_at(i)) for i in range(table.row_count)]
+        # state, prompt, computed, output per row: every request, finished, with all 6 tokens.
+        prompts = [prompt for prompt, _ in client.sent]
+        expected = sorted(("finished", str(p), str(p + 5), "6") for p in prompts)
+        assert await wait_for(pilot, lambda: sorted(r[1:5] for r in rows()) == expected,
+                              timeout=5), rows()

@@ -138,7 +138,7 @@ class Dashboard(Vertical):
             if state.stats is not None:
                 self.query_one(BlockMap).update_stats(state.stats)
                 self.query_one(TierStrip).show(state.stats)
-                self.query_one(RequestInspector).show(state.stats)
+                self.query_one(RequestInspector).show(state.stats, state.ended)
                 legend = (state.stats.block_size, state.stats.spec is not None)
                 if legend != self._legend_key:
                     self._legend_key = legend

@@ -10,6 +10,8 @@ the mouse.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -37,6 +39,14 @@ NOTHING_SELECTED = ("Select a request to see its block table: Tab to the table, 
 
 
 ADAPTER_COLOUR = "#3cb44b"
+
+
+def with_final_figures(last: RequestStats, final: RequestStats) -> RequestStats:
+    """A finished request's last snapshot with its final output's counts and timeline (its
+    block table and cache figures stay the snapshot's: its blocks are freed by then)."""
+    return replace(last, num_output_tokens=final.num_output_tokens,
+                   num_computed_tokens=max(last.num_computed_tokens, final.num_computed_tokens),
+                   timeline=final.timeline or last.timeline)
 
 
 def block_table_text(request: RequestStats, colour: str, finished: bool = False) -> Text:
@@ -104,6 +114,8 @@ class RequestInspector(Vertical):
         self.selected_id: str | None = None
         self._requests: dict[str, RequestStats] = {}
         self._finished: dict[str, RequestStats] = {}  # last seen state, oldest first
+        self._ended_seen = 0  # the number of the last final figures applied (show's `ended`)
+        self._ended_early: dict[str, RequestStats] = {}  # final, while a snapshot lists it still
         self._rows: dict[str, tuple] = {}  # the values drawn per row: redraw only what changed
 
     def compose(self) -> ComposeResult:
@@ -119,14 +131,30 @@ class RequestInspector(Vertical):
     def table(self) -> RequestTable:
         return self.query_one(RequestTable)
 
-    def show(self, stats: EngineStats) -> None:
+    def show(self, stats: EngineStats, ended: Iterable[tuple[int, RequestStats]] = ()) -> None:
+        """Draw a snapshot; `ended` (DashboardState.ended) holds numbered final figures of
+        finished requests, which replace the last snapshot's figures of each (a request never
+        seen in a snapshot is listed with them alone)."""
         table = self.table
         under_cursor = table.cursor_request  # rows move below: the cursor stays on it
         current = {r.request_id: r for r in stats.requests}
         for rid, request in self._requests.items():  # just finished: kept, dimmed
             if rid not in current:
                 self._finished.pop(rid, None)
-                self._finished[rid] = request
+                final = self._ended_early.pop(rid, None)
+                self._finished[rid] = request if final is None else with_final_figures(request, final)
+        for number, final in ended:
+            if number <= self._ended_seen:
+                continue
+            self._ended_seen = number
+            rid = final.request_id
+            if rid in current:  # this snapshot was taken before it ended
+                self._ended_early[rid] = final
+                continue
+            last = self._finished.pop(rid, None)
+            self._finished[rid] = final if last is None else with_final_figures(last, final)
+        for rid in [rid for rid in self._ended_early if rid not in current]:
+            del self._ended_early[rid]  # gone without a snapshot between (applied above or lost)
         for rid in [rid for rid in self._finished if rid in current]:
             del self._finished[rid]  # the same id again (a restarted engine)
         while len(self._finished) > KEEP_FINISHED:
