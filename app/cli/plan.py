@@ -12,6 +12,7 @@ import argparse
 import json
 import sys
 
+PIPED_WIDTH = 160  # columns of the report when stdout is not a terminal
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recording", nargs="?", metavar="FILE",
@@ -95,7 +96,8 @@ def run_plan(args: argparse.Namespace) -> int:
 
         from kvdeck.app.plan.report import render
 
-        render(report, Console())
+        # Piped or redirected, Rich would wrap at 80 columns and cut the table's cells short.
+        render(report, Console() if sys.stdout.isatty() else Console(width=PIPED_WIDTH))
     return 0
 
 

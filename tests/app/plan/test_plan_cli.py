@@ -19,6 +19,17 @@ def test_the_8b_awq_on_a_24_gb_card_question_gets_a_verdict(capsys):
     assert "RTX 4090: 24 GiB x 0.9" in out and "kv_cache_dtype=fp8" in out
 
 
+def test_piped_the_table_keeps_every_cell_whole(capsys, monkeypatch):
+    """Not a terminal (a pipe, a file, capsys), the report is not cut at 80 columns."""
+    monkeypatch.delenv("COLUMNS", raising=False)
+    assert main(QUESTION + ["--try", "kv_cache_dtype=fp8", "--try", "max_num_seqs=8"]) == 0
+    out = capsys.readouterr().out
+    assert "…" not in out, out
+    header = next(line for line in out.splitlines() if "choice" in line and "TTFT" in line)
+    assert header.split() == ["choice", "pool", "TTFT", "ITL", "KV", "peak", "preempt", "max",
+                              "run", "tok/s", "hit"]
+
+
 def test_json_report_has_every_choice(capsys):
     assert main(QUESTION + ["--json", "--try", "max_num_seqs=8", "--try", "prefix_caching=off"]) == 0
     report = json.loads(capsys.readouterr().out)
