@@ -119,6 +119,8 @@ def _from_validation(exc: RequestValidationError) -> OpenAIError:
     message = first.get("msg", "invalid value")
     if first.get("type") == "missing":
         message = "field required"
+    elif first.get("type") == "value_error":  # our validators' words, without pydantic's prefix
+        message = str(first.get("ctx", {}).get("error", message))
     summary = f"{param}: {message}" if param else message
     others = {_param(e) for e in errors} - {param}  # union branches repeat the same field
     if others:

@@ -9,7 +9,16 @@ OpenAI does.
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+)
 
 from kvdeck.engine.types.sampling_params import (
     INT64_MAX,
@@ -191,6 +200,18 @@ class ChatMessage(BaseModel):
     name: StrictStr | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: StrictStr | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, content: Any) -> Any:
+        # Said before the union's own errors, which would only say "a valid string".
+        if isinstance(content, list):
+            for part in content:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if isinstance(kind, str) and kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported: "
+                                     "kvdeck's models read text only (give parts of type 'text')")
+        return content
 
     def text(self) -> str | None:
         if self.content is None or isinstance(self.content, str):

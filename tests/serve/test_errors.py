@@ -148,3 +148,25 @@ def test_cors_for_allowed_origins_only(server):
     allowed = httpx.post(f"{server.base_url}{COMP}", json=GOOD_COMP,
                          headers={"Origin": ORIGIN, "Authorization": f"Bearer {KEY}"}, timeout=30)
     assert allowed.status_code == 200 and allowed.headers["access-control-allow-origin"] == ORIGIN
+
+
+@pytest.mark.parametrize("kind", ["image_url", "input_audio", "file"])
+def test_a_content_part_that_is_not_text_is_named_in_the_error(kind):
+    """Not "should be a valid string", which is what the content's union said on its own."""
+    from fastapi.exceptions import RequestValidationError
+    from pydantic import ValidationError
+
+    from kvdeck.app.serve.errors import _from_validation
+    from kvdeck.app.serve.protocol import ChatCompletionRequest
+
+    body = with_(GOOD_CHAT, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": kind, kind: {"url": "http://x"}}]}])
+    with pytest.raises(ValidationError) as caught:
+        ChatCompletionRequest.model_validate(body)
+    error = _from_validation(RequestValidationError(caught.value.errors()))
+    assert error.param == "messages.0.content"
+    assert str(error.message).startswith(f"messages.0.content: content parts of type '{kind}' "
+                                         "are not supported: kvdeck's models read text only"), error
+    text_only = with_(GOOD_CHAT, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
+    assert ChatCompletionRequest.model_validate(text_only).messages[0].text() == "ab"
