@@ -312,7 +312,9 @@ def _catch_layer0_inputs(
         inner.embed_tokens.to("cpu")
     kwargs_seen.pop("hidden_states", None)
     kwargs_seen["use_cache"] = False
-    kwargs_seen["past_key_values"] = None
+    # No cache: transformers names it `cache` since 5.2x, `past_key_values` before (giving
+    # both warns); the layer's own call says which.
+    kwargs_seen["cache" if "cache" in kwargs_seen else "past_key_values"] = None
     # No padding in calibration: every sample has the same mask, positions and rotary
     # tables; keep one row so they broadcast over batches of any size.
     batch = caught[0].shape[0]
