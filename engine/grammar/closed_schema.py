@@ -8,9 +8,11 @@ model invent keys until `max_tokens` cuts the JSON short. vLLM's default grammar
 close such objects; kvdeck does the same. A schema that wants extra keys says so
 (`"additionalProperties": true` or a schema), and is left as it is.
 
-Left open, because closing them would change what they mean: the members of an `allOf`
-and a schema with an `allOf` or a `$ref` beside its own `properties` (in both, keys
-listed elsewhere are allowed too). Their nested schemas are closed as any other.
+A key the object requires but does not list is listed, with any value (closing would
+otherwise make it impossible). Left open, because closing them would change what they
+mean: the members of an `allOf` and a schema with an `allOf` or a `$ref` beside its own
+`properties` (in both, keys listed elsewhere are allowed too). Their nested schemas are
+closed as any other.
 
 Pure Python: the front-end builds tool-call grammars with it, without a grammar library.
 """
@@ -49,4 +51,8 @@ def _closed(node: Any, may_close: bool) -> Any:
     said = "additionalProperties" in out or "unevaluatedProperties" in out
     if may_close and lists_keys and not combined and not said:
         out["additionalProperties"] = False
+        unlisted = [name for name in out.get("required") or () if isinstance(name, str)
+                    and name not in (out.get("properties") or {})]
+        if unlisted and isinstance(out.get("properties", {}), dict):  # required: any value
+            out["properties"] = {**out.get("properties", {}), **{name: {} for name in unlisted}}
     return out

@@ -75,6 +75,13 @@ def test_the_parts_of_an_allof_stay_open_and_their_children_close():
     assert closed["allOf"][1]["properties"]["b"]["additionalProperties"] is False
 
 
+def test_a_required_key_the_object_does_not_list_stays_possible():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]}
+    closed = closed_objects(schema)
+    assert closed["properties"] == {"a": {"type": "integer"}, "b": {}}
+    assert closed["additionalProperties"] is False
+
+
 def test_a_property_named_properties_is_a_property():
     schema = {"type": "object", "properties": {"properties": {"type": "string"}}}
     closed = closed_objects(schema)
@@ -107,6 +114,8 @@ def admits(tokenizer, schema: dict, text: str) -> bool:
                 {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]},
      '{"a": 1, "b": 2}', True),
     ({"type": "object"}, '{"anything": [1, 2]}', True),
+    ({**POINT, "required": ["x", "label"]}, '{"x": 1, "label": [true]}', True),
+    ({**POINT, "required": ["x", "label"]}, '{"x": 1, "label": 2, "z": 0}', False),
 ])
 def test_the_engines_grammar_admits_only_the_keys_the_schema_allows(tokenizer, schema, text, admitted):
     assert admits(tokenizer, schema, text) is admitted
