@@ -135,7 +135,7 @@ def read_schema(path: str | None) -> str:
         raise ValueError(f"schema file {path} is not JSON: {exc}") from None
     if not isinstance(schema, dict):
         raise ValueError(f"schema file {path} must hold a JSON object (a JSON schema)")
-    return json.dumps(schema, sort_keys=True)
+    return json.dumps(schema)  # its keys in the file's order: the output's properties follow it
 
 
 def _parse_float(name: str, text: str) -> float:

@@ -10,20 +10,30 @@ close such objects; kvdeck does the same. A schema that wants extra keys says so
 
 A key the object requires but does not list is listed, with any value (closing would
 otherwise make it impossible). Left open, because closing them would change what they
-mean: the members of an `allOf` and a schema with an `allOf` or a `$ref` beside its own
-`properties` (in both, keys listed elsewhere are allowed too). Their nested schemas are
-closed as any other.
+mean: an object whose `$ref` or in-place parts (`allOf`, `anyOf`, `oneOf`, `if`/`then`/
+`else`, `dependentSchemas`) name keys too, those parts when the object names its own, the
+parts of an `allOf` (they meet each other), and an `if` or a `not` (closing them would
+change what they match). The alternatives of a union that names no keys of its own (an
+`anyOf` of objects) are closed, and nested schemas are closed as any other.
 
 Pure Python: the front-end builds tool-call grammars with it, without a grammar library.
 """
 
 from typing import Any
 
-# Keywords whose value is one schema, a list of schemas, or a name -> schema mapping.
+# Where a schema sits. Beside the instance's own value (properties, items...) a closed
+# object changes nothing else; "in place" (applied to the same instance as the schema that
+# holds it) its keys meet the holder's and its siblings', so closing one would forbid theirs.
 _ONE_SCHEMA = ("additionalProperties", "unevaluatedProperties", "items", "additionalItems",
-               "unevaluatedItems", "contains", "not", "if", "then", "else", "propertyNames")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+               "unevaluatedItems", "contains", "propertyNames")
+_SCHEMA_LISTS = ("prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_IN_PLACE_ONE = ("if", "then", "else", "not")
+_IN_PLACE_LISTS = ("allOf", "anyOf", "oneOf")
+_IN_PLACE_MAPS = ("dependentSchemas",)
+# In place, but never closed: the parts of an allOf meet each other; closing an `if` or a
+# `not` would change which values they match.
+_NEVER_CLOSED = ("allOf", "if", "not")
 
 
 def closed_objects(schema: Any) -> Any:
@@ -44,10 +54,19 @@ def _closed(node: Any, may_close: bool) -> Any:
     for key in _SCHEMA_MAPS:
         if isinstance(out.get(key), dict):
             out[key] = {name: _closed(sub, may_close=True) for name, sub in out[key].items()}
-    if isinstance(out.get("allOf"), list):
-        out["allOf"] = [_closed(item, may_close=False) for item in out["allOf"]]
     lists_keys = "properties" in out or "patternProperties" in out
-    combined = "allOf" in out or "$ref" in out
+    in_place = list(_in_place_members(node))
+    # An alternative (anyOf, oneOf, then, else) is closed when its holder names no keys.
+    for key in (*_IN_PLACE_ONE, *_IN_PLACE_LISTS, *_IN_PLACE_MAPS):
+        closable = not lists_keys and key not in _NEVER_CLOSED
+        value = out.get(key)
+        if isinstance(value, dict) and key in _IN_PLACE_MAPS:
+            out[key] = {name: _closed(sub, closable) for name, sub in value.items()}
+        elif isinstance(value, dict):
+            out[key] = _closed(value, closable)
+        elif isinstance(value, list) and key in _IN_PLACE_LISTS:
+            out[key] = [_closed(item, closable) for item in value]
+    combined = "$ref" in out or any(_names_keys(member) for member in in_place)
     said = "additionalProperties" in out or "unevaluatedProperties" in out
     if may_close and lists_keys and not combined and not said:
         out["additionalProperties"] = False
@@ -56,3 +75,20 @@ def _closed(node: Any, may_close: bool) -> Any:
         if unlisted and isinstance(out.get("properties", {}), dict):  # required: any value
             out["properties"] = {**out.get("properties", {}), **{name: {} for name in unlisted}}
     return out
+
+
+def _in_place_members(node: dict) -> Any:
+    for key in _IN_PLACE_ONE:
+        yield node.get(key)
+    for key in _IN_PLACE_LISTS:
+        yield from node.get(key) if isinstance(node.get(key), list) else ()
+    for key in _IN_PLACE_MAPS:
+        yield from node.get(key).values() if isinstance(node.get(key), dict) else ()
+
+
+def _names_keys(member: Any) -> bool:
+    """Whether an in-place member names keys (or may: a $ref), itself or in place."""
+    if not isinstance(member, dict):
+        return False
+    return (any(key in member for key in ("properties", "patternProperties", "$ref"))
+            or any(_names_keys(inner) for inner in _in_place_members(member)))

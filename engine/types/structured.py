@@ -13,7 +13,9 @@ MAX_GRAMMAR_CHARS = 1 << 20  # schemas and grammars up to 1 MiB of text
 
 @dataclass(slots=True, frozen=True)
 class StructuredOutputsParams:
-    json: str | None = None  # a JSON schema, serialised (dicts are serialised on construction)
+    # A JSON schema, serialised (dicts are serialised on construction, their keys in the
+    # order given: a model writes an object's properties in the order the schema lists them).
+    json: str | None = None
     regex: str | None = None
     choice: tuple[str, ...] | None = None
     grammar: str | None = None  # GBNF / EBNF (llama.cpp's) or Lark
@@ -21,7 +23,7 @@ class StructuredOutputsParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.json, dict | list | bool):
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+            object.__setattr__(self, "json", json.dumps(self.json))
         if self.choice is not None and not isinstance(self.choice, tuple):
             object.__setattr__(self, "choice", tuple(self.choice))
         self.validate()

@@ -1,7 +1,7 @@
 """Object schemas closed as vLLM's default backend and llama.cpp close them: an object that
 names its properties and says nothing of others admits no other keys, in structured outputs
 and in tool-call arguments; a schema that asks for extra keys, and the parts of an `allOf`,
-keep what they mean."""
+keep what they mean. Properties come in the order the schema lists them."""
 
 import json
 
@@ -18,6 +18,9 @@ from kvdeck.engine.grammar.closed_schema import closed_objects
 from kvdeck.engine.grammar.compile import grammar_definition
 from kvdeck.engine.types.structured import StructuredOutputsParams as Spec
 
+THOUGHT = {"type": "object", "properties": {"reasoning": {"type": "string"},
+                                            "answer": {"type": "integer"}},
+           "required": ["reasoning", "answer"]}
 POINT = {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "integer"}},
          "required": ["x"]}
 
@@ -42,7 +45,6 @@ NULL = {"type": "null"}
     ({"definitions": {"Point": P}}, ["definitions", "Point"]),
     ({"type": "object", "additionalProperties": P}, ["additionalProperties"]),
     ({"type": "object", "patternProperties": {"^p": P}}, ["patternProperties", "^p"]),
-    ({"not": P}, ["not"]),
     ({"if": NULL, "then": P}, ["then"]),
     ({"type": "array", "contains": P}, ["contains"]),
     ({"dependentSchemas": {"x": P}}, ["dependentSchemas", "x"]),
@@ -64,6 +66,20 @@ def test_nested_objects_are_closed_wherever_a_schema_may_sit(schema, path):
      "$defs": {"B": {"type": "object"}}},
 ])
 def test_a_schema_that_says_what_other_keys_may_be_is_left_as_it_is(schema):
+    assert closed_objects(schema) == schema
+
+
+@pytest.mark.parametrize("schema", [
+    # Parts applied to the same object as their holder, which names keys of its own.
+    {"type": "object", "properties": {"kind": {"type": "string"}},
+     "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]},
+               {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]},
+    {"type": "object", "properties": {"kind": {"type": "string"}},
+     "if": {"properties": {"kind": {"const": "x"}}}, "then": {"properties": {"x": {}}}},
+    {"not": {"type": "object", "properties": {"a": {}}}},
+    {"if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["a"]}},
+])
+def test_parts_that_meet_other_keys_stay_open(schema):
     assert closed_objects(schema) == schema
 
 
@@ -114,6 +130,14 @@ def admits(tokenizer, schema: dict, text: str) -> bool:
                 {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]},
      '{"a": 1, "b": 2}', True),
     ({"type": "object"}, '{"anything": [1, 2]}', True),
+    # Properties come in the schema's order (reasoning before its answer), not sorted.
+    (THOUGHT, '{"reasoning": "r", "answer": 1}', True),
+    (THOUGHT, '{"answer": 1, "reasoning": "r"}', False),
+    ({"anyOf": [POINT, {"type": "object", "properties": {"r": {"type": "integer"}}}]},
+     '{"r": 1, "x": 2}', False),
+    ({"type": "object", "properties": {"kind": {"type": "string"}},
+      "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}]},
+     '{"kind": "k", "a": 1}', True),
     ({**POINT, "required": ["x", "label"]}, '{"x": 1, "label": [true]}', True),
     ({**POINT, "required": ["x", "label"]}, '{"x": 1, "label": 2, "z": 0}', False),
 ])
