@@ -14,6 +14,7 @@ import sys
 
 PIPED_WIDTH = 160  # columns of the report when stdout is not a terminal
 
+
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recording", nargs="?", metavar="FILE",
                         help="a recording (--record): replay its requests, fit step costs to its steps")
