@@ -7,6 +7,7 @@ Regenerate after an intended change: pytest tests/tui/test_snapshots.py --snapsh
 from __future__ import annotations
 
 import pytest
+from textual.widgets.data_table import ColumnKey
 
 from kvdeck.tui.app import KvdeckApp
 from kvdeck.tui.engine_settings import EngineSettings
@@ -15,6 +16,7 @@ from kvdeck.tui.screens.engine_settings import EngineSettingsScreen
 from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.transcripts import ChatTurn, Transcript
 from kvdeck.tui.widgets.dashboard import Dashboard
+from kvdeck.tui.widgets.request_table import RequestTable
 from tests.tui.conftest import FakeFactory, wait_for
 from tests.tui.demo_stats import demo_latencies, demo_stats_series
 
@@ -58,6 +60,12 @@ async def settle_deck(pilot) -> None:
     # rows (before, a picture once caught the id column at its header's width).
     dashboard = app.screen.query_one(Dashboard)
     assert await wait_for(pilot, lambda: dashboard._seen_version == app.dashboard_state.version)
+    # The table measures new rows when idle, and a loaded machine can take the picture
+    # first: wait until the id column is as wide as the widest id (a picture caught it at
+    # the header's width, "chat-1a2b" cut to "chat-1a").
+    id_column = app.screen.query_one(RequestTable).columns[ColumnKey("id")]
+    widest = max(len(r.request_id) for r in app.dashboard_state.stats.requests)
+    assert await wait_for(pilot, lambda: id_column.content_width >= widest)
     await pilot.pause()
 
 
