@@ -9,7 +9,7 @@ from kvdeck.app.plan.cost_model import CostModel, RooflineCostModel
 from kvdeck.app.plan.gpus import GPU, find_gpu
 from kvdeck.app.plan.model_shapes import QUANTS, ModelShape, find_model_shape
 from kvdeck.app.plan.pool import pool_on_gpu
-from kvdeck.app.plan.report import PlanReport, summarize, verdict
+from kvdeck.app.plan.report import Comparison, PlanReport, summarize, verdict
 from kvdeck.app.plan.simulate import simulate
 from kvdeck.app.plan.workload import Lengths, SyntheticWorkload, Workload
 
@@ -85,10 +85,11 @@ def plan(options: PlanOptions) -> PlanReport:
     report.verdict = verdict(summaries[0], options.users, context, blocks_per_context,
                              options.ttft_slo_s)
     if session is not None and not options.users:
+        recorded_choice = _is_recorded_choice(setup.base, session)
         by_step = simulate(workload, setup.base, setup.cost, setup.shape.vocab_size, by_step=True) \
-            if session.replays_by_step and _is_recorded_choice(setup.base, session) else None
+            if session.replays_by_step and recorded_choice else None
         report.comparisons = session.compare(results[0], by_step)
-        report.notes += session.notes
+        report.notes += session.notes + _unjudged(report.comparisons, setup, session, recorded_choice)
     if isinstance(workload, SyntheticWorkload) and workload.num_cut_short:
         report.notes.append(f"{workload.num_cut_short} conversations ended early: their next turn "
                             f"would pass max_model_len {setup.base.max_model_len}")
@@ -204,6 +205,30 @@ def _workload(options: PlanOptions, setup: _Setup, session) -> Workload:
         max_model_len=setup.base.max_model_len, turns=options.turns, turn_len=turn,
         shared_prefix=options.shared_prefix, rate=options.rate, ramp_s=options.ramp_s,
         think_time_s=options.think_time_s, seed=options.seed)
+
+
+def _unjudged(comparisons: list[Comparison], setup: _Setup, session,
+              recorded_choice: bool) -> list[str]:
+    """Leave unjudged (shown only) what the recording cannot check: a named card's timings
+    against a CPU recording, and the pool's figures when the base choice's pool or scheduler
+    is not the recorded engine's. The notes say why."""
+    notes = []
+    device = session.engine.device or "an unknown device"
+    if setup.gpu is not None and not device.startswith("cuda"):
+        _shown_only(comparisons, lambda c: c.name.startswith(("TTFT", "ITL")))
+        notes.append(f"TTFT and ITL are predicted for the {setup.gpu.name} and were recorded on "
+                     f"{device}: shown, not judged")
+    if not recorded_choice:
+        _shown_only(comparisons, lambda c: not c.name.startswith(("TTFT", "ITL")))
+        notes.append("the base choice's pool or scheduler is not the recorded engine's: its KV "
+                     "blocks, preemptions and steps are shown, not judged")
+    return notes
+
+
+def _shown_only(comparisons: list[Comparison], which) -> None:
+    for index, comparison in enumerate(comparisons):
+        if which(comparison):
+            comparisons[index] = replace(comparison, tolerance=None)
 
 
 def _is_recorded_choice(choice: EngineChoice, session) -> bool:

@@ -158,10 +158,10 @@ def render(report: PlanReport, console) -> None:
         for column in ("figure", "recorded", "predicted", "error", "target"):
             compare.add_column(column, justify="left" if column == "figure" else "right")
         for c in report.comparisons:
-            exact = c.tolerance == 0 or c.tolerance is None
+            seconds = c.name.endswith("(s)")  # a time; else a count
 
-            def fmt(v: float | None, exact: bool = exact) -> str:
-                return "-" if v is None else (f"{v:g}" if exact else _s(v))
+            def fmt(v: float | None, seconds: bool = seconds) -> str:
+                return "-" if v is None else (_s(v) if seconds else f"{v:g}")
 
             target = "-" if c.tolerance is None else ("exact" if c.tolerance == 0 else f"±{c.tolerance:.0%}")
             mark = {True: " ok", False: " MISS", None: ""}[c.ok]

@@ -96,3 +96,20 @@ def test_a_recording_replayed_by_step_has_the_engine_batches_whatever_the_clock(
     assert by_name["peak KV blocks"].predicted == recorded["peak"]
     assert by_name["steps"].predicted == recorded["steps"]
     assert by_name["preemptions"].predicted == recorded["preemptions"]
+
+
+def test_what_the_recording_cannot_check_is_shown_not_judged(tmp_path):
+    """A CPU recording planned for a named card: its timings are another machine's and its
+    pool is sized from the card, so no row says ok or MISS, and the notes say why. Without
+    the card the same rows are judged."""
+    path = tmp_path / "cpu.kvrec"
+    _record(path, snapshot_every=5)
+    alone = plan(PlanOptions(recording=str(path)))
+    assert all(c.tolerance is not None for c in alone.comparisons if c.name in (
+        "TTFT p50 (s)", "ITL p50 (s)", "peak KV blocks", "steps"))
+    on_card = plan(PlanOptions(recording=str(path), gpu="RTX 4090"))
+    assert [c.name for c in on_card.comparisons][:2] == ["TTFT p50 (s)", "ITL p50 (s)"]
+    assert all(c.tolerance is None and c.ok is None for c in on_card.comparisons)
+    notes = " | ".join(on_card.notes)
+    assert "predicted for the RTX 4090 and were recorded on cpu: shown, not judged" in notes
+    assert "not the recorded engine's" in notes
