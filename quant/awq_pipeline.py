@@ -43,6 +43,11 @@ def resolve_model_dir(source: str) -> Path:
         if not (path / "config.json").is_file():
             raise ValueError(f"{source!r} has no config.json: not a Hugging Face model directory")
         return path.resolve()
+    if path.exists() or source.startswith(("/", ".", "~")) or source.count("/") > 1:
+        # A path, not a hub id: pulling it would make no sense.
+        what = "is a file, not a model directory" if path.exists() else "does not exist"
+        raise ValueError(f"model {source!r} is neither a directory nor in the local hub cache: "
+                         f"the path {what}")
     try:
         from huggingface_hub import snapshot_download
 
