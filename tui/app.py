@@ -240,6 +240,8 @@ class KvdeckApp(App[int]):
                 drain = getattr(client, "drain_latencies", None)  # a kvdeck server's feed
                 for kind, at, seconds in drain() if drain is not None else ():
                     self.dashboard_state.add_feed_latency(kind, at, seconds)
+                for request in client.drain_ended() if hasattr(client, "drain_ended") else ():
+                    self.dashboard_state.add_ended(request)
         except Exception as exc:
             if client is self.engine.client and not self._quitting:
                 self.show_engine_error("The engine stopped", f"{type(exc).__name__}: {exc}")

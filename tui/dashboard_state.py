@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from kvdeck.engine.types.stats import RequestStats
+from kvdeck.engine.types.stats import RequestStats, final_request_stats
 
 if TYPE_CHECKING:
     from kvdeck.app.attach.metrics_view import MetricsView
@@ -67,9 +67,10 @@ class DashboardState:
     _spec_counters: tuple[int, int, int] | None = None  # (drafts, drafted, accepted) last seen
     _generation_marks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=512))
     recorder: SessionRecorder | None = None  # while recording: gets every snapshot and latency
-    # A local engine's finished requests as their final outputs describe them, numbered in
-    # order: the last snapshot a request was in predates its last steps (a speculative step
-    # writes several tokens), and a short request may end between two snapshots.
+    # Finished requests as their final outputs describe them (a local engine's, or an
+    # attached kvdeck server's), numbered in order: the last snapshot a request was in
+    # predates its last steps (a speculative step writes several tokens), and a short
+    # request may end between two snapshots.
     ended: deque[tuple[int, RequestStats]] = field(default_factory=lambda: deque(maxlen=ENDED_LEN))
     _ended_count: int = 0
 
@@ -115,18 +116,14 @@ class DashboardState:
     def add_output(self, output: RequestOutput) -> None:
         """A local engine's output (its output listener: one choice each, under its engine
         request id); a final one is kept in `ended`."""
-        if not output.finished:
-            return
-        completion = output.outputs[0] if output.outputs else None
-        num_output = len(completion.token_ids) if completion is not None else 0
-        num_prompt = len(output.prompt_token_ids)
+        if output.finished:
+            self.add_ended(final_request_stats(output))
+
+    def add_ended(self, request: RequestStats) -> None:
+        """A finished request's final figures (a local engine's output, or an attached
+        kvdeck server's feed)."""
         self._ended_count += 1
-        self.ended.append((self._ended_count, RequestStats(
-            request_id=output.request_id, state="finished", num_prompt_tokens=num_prompt,
-            # The last token sampled was never fed back: its K/V was not computed.
-            num_computed_tokens=num_prompt + num_output - 1 if num_output else 0,
-            num_output_tokens=num_output, block_table=[],
-            num_cached_tokens=output.num_cached_tokens, timeline=output.metrics.timeline)))
+        self.ended.append((self._ended_count, request))
         self.version += 1
 
     def add_metrics(self, view: MetricsView, timestamp: float) -> None:

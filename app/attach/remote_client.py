@@ -38,7 +38,12 @@ from kvdeck.app.attach.sse import server_sent_events
 from kvdeck.engine.api.async_llm import EngineDeadError, EngineStartError, RequestFailedError
 from kvdeck.engine.types.outputs import RequestOutput
 from kvdeck.engine.types.sampling_params import SamplingParams
-from kvdeck.engine.types.stats import EngineStats, stats_from_dict
+from kvdeck.engine.types.stats import (
+    EngineStats,
+    RequestStats,
+    request_stats_from_dict,
+    stats_from_dict,
+)
 
 CONNECT_TIMEOUT_S = 5.0
 STATS_STALL_S = 5.0  # the stats stream sends an event at least once a second: silence is a stall
@@ -81,6 +86,7 @@ class RemoteClient:
         self.last_stats: EngineStats | None = None
         self.last_metrics: MetricsView | None = None
         self.latencies: deque[tuple[str, float, float]] = deque(maxlen=LATENCY_BACKLOG)
+        self.ended: deque[RequestStats] = deque(maxlen=LATENCY_BACKLOG)  # finished requests
         self._health = RemoteHealth("starting", f"connecting to {self.url}")
         self._replies: dict[str, asyncio.Task] = {}
         self._encoded: OrderedDict[str, list[int]] = OrderedDict()
@@ -291,6 +297,7 @@ class RemoteClient:
         elif kind == "stats":
             self._health = RemoteHealth("ready", f"attached to kvdeck at {self.url}")
             self.latencies.extend(tuple(sample) for sample in data.get("latencies", []))
+            self.ended.extend(request_stats_from_dict(entry) for entry in data.get("ended", []))
             self.last_stats = stats_from_dict(data["stats"])
             return self.last_stats
         return None
@@ -326,6 +333,13 @@ class RemoteClient:
         samples = list(self.latencies)
         self.latencies.clear()
         return samples
+
+    def drain_ended(self) -> list[RequestStats]:
+        """Final figures of the requests that finished since the last call (a kvdeck server's
+        stats events carry them)."""
+        ended = list(self.ended)
+        self.ended.clear()
+        return ended
 
     # ---- helpers -------------------------------------------------------------------------
     async def _wait_to_retry(self, backoff: Backoff, exc: BaseException) -> None:

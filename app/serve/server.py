@@ -51,7 +51,7 @@ from kvdeck.app.serve.protocol import (
 from kvdeck.app.serve.request_timelines import RequestTimelines
 from kvdeck.app.serve.served_name import served_names
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
-from kvdeck.app.serve.stats_stream import LatencyFeed, engine_info, stats_events
+from kvdeck.app.serve.stats_stream import EndedFeed, LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineStartError
 
 logger = logging.getLogger("kvdeck.serve")
@@ -93,6 +93,8 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     client.add_output_listener(metrics.observe_output)
     latencies = LatencyFeed()
     client.add_output_listener(latencies.observe)
+    ended = EndedFeed()
+    client.add_output_listener(ended.observe)
     timelines = RequestTimelines(lambda: client.last_stats)
     client.add_output_listener(timelines.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
@@ -144,7 +146,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
 
     @app.get("/kvdeck/v1/stats", response_class=StreamingResponse, responses=STATS_RESPONSES)
     async def kvdeck_stats(raw: Request) -> StreamingResponse:
-        return StreamingResponse(stats_events(client, latencies, model_name, raw),
+        return StreamingResponse(stats_events(client, latencies, ended, model_name, raw),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

@@ -2,8 +2,9 @@
 Server-Sent Events (GET /kvdeck/v1/stats), the same ones the local TUI draws (block map
 with owners and sharing, cached and written blocks, request states and block tables, the
 last step's batch), plus the TTFT and inter-token latencies observed since the previous
-event. Snapshots arrive at the engine's own throttle (about 15 a second while busy, one a
-second idle); while the engine is down the stream says so once a second and resumes.
+event and the final figures of the requests that finished since then. Snapshots arrive at
+the engine's own throttle (about 15 a second while busy, one a second idle); while the
+engine is down the stream says so once a second and resumes.
 """
 
 import asyncio
@@ -18,9 +19,10 @@ from fastapi import Request
 from kvdeck.app.record.session import scheduler_limits
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineDeadError
 from kvdeck.engine.types.outputs import RequestOutput
-from kvdeck.engine.types.stats import stats_to_dict
+from kvdeck.engine.types.stats import final_request_stats, request_stats_to_dict, stats_to_dict
 
 LATENCY_BACKLOG = 4096  # samples kept for a slow reader
+ENDED_BACKLOG = 256  # finished requests' final figures kept for a slow reader
 DOWN_POLL_S = 1.0
 
 
@@ -69,6 +71,24 @@ class LatencyFeed:
         return fresh, (fresh[-1].number if fresh else number)
 
 
+class EndedFeed:
+    """Finished requests' final figures, from their final outputs (an output listener): an
+    attached dashboard's last snapshot of a request predates its last steps."""
+
+    def __init__(self) -> None:
+        self.entries: deque[tuple[int, dict]] = deque(maxlen=ENDED_BACKLOG)
+        self._count = 0
+
+    def observe(self, output: RequestOutput) -> None:
+        if output.finished:
+            self._count += 1
+            self.entries.append((self._count, request_stats_to_dict(final_request_stats(output))))
+
+    def since(self, number: int) -> tuple[list[dict], int]:
+        fresh = [(n, entry) for n, entry in self.entries if n > number]
+        return [entry for _, entry in fresh], (fresh[-1][0] if fresh else number)
+
+
 def engine_info(client: AsyncLLM, model_name: str) -> dict:
     """What /kvdeck/v1/info says: the engine's EngineInfo and its scheduler's limits (what an
     attached dashboard's recording keeps for `kvdeck plan`)."""
@@ -78,9 +98,10 @@ def engine_info(client: AsyncLLM, model_name: str) -> dict:
             **scheduler_limits(client.config, info.device if info is not None else None)}
 
 
-async def stats_events(client: AsyncLLM, feed: LatencyFeed, model_name: str,
+async def stats_events(client: AsyncLLM, feed: LatencyFeed, ended: EndedFeed, model_name: str,
                        request: Request) -> AsyncIterator[str]:
     sent = feed.since(0)[1]  # latencies from before the reader connected are not its business
+    ended_sent = ended.since(0)[1]
     yield _event("info", engine_info(client, model_name))
     while not await request.is_disconnected():
         health = client.health()
@@ -92,9 +113,11 @@ async def stats_events(client: AsyncLLM, feed: LatencyFeed, model_name: str,
         try:
             async for stats in client.stats_stream():
                 fresh, sent = feed.since(sent)
+                finished, ended_sent = ended.since(ended_sent)
                 yield _event("stats", {
                     "stats": stats_to_dict(stats),
-                    "latencies": [[s.kind, s.timestamp, s.seconds] for s in fresh]})
+                    "latencies": [[s.kind, s.timestamp, s.seconds] for s in fresh],
+                    "ended": finished})
                 if await request.is_disconnected():
                     return
         except EngineDeadError:

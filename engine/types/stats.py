@@ -5,9 +5,13 @@ import base64
 import dataclasses
 import sys
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from kvdeck.engine.types.request_timeline import TimelineSnapshot, timeline_from_dict
 from kvdeck.engine.types.spec_stats import RequestSpecStats, SpecDecodeStats
+
+if TYPE_CHECKING:
+    from kvdeck.engine.types.outputs import RequestOutput
 
 
 @dataclass(slots=True)
@@ -168,6 +172,26 @@ class StepTimings:
         return self.host_s / total if total else 0.0
 
 
+def final_request_stats(output: "RequestOutput") -> RequestStats:
+    """A finished request as its final output (one choice, under its engine request id)
+    describes it: the counts and timeline the last snapshot it was in may lack (that
+    snapshot predates its last steps, or it ended between two). No block table: its blocks
+    are freed."""
+    completion = output.outputs[0] if output.outputs else None
+    num_output = len(completion.token_ids) if completion is not None else 0
+    num_prompt = len(output.prompt_token_ids)
+    return RequestStats(
+        request_id=output.request_id, state="finished", num_prompt_tokens=num_prompt,
+        # The last token sampled was never fed back: its K/V was not computed.
+        num_computed_tokens=num_prompt + num_output - 1 if num_output else 0,
+        num_output_tokens=num_output, block_table=[],
+        num_cached_tokens=output.num_cached_tokens, timeline=output.metrics.timeline)
+
+
+def request_stats_to_dict(request: RequestStats) -> dict:
+    return _shallow_dict(request)
+
+
 def stats_to_dict(stats: EngineStats) -> dict:
     """A snapshot as JSON-ready data (the stats stream of `kvdeck --serve`). The lists of
     numbers are shared, not copied: dataclasses.asdict deep-copies every element, 15 ms a
@@ -220,6 +244,11 @@ def stats_from_dict(data: dict) -> EngineStats:
     if values.get("lora") is not None:
         values["lora"] = LoRASlotStats(**_known(LoRASlotStats, values["lora"]))
     return EngineStats(**values)
+
+
+def request_stats_from_dict(data: dict) -> RequestStats:
+    """The inverse of request_stats_to_dict; unknown keys are ignored."""
+    return _request_stats(data)
 
 
 def _request_stats(data: dict) -> RequestStats:

@@ -100,6 +100,23 @@ async def test_stats_stream_shows_a_request_and_its_blocks_freed_after_abort(cli
     await stream.aclose()
 
 
+async def test_a_finished_request_arrives_with_its_final_figures(client):
+    """What the attached dashboard's row of a finished request shows (its last snapshot
+    predates its last steps)."""
+    stream = client.stats_stream()
+    await next_stats(stream, lambda s: True)
+    client.drain_ended()  # earlier tests' requests
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+    outputs = [out async for out in client.generate(None, params, messages=MESSAGES)]
+    ended = []
+    await next_stats(stream, lambda s: bool(ended.extend(client.drain_ended()) or ended))
+    (final,) = ended
+    assert final.state == "finished" and final.num_output_tokens == 6
+    assert final.num_prompt_tokens == len(outputs[-1].prompt_token_ids)
+    assert final.num_computed_tokens == final.num_prompt_tokens + 5
+    await stream.aclose()
+
+
 async def test_a_request_the_server_refuses_is_a_value_error(client):
     params = SamplingParams(temperature=0.0, max_tokens=client.max_model_len * 4)
     with pytest.raises(ValueError, match="max_model_len is 512"):

@@ -7,7 +7,7 @@ import threading
 import httpx
 import pytest
 
-from kvdeck.engine.types.stats import stats_from_dict
+from kvdeck.engine.types.stats import request_stats_from_dict, stats_from_dict
 from tests.serve.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.timeout(120)
@@ -68,3 +68,27 @@ def test_snapshots_show_a_request_and_its_latencies(server):
     (request,) = busy.requests
     assert request.block_table and all(busy.block_ref_counts[b] >= 1 for b in request.block_table)
     assert seen(events)
+
+
+def test_a_finished_request_comes_with_its_final_figures(server):
+    """The snapshot that last listed a request predates its last steps; the event after it
+    ends carries its final counts and timeline (what an attached dashboard's row shows)."""
+    outcome: dict = {}
+
+    def load() -> None:
+        body = {"prompt": "hello", "max_tokens": 24, "ignore_eos": True}
+        outcome["reply"] = httpx.post(f"{server.base_url}/v1/completions", json=body,
+                                      headers=server.headers, timeout=60).json()
+
+    worker = threading.Timer(0.3, load)
+    worker.start()
+    events = read_events(server, lambda events: any(d.get("ended") for k, d in events
+                                                    if k == "stats"))
+    worker.join(60)
+    (entry,) = [e for k, d in events if k == "stats" for e in d.get("ended", [])]
+    final = request_stats_from_dict(entry)
+    usage = outcome["reply"]["usage"]
+    assert final.state == "finished" and final.num_output_tokens == 24
+    assert final.num_prompt_tokens == usage["prompt_tokens"]
+    assert final.num_computed_tokens == usage["prompt_tokens"] + 23
+    assert final.timeline is not None and final.timeline.finish_reason == "length"
