@@ -61,11 +61,19 @@ async def settle_deck(pilot) -> None:
     dashboard = app.screen.query_one(Dashboard)
     assert await wait_for(pilot, lambda: dashboard._seen_version == app.dashboard_state.version)
     # The table measures new rows when idle, and a loaded machine can take the picture
-    # first: wait until the id column is as wide as the widest id (a picture caught it at
-    # the header's width, "chat-1a2b" cut to "chat-1a").
-    id_column = app.screen.query_one(RequestTable).columns[ColumnKey("id")]
-    widest = max(len(r.request_id) for r in app.dashboard_state.stats.requests)
-    assert await wait_for(pilot, lambda: id_column.content_width >= widest)
+    # first (pictures caught "chat-1a2b" cut to the header's width, "chat-1a"): wait until
+    # the column is measured and the widest id is drawn whole, as the picture will draw it.
+    table = app.screen.query_one(RequestTable)
+    id_column = table.columns[ColumnKey("id")]
+    widest = max((r.request_id for r in app.dashboard_state.stats.requests), key=len)
+
+    def drawn_whole() -> bool:
+        if id_column.content_width < len(widest):
+            return False
+        if table.region.height <= 1:  # not on screen (a narrow terminal shows the chat)
+            return True
+        return any(widest in table.render_line(y).text for y in range(1, table.size.height))
+    assert await wait_for(pilot, drawn_whole)
     await pilot.pause()
 
 

@@ -9,6 +9,7 @@ finish: the cursor stays on the request it was on, not on the row number.
 from __future__ import annotations
 
 from textual.binding import Binding
+from textual.geometry import Size
 from textual.widgets import DataTable
 
 from kvdeck.tui.messages import ChatFocusRequested
@@ -29,6 +30,15 @@ class RequestTable(DataTable):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, id=id)
+
+    def watch_virtual_size(self, old: Size, new: Size) -> None:
+        # DataTable measures new rows when idle but keeps the lines it drew before, cached
+        # under keys the measuring leaves as they were: once the columns widen, rows that do
+        # not change again stay cut at the old widths ("chat-1a2b" as "chat-1a"). Redraw.
+        if new.width != old.width:
+            clear = getattr(self, "_clear_caches", None)  # DataTable's own (private)
+            if clear is not None:
+                clear()
 
     @property
     def cursor_request(self) -> str | None:
