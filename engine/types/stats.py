@@ -238,7 +238,7 @@ def stats_from_dict(data: dict) -> EngineStats:
     cached = values.get("block_is_cached", [])
     values["block_is_cached"] = [flag == "1" for flag in cached] if isinstance(cached, str) \
         else [bool(flag) for flag in cached]
-    values["requests"] = [_request_stats(r) for r in values.get("requests", [])]
+    values["requests"] = [request_stats_from_dict(r) for r in values.get("requests", [])]
     if values.get("spec") is not None:
         values["spec"] = SpecDecodeStats(**_known(SpecDecodeStats, values["spec"]))
     if values.get("lora") is not None:
@@ -248,10 +248,6 @@ def stats_from_dict(data: dict) -> EngineStats:
 
 def request_stats_from_dict(data: dict) -> RequestStats:
     """The inverse of request_stats_to_dict; unknown keys are ignored."""
-    return _request_stats(data)
-
-
-def _request_stats(data: dict) -> RequestStats:
     values = _known(RequestStats, data)
     if values.get("spec") is not None:
         values["spec"] = RequestSpecStats(**_known(RequestSpecStats, values["spec"]))
