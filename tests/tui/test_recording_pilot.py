@@ -23,7 +23,13 @@ async def test_f7_records_what_the_dashboard_shows(make_app, kvdeck_home):
         chat = app.screen.chat
         assert await wait_for(pilot, lambda: factory.client.sent and not chat.generating,
                               timeout=10)
-        shown = app.dashboard_state.stats
+        # Busy snapshots are sampled (SNAPSHOT_HZ) and one arriving before f7 lands may
+        # replace a held one; idle ones are all stored, so the comparison waits for idle.
+        state = app.dashboard_state
+        assert await wait_for(pilot, lambda: state.stats is not None
+                              and not state.stats.num_running and not state.stats.num_waiting,
+                              timeout=10)
+        shown = state.stats
         await pilot.press("f7")
         assert not app.recording.active and REC_MARK not in app.sub_title
         assert app.dashboard_state.recorder is None
