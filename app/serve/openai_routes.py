@@ -25,12 +25,14 @@ from kvdeck.app.serve.admission import (
     sampling_params,
     submit,
 )
+from kvdeck.app.serve.echo import Echo, prompt_logprobs_asked, without_completion
 from kvdeck.app.serve.errors import OpenAIError, sse_error
 from kvdeck.app.serve.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice
 from kvdeck.app.serve.response_parts import (
     chat_logprobs,
     completion_logprobs,
     prompt_list,
+    prompt_logprobs_body,
     sse_event,
     usage,
 )
@@ -53,18 +55,23 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
     model_name = lora.lora_name if lora is not None else state.model_name  # as vLLM echoes it
     check_engine(state)
     check_unsupported(req)
-    for name, bad in (("echo", req.echo), ("suffix", req.suffix is not None),
-                      ("best_of", req.best_of not in (None, 1))):
+    for name, bad in (("suffix", req.suffix is not None), ("best_of", req.best_of not in (None, 1))):
         if bad:
             raise OpenAIError(400, f"{name} is not supported", param=name,
                               code="unsupported_parameter")
+    if req.max_tokens == 0 and not req.echo:
+        raise OpenAIError(400, "max_tokens must be at least 1 (0 is for echo: true, which returns "
+                               "the prompt alone)", param="max_tokens")
+    echo = Echo.of(req, state.engine.tokenizer)
     prompts = prompt_list(req.prompt)
     check_choice_count(state, len(prompts) * req.n, "n" if req.n > 1 else "prompt")
     state.metrics.observe_request_params(req.n, req.max_tokens)
     request_id = f"cmpl-{uuid.uuid4().hex}"
     structured, field = structured_spec(req)
-    params = sampling_params(req, req.max_tokens if req.max_tokens is not None
-                             else COMPLETION_DEFAULT_MAX_TOKENS, req.logprobs, structured)
+    # echo with max_tokens 0 generates one token, which the reply leaves out (vLLM's way).
+    max_tokens = 1 if echo is not None and echo.prompt_only else req.max_tokens
+    params = sampling_params(req, max_tokens if max_tokens is not None else COMPLETION_DEFAULT_MAX_TOKENS,
+                             req.logprobs, structured, prompt_logprobs_asked(req))
     streams = await submit(state, [(f"{request_id}-{i}", p) for i, p in enumerate(prompts)], params,
                            Fields("prompt", field, req.max_tokens is not None), lora_request=lora)
     if req.stream:
@@ -72,13 +79,21 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
         prompt_ids = ([s.prompt_token_ids for s in streams for _ in range(req.n)]
                       if req.return_token_ids else None)
         return EventStreamResponse(_completion_stream(state, streams, request_id, include_usage,
-                                                      req.logprobs, req.n, prompt_ids, model_name),
+                                                      req.logprobs, req.n, prompt_ids, model_name, echo),
                                    streams)
     finals = [out for outs in await run_to_end(streams, raw, state.drain) for out in outs]
-    choices = [{"index": i, "text": out.outputs[0].text,
-                "logprobs": completion_logprobs(out, 0, req.logprobs),
-                "finish_reason": out.outputs[0].finish_reason,
-                "stop_reason": out.outputs[0].stop_reason} for i, out in enumerate(finals)]
+    if echo is not None and echo.prompt_only:
+        finals = [without_completion(out) for out in finals]
+    choices = []
+    for i, out in enumerate(finals):
+        text, logprobs = out.outputs[0].text, completion_logprobs(out, 0, req.logprobs)
+        if echo is not None:
+            text, logprobs = echo.text(out) + text, echo.logprobs(out, req.logprobs)
+        choices.append({"index": i, "text": text, "logprobs": logprobs,
+                        "finish_reason": out.outputs[0].finish_reason,
+                        "stop_reason": out.outputs[0].stop_reason})
+        if req.prompt_logprobs is not None:
+            choices[-1]["prompt_logprobs"] = prompt_logprobs_body(out)
     if req.return_token_ids:
         for choice, out in zip(choices, finals, strict=True):
             choice["prompt_token_ids"] = out.prompt_token_ids
@@ -91,23 +106,37 @@ async def create_completion(state: ServeState, req: CompletionRequest, raw: Requ
 async def _completion_stream(state: ServeState, streams: list[RequestStream], request_id: str,
                              include_usage: bool, logprobs: int | None, choices_per_prompt: int,
                              prompt_ids: list[list[int]] | None,
-                             model_name: str) -> AsyncIterator[str]:
+                             model_name: str, echo: Echo | None = None) -> AsyncIterator[str]:
     """prompt_ids: given when the request asked for return_token_ids (vLLM's shape: the
-    prompt's ids on a choice's first chunk, each chunk's new token ids on it)."""
+    prompt's ids on a choice's first chunk, each chunk's new token ids on it). `echo`: a
+    choice's first chunk starts with the prompt (and its logprobs)."""
     created = int(time.time())
     sent_tokens = [0] * (len(streams) * choices_per_prompt)  # tokens already sent, per choice
     finals: list[RequestOutput | None] = [None] * len(sent_tokens)
+    echoed = [echo is None] * len(sent_tokens)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for prompt_index, out in outputs:
                 completion = out.outputs[0]
                 index = prompt_index * choices_per_prompt + completion.index
+                if echo is not None and echo.prompt_only:
+                    if completion.finish_reason is None:
+                        continue  # the one token generated for it is never sent
+                    out = without_completion(out)
+                    completion = out.outputs[0]
                 if completion.finish_reason is not None:
                     finals[index] = out
-                elif not out.delta_text and logprobs is None:
+                elif not out.delta_text and logprobs is None and echoed[index]:
                     continue  # text held back (partial character or possible stop string)
+                text = out.delta_text
                 chunk_logprobs = completion_logprobs(out, sent_tokens[index], logprobs)
-                choice = {"index": index, "text": out.delta_text, "logprobs": chunk_logprobs,
+                if not echoed[index]:
+                    echoed[index] = True
+                    prompt_text = echo.text(out)
+                    text = prompt_text + text
+                    if logprobs is not None:  # the prompt's, then this chunk's (none sent before)
+                        chunk_logprobs = echo.logprobs(out, logprobs)
+                choice = {"index": index, "text": text, "logprobs": chunk_logprobs,
                           "finish_reason": completion.finish_reason,
                           "stop_reason": completion.stop_reason}
                 if prompt_ids is not None:
@@ -147,7 +176,8 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, max_tokens, logprobs, structured)  # bad values fail early
+    params = sampling_params(req, max_tokens, logprobs, structured,  # bad values fail early
+                             req.prompt_logprobs)
     state.metrics.observe_request_params(req.n, max_tokens)
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
     streams = await submit(state, [(request_id, None)], params,
@@ -176,6 +206,8 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
             "model": model_name, "choices": choices, "usage": usage(finals, len(finals))}
     if req.return_token_ids:
         body["prompt_token_ids"] = streams[0].prompt_token_ids
+    if req.prompt_logprobs is not None:  # the rendered conversation's tokens (vLLM's place)
+        body["prompt_logprobs"] = prompt_logprobs_body(finals[0])
     return JSONResponse(body)
 
 

@@ -88,6 +88,9 @@ class SamplingRequest(BaseModel):
     # vLLM's: the prompt's and each choice's token ids in the response (kvdeck attach counts
     # tokens with them)
     return_token_ids: StrictBool = False
+    # vLLM's: each prompt token's logprob with this many top candidates, in the response's
+    # `prompt_logprobs` (not with stream)
+    prompt_logprobs: bounded("int", "prompt_logprobs") | None = None
     n: bounded("int", "n") = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -165,8 +168,10 @@ class CompletionRequest(SamplingRequest, GuidedFields):
              | Annotated[list[Annotated[StrictStr, Field(min_length=1)]],
                          Field(min_length=1, max_length=MAX_PROMPTS)]
              | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)])
+    # 0 only with echo: the prompt back, nothing generated (how clients score a text)
+    max_tokens: Annotated[StrictInt, Field(ge=0, le=INT64_MAX)] | None = None
     logprobs: bounded("int", "logprobs") | None = None
-    echo: Annotated[StrictBool, unsupported(const=False)] = False
+    echo: StrictBool = False  # the prompt before the completion (its logprobs too, with logprobs)
     suffix: Annotated[StrictStr, unsupported(maxLength=0)] | None = None
     best_of: Annotated[StrictInt, unsupported(minimum=1, maximum=1)] | None = None
 

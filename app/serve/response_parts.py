@@ -1,6 +1,7 @@
 """Pieces of OpenAI response bodies: prompt lists, usage, SSE events and logprobs."""
 
 import json
+from collections.abc import Callable
 
 from kvdeck.app.serve.errors import OpenAIError
 from kvdeck.engine.types.outputs import Logprob, RequestOutput
@@ -46,23 +47,57 @@ def _top(entry: dict[int, Logprob], num: int) -> list[Logprob]:
 
 
 
-def completion_logprobs(out: RequestOutput, start: int, num: int | None) -> dict | None:
+def completion_logprobs(out: RequestOutput, start: int, num: int | None,
+                        offset: int = 0) -> dict | None:
+    """The completion's tokens from `start` on, in /v1/completions' logprobs shape; `offset`:
+    the characters before the completion's text in the choice (an echoed prompt's)."""
     if num is None:
         return None
-    offset = len(out.outputs[0].text) - len(out.delta_text) if start else 0
-    tokens, token_logprobs, top_logprobs, offsets = [], [], [], []
+    offset += len(out.outputs[0].text) - len(out.delta_text) if start else 0
+    found: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
     for token_id, entry in _new_logprobs(out, start):
-        sampled = entry[token_id]
-        text = sampled.decoded or ""
-        tokens.append(text)
-        token_logprobs.append(sampled.logprob)
+        offset = _add_token(found, entry[token_id].decoded or "", entry[token_id], entry, num, offset)
+    return found
+
+
+def echoed_logprobs(out: RequestOutput, num: int, decode: Callable[[list[int]], str]) -> dict:
+    """echo with logprobs: the prompt's tokens (the first has no logprob: nothing predicts
+    it, so null as OpenAI gives it), then the completion's."""
+    entries = out.prompt_logprobs or [None] * len(out.prompt_token_ids)
+    found: dict[str, list] = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    offset = 0
+    for token_id, entry in zip(out.prompt_token_ids, entries, strict=False):
+        if entry is None:
+            offset = _add_token(found, decode([token_id]), None, None, num, offset)
+        else:
+            offset = _add_token(found, entry[token_id].decoded or "", entry[token_id], entry, num, offset)
+    completion = completion_logprobs(out, 0, num, offset)
+    return {key: found[key] + completion[key] for key in found}
+
+
+def _add_token(found: dict[str, list], text: str, chosen: Logprob | None,
+               entry: dict[int, Logprob] | None, num: int, offset: int) -> int:
+    found["tokens"].append(text)
+    found["token_logprobs"].append(chosen.logprob if chosen is not None else None)
+    if entry is None or chosen is None:
+        found["top_logprobs"].append(None)
+    else:
         top = {lp.decoded or "": lp.logprob for lp in _top(entry, num)}
-        top.setdefault(text, sampled.logprob)
-        top_logprobs.append(top)
-        offsets.append(offset)
-        offset += len(text)
-    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,
-            "text_offset": offsets}
+        top.setdefault(text, chosen.logprob)
+        found["top_logprobs"].append(top)
+    found["text_offset"].append(offset)
+    return offset + len(text)
+
+
+def prompt_logprobs_body(out: RequestOutput) -> list[dict | None] | None:
+    """vLLM's `prompt_logprobs`: per prompt token, null for the first, then
+    {token id: {logprob, rank, decoded_token}} for the token and its top candidates."""
+    if out.prompt_logprobs is None:
+        return None
+    return [None if entry is None else
+            {str(token_id): {"logprob": lp.logprob, "rank": lp.rank, "decoded_token": lp.decoded}
+             for token_id, lp in entry.items()}
+            for entry in out.prompt_logprobs]
 
 
 

@@ -137,7 +137,7 @@ class BlockManager:
         the blocks its next query can see (the last cdiv(window - 1, block_size)). The last
         token is never served from the cache: its logits are needed.
         """
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or request.needs_prompt_logprobs:
             return CachedPrefix(tables=[[] for _ in self.windows])
         max_blocks = (request.num_tokens - 1) // self.block_size
         full = [g for g, window in enumerate(self.windows) if window is None]

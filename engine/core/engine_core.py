@@ -151,7 +151,9 @@ class EngineCore:
         if request.params.structured_outputs is not None:
             core_request.grammar = self._grammar_manager().start(request.params.structured_outputs)
         params = request.params
-        if params.structured_outputs is not None or params.has_penalties:
+        # Prompt logprobs come from the synchronous step's forward (ModelRunner.execute).
+        if (params.structured_outputs is not None or params.has_penalties
+                or params.prompt_logprobs is not None):
             self._needs_host_tokens.add(request.request_id)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)
@@ -234,6 +236,8 @@ class EngineCore:
         result = self.runner.execute(batch, self._token_masks(batch),
                                      self.spec.draft_probs() if self.spec is not None else None)
         executed = time.perf_counter()
+        for index, (start, entries) in result.prompt_logprobs.items():
+            batch.requests[index].add_prompt_logprobs(start, entries)
         if self.scheduler.swap is not None:  # the copies' times, into the timings and timelines
             self.scheduler.swap.collect(batch.step, self.runner.kv_swap, self.timings)
         if self.spec is None and not result.spec_samples:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvdeck.engine.core.request_timeline import RequestTimeline
-from kvdeck.engine.types.outputs import RequestMetrics
+from kvdeck.engine.types.outputs import Logprob, RequestMetrics
 from kvdeck.engine.types.sampling_params import SamplingParams
 from kvdeck.engine.types.wire import EngineCoreOutput, RequestStatus
 
@@ -61,10 +61,15 @@ class Request:
     # it (Scheduler.add_request sets both; 0 means: always check).
     stop_ids: frozenset[int] = frozenset()
     length_limit: int = 0
+    # SamplingParams.prompt_logprobs: the entries of prompt positions 1.. computed so far (None:
+    # not asked for), handed on once, with the first token.
+    prompt_logprobs: list[dict[int, Logprob]] | None = field(init=False)
+    prompt_logprobs_sent: bool = False
     metrics: RequestMetrics = field(init=False)
     timeline: RequestTimeline = field(init=False)
 
     def __post_init__(self) -> None:
+        self.prompt_logprobs = [] if self.params.prompt_logprobs is not None else None
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
         # Its arrival on the monotonic clock (the front-end stamps arrival_time with time.time()).
         self.timeline = RequestTimeline(time.monotonic() - max(0.0, time.time() - self.arrival_time))
@@ -105,6 +110,24 @@ class Request:
         return (*prompt[start:], *self.output_token_ids[: end - n])
 
     @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Its prompt logprobs are not all computed: its prompt may not come from the cache."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids) - 1
+
+    def add_prompt_logprobs(self, start: int, entries: list[dict[int, Logprob]]) -> None:
+        """A chunk's entries for prompt positions start+1..; a chunk computed again after a
+        preemption adds only what is new."""
+        have = len(self.prompt_logprobs)
+        if start <= have:
+            self.prompt_logprobs.extend(entries[have - start :])
+
+    def take_prompt_logprobs(self) -> list[dict[int, Logprob]] | None:
+        if self.prompt_logprobs is None or self.prompt_logprobs_sent:
+            return None
+        self.prompt_logprobs_sent = True
+        return self.prompt_logprobs
+
+    @property
     def waiting_for_grammar(self) -> bool:
         return self.grammar is not None and not self.grammar.ready
 
@@ -120,4 +143,5 @@ def token_output(request: Request, samples: list) -> EngineCoreOutput:
     return EngineCoreOutput(
         request.request_id, [s.token_id for s in samples], status.value if status.finished else None,
         request.stop_reason, [s.logprobs for s in samples] if samples[0].logprobs is not None else None,
-        request.metrics, request.num_cached_tokens)
+        request.metrics, request.num_cached_tokens,
+        prompt_logprobs=request.take_prompt_logprobs() if request.prompt_logprobs is not None else None)

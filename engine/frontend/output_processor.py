@@ -25,6 +25,10 @@ class RequestState:
     metrics: RequestMetrics
     token_ids: list[int] = field(default_factory=list)  # the completion (not kept for DELTA)
     logprobs: list[dict[int, Logprob]] | None = None
+    cumulative_logprob: float | None = None  # of the completion's tokens, when logprobs are kept
+    # The prompt's (first entry None), once the core sent them; DELTA outputs carry them once.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    prompt_logprobs_new: bool = False
     num_tokens: int = 0  # of the completion
     # DELTA outputs of token ids alone (no text, no logprobs): process() hands the core's ids
     # on without looking further (set at add_request).
@@ -58,8 +62,9 @@ class OutputProcessor:
             ),
             metrics=RequestMetrics(arrival_time=arrival_time),
             logprobs=[] if params.logprobs is not None else None,
+            cumulative_logprob=0.0 if params.logprobs is not None else None,
             ids_only=(params.output_kind is RequestOutputKind.DELTA and not params.detokenize
-                      and params.logprobs is None),
+                      and params.logprobs is None and params.prompt_logprobs is None),
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -145,6 +150,14 @@ class OutputProcessor:
                 for logprob in entry.values():
                     logprob.decoded = self.tokenizer.decode([logprob.token_id])
             state.logprobs.extend(new_logprobs)
+            for token, entry in zip(new_ids, new_logprobs):
+                state.cumulative_logprob += entry[token].logprob
+        if core_output.prompt_logprobs is not None:
+            for entry in core_output.prompt_logprobs:
+                for logprob in entry.values():
+                    logprob.decoded = self.tokenizer.decode([logprob.token_id])
+            state.prompt_logprobs = [None, *core_output.prompt_logprobs]
+            state.prompt_logprobs_new = True
         finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
         if params.detokenize and detok.stop_reason is not None:
             finish_reason, stop_reason = "stop", detok.stop_reason
@@ -159,14 +172,21 @@ class OutputProcessor:
     def _build(self, state: RequestState, delta: str, new_ids: list[int], finish_reason: str | None,
                stop_reason: int | str | None, num_cached: int,
                error: str | None = None) -> RequestOutput:
+        prompt_logprobs = state.prompt_logprobs
         if state.params.output_kind is RequestOutputKind.DELTA:
             logprobs = state.logprobs
             if logprobs is not None:
                 logprobs = logprobs[len(logprobs) - len(new_ids):]
-            completion = CompletionOutput(0, delta, new_ids, finish_reason, logprobs, stop_reason)
+            completion = CompletionOutput(0, delta, new_ids, finish_reason, logprobs, stop_reason,
+                                          state.cumulative_logprob)
+            if not state.prompt_logprobs_new:
+                prompt_logprobs = None
         else:
             completion = CompletionOutput(0, state.detokenizer.text[: state.detokenizer.emitted],
-                                          list(state.token_ids), finish_reason, state.logprobs, stop_reason)
+                                          list(state.token_ids), finish_reason, state.logprobs, stop_reason,
+                                          state.cumulative_logprob)
+        state.prompt_logprobs_new = False
         # delta_token_ids: a list of this output's own (the core's, or a slice of it).
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion],
-                             finish_reason is not None, state.metrics, delta, new_ids, num_cached, error)
+                             finish_reason is not None, state.metrics, delta, new_ids, num_cached, error,
+                             prompt_logprobs)

@@ -71,6 +71,10 @@ class InputBatch:
                 ids.append(request.token_id_at(start))
             else:
                 ids.extend(request.all_token_ids[start : start + count])
+            if request.params.prompt_logprobs is not None:
+                targets = min(start + count, len(request.prompt_token_ids) - 1) - start
+                if targets > 0:
+                    inputs.prompt_logprob_spans.append((index, len(ids) - count, start, targets))
             if start + count == request.num_tokens:
                 inputs.sample_rows.append(len(ids) - 1)
                 inputs.sample_requests.append(request)

@@ -30,6 +30,7 @@ from kvdeck.engine.runner.lora.manager import LoRAManager
 from kvdeck.engine.runner.models import model_class_for, native_decode
 from kvdeck.engine.runner.models.layers import AttentionMetadata, PagedAttention
 from kvdeck.engine.runner.models.linear import UnquantizedLinearMethod, get_linear_method
+from kvdeck.engine.runner.prompt_logprobs import prompt_logprobs
 from kvdeck.engine.runner.sampler import Sampler, SampleResult
 from kvdeck.engine.runner.step_copies import StepCopies
 from kvdeck.engine.runner.step_sampling import StepSampler
@@ -401,7 +402,8 @@ class ModelRunner:
                 torch.set_num_threads(threads)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        graphs = self.decode_graphs
+        # Prompt logprobs read every row's hidden state: the plain forward gives them.
+        graphs = self.decode_graphs if not inputs.prompt_logprob_spans else None
         if inputs.lora is not None:  # adapter rows: the adapter graphs, else the Python forward, eager
             if graphs is not None and graphs.can_run_lora(inputs.meta, inputs.meta.seq_lens.shape[0]):
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
@@ -435,6 +437,10 @@ class ModelRunner:
         hidden = self._forward(inputs)
         results: list[SampleResult | None] = [None] * inputs.num_requests
         failures: dict[int, str] = {}
+        prompt_entries = {}
+        if inputs.prompt_logprob_spans:
+            prompt_entries, failures = prompt_logprobs(self.model.compute_logits, hidden,
+                                                       inputs.prompt_logprob_spans, batch.requests)
         spec_samples: dict[int, list[SampleResult]] = {}
         num_plain = len(inputs.sample_rows)
         if num_plain or inputs.spec_rows:
@@ -448,7 +454,7 @@ class ModelRunner:
                 else:
                     for i, result in zip(inputs.sample_batch_index, sampled):
                         results[i] = result
-                failures = {inputs.sample_batch_index[row]: why for row, why in failed.items()}
+                failures.update({inputs.sample_batch_index[row]: why for row, why in failed.items()})
             if inputs.spec_requests:
                 verified, failed = self.step_sampler.verify(logits[num_plain:], inputs.spec_requests,
                                                             draft_probs)
@@ -456,8 +462,11 @@ class ModelRunner:
                     if tokens is not None:
                         spec_samples[i] = tokens
                 failures.update({inputs.spec_batch_index[row]: why for row, why in failed.items()})
+        for index in failures:  # a failed request emits nothing this step
+            results[index] = None
+            spec_samples.pop(index, None)
         return StepResult(results, prepared - started, time.perf_counter() - started, failures,
-                          spec_samples)
+                          spec_samples, prompt_entries)
 
     @torch.inference_mode()
     def sample_logits(self, batch: BatchPlan) -> tuple[torch.Tensor, list[int]]:

@@ -99,7 +99,7 @@ class Sampler:
         results = [SampleResult(t) for t in token_list]
         if samples.raw_logprobs is not None:
             rows = samples.want_logprobs
-            for i, entry in zip(rows, _top_logprobs(samples.raw_logprobs, rows, [token_list[i] for i in rows],
+            for i, entry in zip(rows, top_logprobs(samples.raw_logprobs, rows, [token_list[i] for i in rows],
                                                     samples.tops)):
                 results[i].logprobs = entry
         return results
@@ -186,7 +186,7 @@ class Sampler:
         if rows:
             raw = torch.log_softmax(logits[rows].float(), dim=-1)
             tops = [requests[i].params.logprobs or 0 for i in rows]
-            for i, entry in zip(rows, _top_logprobs(raw, list(range(len(rows))), [tokens[i] for i in rows],
+            for i, entry in zip(rows, top_logprobs(raw, list(range(len(rows))), [tokens[i] for i in rows],
                                                     tops)):
                 entries[i] = entry
         return entries
@@ -229,19 +229,20 @@ def _columns(entries: list[tuple[int, int, float]], device) -> tuple[torch.Tenso
             torch.tensor(values, dtype=torch.float32, device=device))
 
 
-def _top_logprobs(logprobs: torch.Tensor, rows: list[int], tokens: list[int],
+def top_logprobs(logprobs: torch.Tensor, rows: list[int], tokens: list[int],
                   tops: list[int]) -> list[dict[int, Logprob]]:
     """For each row: the sampled token's logprob and the row's `top` most likely tokens
     (the sampled one first, as OpenAI lists it), copied to the host once for all rows."""
     device = logprobs.device
     picked = logprobs[rows]
-    sampled = picked.gather(1, torch.tensor(tokens, device=device)[:, None]).squeeze(1).tolist()
+    chosen = picked.gather(1, torch.tensor(tokens, device=device)[:, None])
+    ranks = ((picked > chosen).sum(dim=1) + 1).tolist()
     values, indices = picked.topk(max(tops), dim=-1)
     entries = []
-    for token, logprob, row_values, row_indices, top in zip(
-            tokens, sampled, values.tolist(), indices.tolist(), tops):
-        entry = {token: Logprob(token, logprob)}
-        for value, index in zip(row_values[:top], row_indices[:top]):
-            entry.setdefault(index, Logprob(index, value))
+    for token, logprob, rank, row_values, row_indices, top in zip(
+            tokens, chosen.squeeze(1).tolist(), ranks, values.tolist(), indices.tolist(), tops):
+        entry = {token: Logprob(token, logprob, rank=rank)}
+        for place, (value, index) in enumerate(zip(row_values[:top], row_indices[:top]), 1):
+            entry.setdefault(index, Logprob(index, value, rank=place))
         entries.append(entry)
     return entries

@@ -10,6 +10,7 @@ from kvdeck.engine.runner.lora.manager import LoRAStepPlan
 from kvdeck.engine.runner.models.layers import AttentionMetadata
 from kvdeck.engine.runner.sampler import SampleResult
 from kvdeck.engine.runner.step_copies import StepCopies
+from kvdeck.engine.types.outputs import Logprob
 
 
 @dataclass(slots=True)
@@ -25,6 +26,9 @@ class StepInputs:
     spec_rows: list[int] = field(default_factory=list)
     spec_requests: list[ScheduledSequence] = field(default_factory=list)
     spec_batch_index: list[int] = field(default_factory=list)
+    # Prompt logprobs (prompt_logprobs.py): (batch row, first flat row, first position, number
+    # of prompt tokens whose logprob the chunk's rows give).
+    prompt_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)
     # Multi-LoRA: the step's adapter per token (engine/runner/lora/manager.py); None: base rows only.
     lora: "LoRAStepPlan | None" = None
     # A decode graph's output head: (logits, greedy tokens) of every row, when it made them.
@@ -67,3 +71,6 @@ class StepResult:
     # Speculating requests: batch row -> the tokens its verified chunk emitted (accepted drafts,
     # then one more); their `samples` entry is None.
     spec_samples: dict[int, list[SampleResult]] = field(default_factory=dict)
+    # SamplingParams.prompt_logprobs: batch row -> (its chunk's first position, the entries of
+    # the prompt tokens after it, in order).
+    prompt_logprobs: dict[int, tuple[int, list[dict[int, Logprob]]]] = field(default_factory=dict)

@@ -35,6 +35,7 @@ class Logprob:
     token_id: int
     logprob: float
     decoded: str | None = None
+    rank: int | None = None  # 1 + how many tokens were more likely (vLLM's)
 
 
 @dataclass(slots=True)
@@ -45,6 +46,8 @@ class CompletionOutput:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" | None while running
     logprobs: list[dict[int, Logprob]] | None = None
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    # The sum of the generated tokens' logprobs (None unless logprobs were asked for), vLLM's.
+    cumulative_logprob: float | None = None
 
 
 @dataclass(slots=True)
@@ -60,3 +63,6 @@ class RequestOutput:
     delta_token_ids: list[int] = field(default_factory=list)
     num_cached_tokens: int = 0
     error: str | None = None  # finish_reason "error": what went wrong with this request
+    # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (nothing
+    # predicts it), each the token's logprob with the top candidates at its position.
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None

@@ -61,8 +61,9 @@ SAMPLING_BOUNDS: dict[str, Bound] = {
     "max_tokens": Bound(1, INT64_MAX),
     "min_tokens": Bound(0, INT64_MAX),
     "logprobs": Bound(0, MAX_LOGPROBS),
+    "prompt_logprobs": Bound(0, MAX_LOGPROBS),
 }
-_INTEGER_FIELDS = {"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"}
+_INTEGER_FIELDS = {"n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs"}
 
 
 @dataclass(slots=True)
@@ -82,6 +83,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # number of top logprobs to return beside the sampled token
+    # Each prompt token's logprob (from the first token on) with that many top candidates;
+    # such a request reads nothing from the prefix cache (its prompt must be computed).
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (benchmarks), no text, no stop strings
@@ -111,7 +115,7 @@ class SamplingParams:
     def validate(self) -> None:
         for name, bound in SAMPLING_BOUNDS.items():
             value = getattr(self, name)
-            if value is None and name in ("seed", "max_tokens", "logprobs"):
+            if value is None and name in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
                 continue
             _check(name, value, bound, integer=name in _INTEGER_FIELDS)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

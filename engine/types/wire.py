@@ -56,6 +56,9 @@ class EngineCoreOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     error: str | None = None  # why it failed (finish_reason "error")
+    # SamplingParams.prompt_logprobs: prompt positions 1.. (their tokens' logprobs and top
+    # candidates), all at once, with the request's first token.
+    prompt_logprobs: list[dict[int, Logprob]] | None = None
 
     @property
     def finished(self) -> bool:

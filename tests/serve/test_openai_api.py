@@ -216,6 +216,60 @@ def test_logprobs(api, model_name):
     assert "".join(lp.tokens) == comp.choices[0].text
 
 
+def test_echo_with_max_tokens_0_scores_the_prompt(api, model_name, offline):
+    """How lm-evaluation-harness scores a text: the prompt back with its tokens' logprobs."""
+    got = api.completions.create(model=model_name, prompt=PROMPTS[1], max_tokens=0, echo=True,
+                                 logprobs=1)
+    choice = got.choices[0]
+    assert choice.text == PROMPTS[1] and choice.finish_reason == "length"
+    assert got.usage.completion_tokens == 0
+    want = offline.generate(PROMPTS[1], SamplingParams(max_tokens=1, prompt_logprobs=1))[0]
+    lp = choice.logprobs
+    assert "".join(lp.tokens) == PROMPTS[1] and len(lp.tokens) == got.usage.prompt_tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing predicts it
+    expected = [entry[token].logprob for token, entry in zip(want.prompt_token_ids[1:],
+                                                             want.prompt_logprobs[1:], strict=True)]
+    assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    assert all(1 <= len(top) <= 2 for top in lp.top_logprobs[1:])
+    assert lp.text_offset == [sum(map(len, lp.tokens[:i])) for i in range(len(lp.tokens))]
+
+
+def test_echo_stream_equals_non_stream(api, model_name, offline):
+    args = dict(model=model_name, prompt=[PROMPTS[0], PROMPTS[2]], max_tokens=6, temperature=0,
+                echo=True, logprobs=0, extra_body={"ignore_eos": True})
+    whole = api.completions.create(**args)
+    chunks = [c.choices[0] for c in api.completions.create(**args, stream=True) if c.choices]
+    for index, prompt in enumerate([PROMPTS[0], PROMPTS[2]]):
+        mine = [c for c in chunks if c.index == index]
+        assert mine[0].text.startswith(prompt)
+        assert "".join(c.text for c in mine) == whole.choices[index].text
+        tokens = [t for c in mine for t in c.logprobs.tokens]
+        assert tokens == whole.choices[index].logprobs.tokens
+        assert len(tokens) == len(offline.get_tokenizer().encode(prompt)) + 6  # the prompt's, then 6
+    alone = [c.choices for c in api.completions.create(
+        model=model_name, prompt=PROMPTS[0], max_tokens=0, echo=True, stream=True,
+        stream_options={"include_usage": True})]
+    assert [(c[0].text, c[0].finish_reason) for c in alone if c] == [(PROMPTS[0], "length")]
+
+
+def test_prompt_logprobs_on_both_endpoints(api, model_name):
+    comp = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=2,
+                                  extra_body={"prompt_logprobs": 2})
+    entries = comp.choices[0].model_extra["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == comp.usage.prompt_tokens
+    for entry in entries[1:]:
+        ranks = sorted(item["rank"] for item in entry.values())
+        assert ranks[:2] == [1, 2] and all(item["logprob"] <= 0 for item in entry.values())
+    chat = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 0})
+    assert len(chat.model_extra["prompt_logprobs"]) == chat.usage.prompt_tokens
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs is not available with stream"):
+        api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=2, stream=True,
+                               extra_body={"prompt_logprobs": 1})
+    with pytest.raises(openai.BadRequestError, match="0 is for echo"):
+        api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=0)
+
+
 def test_tokenize_detokenize(server, api, model_name):
     tok = httpx.post(f"{server.base_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
     assert tok["count"] == len(tok["tokens"]) > 0
