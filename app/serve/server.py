@@ -4,7 +4,7 @@ The server listens at once and starts the engine in the background: /health answ
 503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
 engine is started again after `engine_restart_delay` seconds (doubling while restarts
 keep failing, up to a minute), so the server keeps serving. Routes:
-/v1/models, /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /kvdeck/v1/*
+/v1/models (and /v1/models/{model}), /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /kvdeck/v1/*
 (info, stats, requests/{id}) and Ollama's /api/* (ollama_routes.py) (these need the API key
 when one is set), /health, /metrics and
 `GET /` (open, for probes and Prometheus).
@@ -155,12 +155,27 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         """One request's timeline, TTFT parts and reason line (request_timelines.py)."""
         return JSONResponse(timelines.describe(request_id))
 
-    @app.get("/v1/models", responses=errors(401))
-    async def list_models() -> JSONResponse:
+    def model_cards() -> list[dict]:
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "kvdeck",
                 "root": str(client.model_dir or client.model_name), "parent": None,
                 "max_model_len": client.max_model_len or None}
-        return JSONResponse({"object": "list", "data": [card, *adapter_cards(adapters, created)]})
+        return [card, *adapter_cards(adapters, created)]
+
+    @app.get("/v1/models", responses=errors(401))
+    async def list_models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": model_cards()})
+
+    @app.get("/v1/models/{model:path}", responses=errors(401, 404))
+    async def retrieve_model(model: str) -> JSONResponse:
+        """OpenAI's models.retrieve: the card of the served model (by any of its names) or of
+        an adapter; 404 model_not_found otherwise."""
+        lora = check_model(state, model)
+        wanted = lora.lora_name if lora is not None else model_name
+        for card in model_cards():
+            if card["id"] == wanted:
+                return JSONResponse(card)
+        raise OpenAIError(404, f"the model {model!r} does not exist", param="model",  # unloaded just now
+                          code="model_not_found")
 
     @app.post("/v1/completions", responses=GENERATE_RESPONSES)
     async def completions(body: CompletionRequest, raw: Request):

@@ -85,6 +85,7 @@ def test_model_picks_the_adapter(server, serve_model_dir, adapters, expected):
     cards = httpx.get(f"{server.base_url}/v1/models").json()["data"]
     assert [(c["id"], c["parent"], c["root"]) for c in cards] == [
         (base, None, str(serve_model_dir)), ("sql", base, str(adapters["sql"]))]
+    assert httpx.get(f"{server.base_url}/v1/models/sql").json() == cards[1]
     # Ollama's routes pick it too, with or without the tag; /api/tags lists it under its base.
     ollama = httpx.post(f"{server.base_url}/api/generate", timeout=60, json={
         "model": "sql:latest", "prompt": "hi", "raw": True, "stream": False,

@@ -79,6 +79,12 @@ def test_health_and_models(server, api, serve_model_dir):
     assert [m.id for m in models] == [serve_model_dir.name]  # the folder's name, not its path
     by_path = api.completions.create(model=str(serve_model_dir), prompt="hi", max_tokens=1)
     assert by_path.model == serve_model_dir.name
+    # models.retrieve, by the served name or an alias (the path, slashes and all)
+    assert api.models.retrieve(serve_model_dir.name) == models[0]
+    assert api.models.retrieve(str(serve_model_dir)).id == serve_model_dir.name
+    with pytest.raises(openai.NotFoundError, match="does not exist") as missing:
+        api.models.retrieve("gpt-4o")
+    assert missing.value.code == "model_not_found"
 
 
 def test_completion_equals_offline_greedy(api, model_name, offline):
