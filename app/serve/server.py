@@ -4,7 +4,8 @@ The server listens at once and starts the engine in the background: /health answ
 503 "starting" while the model loads, 200 when ready, 503 "dead" after a crash. A crashed
 engine is started again after `engine_restart_delay` seconds (doubling while restarts
 keep failing, up to a minute), so the server keeps serving. Routes:
-/v1/models (and /v1/models/{model}), /v1/completions, /v1/chat/completions, /tokenize, /detokenize, /kvdeck/v1/*
+/v1/models (and /v1/models/{model}), /v1/completions, /v1/chat/completions, /tokenize,
+/detokenize, /kvdeck/v1/*
 (info, stats, requests/{id}) and Ollama's /api/* (ollama_routes.py) (these need the API key
 when one is set), /health, /metrics and
 `GET /` (open, for probes and Prometheus).
