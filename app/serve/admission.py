@@ -32,7 +32,7 @@ _SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "presence_penalty"
                     "frequency_penalty", "repetition_penalty", "seed")
 _PARAM_NAMES = frozenset(_SAMPLING_FIELDS + (
     "n", "max_tokens", "min_tokens", "stop", "stop_token_ids", "logprobs", "top_logprobs",
-    "prompt", "messages", "max_completion_tokens", "prompt_logprobs"))
+    "prompt", "messages", "max_completion_tokens", "prompt_logprobs", "logit_bias"))
 
 
 @dataclass(slots=True)
@@ -110,9 +110,6 @@ def check_queue(state: ServeState, num_new: int) -> None:
 
 
 def check_unsupported(req: SamplingRequest) -> None:
-    if req.logit_bias:
-        raise OpenAIError(400, "logit_bias is not supported", param="logit_bias",
-                          code="unsupported_parameter")
     if req.prompt_logprobs is not None and req.stream:  # vLLM's rule: they come in one piece
         raise OpenAIError(400, "prompt_logprobs is not available with stream: true",
                           param="prompt_logprobs")
@@ -129,6 +126,8 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
             n=req.n, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop or [],
             stop_token_ids=req.stop_token_ids or [], ignore_eos=req.ignore_eos, logprobs=logprobs,
             prompt_logprobs=prompt_logprobs,
+            logit_bias={int(token): bias for token, bias in req.logit_bias.items()} or None
+            if req.logit_bias is not None else None,
             skip_special_tokens=req.skip_special_tokens,
             include_stop_str_in_output=req.include_stop_str_in_output,
             structured_outputs=structured, **values)

@@ -22,6 +22,8 @@ from pydantic import (
 
 from kvdeck.engine.types.sampling_params import (
     INT64_MAX,
+    LOGIT_BIAS_RANGE,
+    MAX_LOGIT_BIAS,
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     SAMPLING_BOUNDS,
@@ -49,6 +51,8 @@ def bounded(kind: str, name: str, high: float | None = None) -> Any:
 
 
 Number = Annotated[StrictFloat, Field(allow_inf_nan=False)] | StrictInt
+BiasValue = (Annotated[StrictFloat, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE, allow_inf_nan=False)]
+             | Annotated[StrictInt, Field(ge=-LOGIT_BIAS_RANGE, le=LOGIT_BIAS_RANGE)])
 
 
 def unsupported(**schema: object) -> Any:
@@ -95,9 +99,9 @@ class SamplingRequest(BaseModel):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: StrictStr | None = None
-    # Unsupported options are accepted as types and refused with a 400 that names them; the
-    # schema says which values are served (what `unsupported` documents).
-    logit_bias: Annotated[dict[str, Number], unsupported(maxProperties=0)] | None = None
+    # OpenAI's: token id (as a string) -> a bias in [-100, 100] added to its logit
+    logit_bias: Annotated[dict[Annotated[StrictStr, Field(pattern=r"^[0-9]{1,18}$")], BiasValue],
+                          Field(max_length=MAX_LOGIT_BIAS)] | None = None
 
 
 class JsonSchemaFormat(BaseModel):

@@ -105,14 +105,18 @@ class Sampler:
         return results
 
     def _apply_penalties(self, logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:
-        """min_tokens bans, then repetition, presence and frequency penalties (vLLM's and
-        OpenAI's definitions), gathered over the batch into one update of each kind."""
+        """logit_bias, min_tokens bans, then repetition, presence and frequency penalties
+        (vLLM's and OpenAI's definitions), gathered over the batch into one update of each
+        kind."""
         vocab = logits.shape[1]
         banned: list[tuple[int, int]] = []
+        biased: list[tuple[int, int, float]] = []  # (row, token, bias)
         repeated: list[tuple[int, int, float]] = []  # (row, token, penalty)
         counted: list[tuple[int, int, float]] = []  # (row, token, amount to subtract)
         for row, request in enumerate(requests):
             p = request.params
+            if p.logit_bias:
+                biased += [(row, t, bias) for t, bias in p.logit_bias.items() if t < vocab]
             if request.num_output_tokens < p.min_tokens:
                 ends = list(p.stop_token_ids) + ([] if p.ignore_eos else list(request.eos_token_ids))
                 banned += [(row, t) for t in ends if t < vocab]
@@ -122,6 +126,9 @@ class Sampler:
                 counted += [(row, t, p.frequency_penalty * n + p.presence_penalty)
                             for t, n in Counter(request.output_token_ids).items()]
         device = logits.device
+        if biased:
+            rows, toks, bias = _columns(biased, device)
+            logits.index_put_((rows, toks), bias, accumulate=True)
         if banned:
             rows, toks = torch.tensor(banned, device=device).unbind(1)
             logits[rows, toks] = float("-inf")
@@ -198,7 +205,8 @@ class Sampler:
 
 def _changes_logits(requests: Sequence[ScheduledSequence]) -> bool:
     """Whether _apply_penalties will write into the logits."""
-    return any(r.params.has_penalties or r.num_output_tokens < r.params.min_tokens for r in requests)
+    return any(r.params.has_penalties or r.params.logit_bias or r.num_output_tokens < r.params.min_tokens
+               for r in requests)
 
 
 def _apply_top_k_top_p_min_p(logits: torch.Tensor, requests: Sequence[ScheduledSequence]) -> torch.Tensor:

@@ -18,6 +18,8 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias
+LOGIT_BIAS_RANGE = 100.0  # OpenAI's: -100 bans a token, 100 all but forces it
 # Temperatures below this sample greedily: dividing logits by them overflows float32 (vLLM's
 # _SAMPLING_EPS).
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -82,6 +84,9 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    # token id -> a number in [-100, 100] added to its logit before sampling (OpenAI's and
+    # vLLM's logit_bias); logprobs stay the model's own.
+    logit_bias: dict[int, float] | None = None
     logprobs: int | None = None  # number of top logprobs to return beside the sampled token
     # Each prompt token's logprob (from the first token on) with that many top candidates;
     # such a request reads nothing from the prefix cache (its prompt must be computed).
@@ -137,6 +142,8 @@ class SamplingParams:
                              f"got {len(self.stop_token_ids)}")
         for t in self.stop_token_ids:
             _check("stop_token_ids[]", t, Bound(0, INT64_MAX), integer=True)
+        if self.logit_bias is not None:
+            _check_logit_bias(self.logit_bias)
         if not isinstance(self.output_kind, RequestOutputKind):
             raise ValueError(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}")
         if self.structured_outputs is not None:
@@ -146,7 +153,17 @@ class SamplingParams:
         self.has_penalties = bool(self.repetition_penalty != 1.0 or self.presence_penalty
                                   or self.frequency_penalty)
         self.plain_greedy = (self.greedy and not self.has_penalties and self.min_tokens == 0
-                             and self.logprobs is None)
+                             and self.logprobs is None and not self.logit_bias)
+
+
+def _check_logit_bias(bias: object) -> None:
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a mapping of token ids to numbers, got {bias!r}")
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias may hold at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}")
+    for token, value in bias.items():
+        _check("logit_bias token id", token, Bound(0, INT64_MAX), integer=True)
+        _check(f"logit_bias[{token}]", value, Bound(-LOGIT_BIAS_RANGE, LOGIT_BIAS_RANGE), integer=False)
 
 
 def _number(value: float) -> str:

@@ -1,4 +1,6 @@
-"""Sampling: seeds, penalties, stops, logprobs, and rejection of bad parameters."""
+"""Sampling: seeds, penalties, stops, logprobs, logit_bias, and rejection of bad parameters."""
+
+from dataclasses import replace
 
 import pytest
 
@@ -194,3 +196,30 @@ def test_one_request_of_n_choices_in_the_step_api(llm):
         engine.add_request("dup", "a", SamplingParams(n=2, max_tokens=2))
         engine.add_request("dup-1", "b", SamplingParams(max_tokens=2))
     engine.abort_request("dup")
+
+
+def test_logit_bias_forces_and_bans_tokens_and_logprobs_stay_the_models(llm):
+    base = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=0)
+    plain = llm.generate(["Hello"], base)[0].outputs[0]
+    forced = next(t for t in range(10, 100) if t not in plain.token_ids)
+    out = llm.generate(["Hello"], replace(base, logit_bias={forced: 100}))[0].outputs[0]
+    assert out.token_ids == [forced] * 6
+    assert all(entry[forced].logprob < -1 for entry in out.logprobs)  # the model's, not the biased
+    banned = llm.generate(["Hello"], replace(base, logit_bias={plain.token_ids[0]: -100}))[0].outputs[0]
+    assert banned.token_ids[0] != plain.token_ids[0]
+    sampled = SamplingParams(temperature=1.0, seed=3, max_tokens=40, ignore_eos=True)
+    free = set(_tokens(llm, ["Hello"], sampled)[0])
+    kept_out = _tokens(llm, ["Hello"], replace(sampled, logit_bias={t: -100 for t in free}))[0]
+    assert free and not free & set(kept_out)
+
+
+def test_logit_bias_under_async_scheduling_equals_the_synchronous_steps(tiny_llama_dir, llm):
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logit_bias={20: 3.5, 21: -2})
+    prompts = ["Hello", "Paged attention", "The quick brown fox"]
+    with LLM(str(tiny_llama_dir), kv_cache_memory_gib=0.01, async_scheduling=True) as pipelined:
+        assert _tokens(pipelined, prompts, params) == _tokens(llm, prompts, params)
+
+
+def test_logit_bias_token_ids_are_checked_against_the_vocabulary(llm):
+    with pytest.raises(ValueError, match=r"logit_bias token ids must be in \[0, "):
+        llm.generate(["Hello"], SamplingParams(logit_bias={10**6: 1.0}))

@@ -54,7 +54,9 @@ HOSTILE = [
     ("body null", "POST", CHAT, b"null", JSON, 400),
     ("body a number", "POST", COMP, b"42", JSON, 400),
     ("body empty", "POST", CHAT, b"", JSON, 400),
-    ("logit_bias", "POST", COMP, comp(logit_bias={"1": 5}), JSON, 400),
+    ("logit_bias of a word", "POST", COMP, comp(logit_bias={"yes": 5}), JSON, 400),
+    ("logit_bias over 100", "POST", COMP, comp(logit_bias={"1": 101}), JSON, 400),
+    ("logit_bias beyond the vocabulary", "POST", CHAT, chat(logit_bias={"99999999": 5}), JSON, 400),
     ("top_logprobs without logprobs", "POST", CHAT, chat(top_logprobs=2), JSON, 400),
     ("tool_choice naming no tool", "POST", CHAT, chat(
         tools=[{"type": "function", "function": {"name": "f"}}],

@@ -276,6 +276,19 @@ def test_prompt_logprobs_on_both_endpoints(api, model_name):
         api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=0)
 
 
+def test_logit_bias_on_both_endpoints(api, model_name):
+    forced = api.completions.create(model=model_name, prompt=PROMPTS[0], max_tokens=4, temperature=0,
+                                    logit_bias={"42": 100}, extra_body={"return_token_ids": True,
+                                                                        "ignore_eos": True})
+    assert forced.choices[0].model_extra["token_ids"] == [42] * 4
+    plain = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=3, temperature=0,
+                                        extra_body={"return_token_ids": True})
+    first = plain.choices[0].model_extra["token_ids"][0]
+    banned = api.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=3, temperature=0,
+                                         logit_bias={str(first): -100}, extra_body={"return_token_ids": True})
+    assert banned.choices[0].model_extra["token_ids"][0] != first
+
+
 def test_tokenize_detokenize(server, api, model_name):
     tok = httpx.post(f"{server.base_url}/tokenize", json={"prompt": PROMPTS[0]}).json()
     assert tok["count"] == len(tok["tokens"]) > 0

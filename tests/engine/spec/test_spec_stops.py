@@ -132,3 +132,14 @@ def test_seeded_sampling_is_reproducible_and_n_choices_differ(spec_llm):
     assert [c.token_ids for c in first] == [c.token_ids for c in again]
     assert len({tuple(c.token_ids) for c in first}) == 3
     assert spec_llm.stats().spec.num_drafts > 0
+
+
+def test_logit_bias_matches_non_speculative(plain_llm, spec_llm):
+    reference, _ = _run(plain_llm, _greedy(max_tokens=16, ignore_eos=True))
+    # A bias that moves the greedy path midway: the drafts, proposed without it, get rejected there.
+    bias = {reference.outputs[0].token_ids[5]: -100, 7: 2.5}
+    params = _greedy(max_tokens=16, ignore_eos=True, logit_bias=bias)
+    plain, _ = _run(plain_llm, params)
+    spec, _ = _run(spec_llm, params)
+    assert plain.outputs[0].token_ids != reference.outputs[0].token_ids
+    assert spec.outputs[0].token_ids == plain.outputs[0].token_ids
