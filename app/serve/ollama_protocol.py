@@ -80,7 +80,8 @@ class OllamaOptions(BaseModel):
     repeat_last_n: StrictInt | None = None
     penalize_newline: StrictBool | None = None
 
-    def sampling_params(self, structured: StructuredOutputsParams | None) -> SamplingParams:
+    def sampling_params(self, structured: StructuredOutputsParams | None,
+                        logprobs: int | None = None) -> SamplingParams:
         for name, neutral in NEUTRAL_OPTIONS.items():
             value = getattr(self, name)
             if value is not None and value != neutral:
@@ -97,7 +98,7 @@ class OllamaOptions(BaseModel):
                   and self.num_predict >= 0 else None}
         stop = [self.stop] if isinstance(self.stop, str) else self.stop or []
         try:
-            return SamplingParams(stop=stop, structured_outputs=structured,
+            return SamplingParams(stop=stop, structured_outputs=structured, logprobs=logprobs,
                                   max_tokens=values.pop("max_tokens"),
                                   **{k: v for k, v in values.items() if v is not None})
         except ValueError as exc:
@@ -153,7 +154,13 @@ class OllamaRequest(BaseModel):
     stream: StrictBool = True
     keep_alive: StrictStr | Number | None = None  # the model stays loaded while the server runs
     think: StrictBool | StrictStr | None = None
-    logprobs: StrictBool = False
+    logprobs: StrictBool = False  # each generated token's, in the reply's `logprobs`
+    top_logprobs: bounded("int", "logprobs") | None = None  # with logprobs: alternatives per token
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The engine's `logprobs` (None: none asked for)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class OllamaChatRequest(OllamaRequest):
@@ -196,9 +203,8 @@ def refuse_unsupported(req: OllamaRequest, images: bool) -> None:
     if req.think not in (None, False, "", "false"):
         raise OpenAIError(400, "think is not supported: this server does not separate a "
                                "model's thinking; leave it out or give false", param="think")
-    if req.logprobs:
-        raise OpenAIError(400, "logprobs is not supported on /api/*; /v1/chat/completions "
-                               "returns them", param="logprobs")
+    if req.top_logprobs and not req.logprobs:
+        raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 
 
 Body = TypeVar("Body", bound=BaseModel)

@@ -34,10 +34,12 @@ from kvdeck.app.serve.ollama_replies import (
     final_fields,
     ndjson,
 )
+from kvdeck.app.serve.response_parts import chat_logprobs
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
 from kvdeck.app.serve.structured import plan_tool_use
 from kvdeck.engine.api.async_llm import RequestStream
 from kvdeck.engine.types.lora import LoRARequest
+from kvdeck.engine.types.outputs import RequestOutput
 
 NDJSON = "application/x-ndjson"
 OLLAMA_API_VERSION = "0.6.4"  # the Ollama release whose API this follows (clients gate on it)
@@ -124,8 +126,8 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
                             messages=messages, tools=plan.template_tools, lora=lora)
     reader = OllamaCallReader(plan.call_format) if plan.call_format is not None else None
     if req.stream:
-        return EventStreamResponse(_chat_lines(state, streams, req.model, started, reader),
-                                   streams, media_type=NDJSON)
+        return EventStreamResponse(_chat_lines(state, streams, req.model, started, reader,
+                                               req.num_logprobs), streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
     message: dict = {"role": "assistant", "content": out.outputs[0].text}
     if reader is not None:
@@ -133,7 +135,7 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
         if calls:
             message["tool_calls"] = calls
     return JSONResponse({"model": req.model, "created_at": created_at(), "message": message,
-                         **final_fields(out, started)})
+                         **_logprobs(out, 0, req.num_logprobs), **final_fields(out, started)})
 
 
 async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Request):
@@ -161,18 +163,19 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
         streams = await _submit(state, req, structured, Fields("prompt", field), messages=messages,
                                 lora=lora)
     if req.stream:
-        return EventStreamResponse(_generate_lines(state, streams, req.model, started),
+        return EventStreamResponse(_generate_lines(state, streams, req.model, started, req.num_logprobs),
                                    streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
     return JSONResponse({"model": req.model, "created_at": created_at(),
-                         "response": out.outputs[0].text, **final_fields(out, started)})
+                         "response": out.outputs[0].text, **_logprobs(out, 0, req.num_logprobs),
+                         **final_fields(out, started)})
 
 
 async def _submit(state: ServeState, req: OllamaRequest, structured, fields: Fields,
                   prompt: str | None = None, messages: list[dict] | None = None,
                   tools: list[dict] | None = None,
                   lora: LoRARequest | None = None) -> list[RequestStream]:
-    params = req.options.sampling_params(structured)
+    params = req.options.sampling_params(structured, req.num_logprobs)
     state.metrics.observe_request_params(1, params.max_tokens)
     # Ollama runs num_predict to the context's end instead of refusing: never a 400 for it.
     return await submit(state, [(f"ollama-{uuid.uuid4().hex}", prompt)], params, fields,
@@ -190,8 +193,15 @@ def adapter_listings(state: ServeState, base: ModelCard) -> list[dict]:
             for a in state.adapters.served()]
 
 
+def _logprobs(out: RequestOutput, start: int, num: int | None) -> dict:
+    """Ollama's `logprobs` field (OpenAI chat's entries: token, logprob, bytes, top_logprobs)
+    for the tokens from `start` on; nothing when none were asked for."""
+    return {} if num is None else {"logprobs": chat_logprobs(out, start, num)["content"]}
+
+
 async def _chat_lines(state: ServeState, streams: list[RequestStream], model: str, started: float,
-                      reader: OllamaCallReader | None) -> AsyncIterator[str]:
+                      reader: OllamaCallReader | None, logprobs: int | None = None) -> AsyncIterator[str]:
+    sent = 0  # tokens whose logprobs went out (a line carries those of the tokens since)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
@@ -204,26 +214,30 @@ async def _chat_lines(state: ServeState, streams: list[RequestStream], model: st
                     if calls:
                         message["tool_calls"] = calls
                     yield ndjson({"model": model, "created_at": created_at(), "message": message,
-                                  "done": False})
+                                  **_logprobs(out, sent, logprobs), "done": False})
+                    sent = len(completion.token_ids)
                 if done:
                     yield ndjson({"model": model, "created_at": created_at(),
                                   "message": {"role": "assistant", "content": ""},
-                                  **final_fields(out, started)})
+                                  **_logprobs(out, sent, logprobs), **final_fields(out, started)})
     except Exception as exc:  # the client raises on an object with "error"
         yield ndjson({"error": stream_error(exc).message})
 
 
 async def _generate_lines(state: ServeState, streams: list[RequestStream], model: str,
-                          started: float) -> AsyncIterator[str]:
+                          started: float, logprobs: int | None = None) -> AsyncIterator[str]:
+    sent = 0  # as _chat_lines
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
                 if out.delta_text:
                     yield ndjson({"model": model, "created_at": created_at(),
-                                  "response": out.delta_text, "done": False})
+                                  "response": out.delta_text, **_logprobs(out, sent, logprobs),
+                                  "done": False})
+                    sent = len(out.outputs[0].token_ids)
                 if out.outputs[0].finish_reason is not None:
                     yield ndjson({"model": model, "created_at": created_at(), "response": "",
-                                  **final_fields(out, started)})
+                                  **_logprobs(out, sent, logprobs), **final_fields(out, started)})
     except Exception as exc:  # the client raises on an object with "error"
         yield ndjson({"error": stream_error(exc).message})
 

@@ -86,6 +86,26 @@ def test_generate_whole_streamed_and_raw(client, name):
     assert client.chat(model=name, messages=[]).done_reason == "load"
 
 
+def test_logprobs_whole_and_streamed(client, name):
+    """Ollama's `logprobs`/`top_logprobs` (its client's fields): one entry per generated
+    token, a line of a stream carrying its own tokens'."""
+    options = {"temperature": 0, "num_predict": 8}
+    whole = client.generate(model=name, prompt="Tell me a story.", logprobs=True, top_logprobs=3,
+                            options=options)
+    assert len(whole.logprobs) == whole.eval_count
+    assert "".join(entry.token for entry in whole.logprobs) == whole.response
+    for entry in whole.logprobs:
+        assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)  # greedy: the likeliest
+    for stream in (True, False):
+        reply = client.chat(model=name, messages=USER, logprobs=True, options=options, stream=stream)
+        parts = list(reply) if stream else [reply]
+        entries = [entry for part in parts for entry in part.logprobs or []]
+        assert len(entries) == parts[-1].eval_count and all(e.top_logprobs == [] for e in entries)
+        assert "".join(e.token for e in entries) == "".join(p.message.content for p in parts)
+    assert client.generate(model=name, prompt="hi", options=options).logprobs is None  # not asked
+
+
 def test_format_json_and_schema(client, name, server):
     reply = client.chat(model=name, messages=USER, format="json",
                         options={"temperature": 0, "num_predict": 160})
@@ -186,6 +206,8 @@ def test_curl_style_body_without_json_content_type(server, name):
     ({"model": "NAME", "images": ["aGk="]}, 400, "images"),
     ({"model": "NAME", "think": True}, 400, "think"),
     ({"model": "NAME", "suffix": "end"}, 400, "suffix"),
+    ({"model": "NAME", "top_logprobs": 3}, 400, "top_logprobs needs logprobs"),
+    ({"model": "NAME", "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs"),
 ])
 def test_generate_errors_in_ollama_shape(server, name, body, status, quoted):
     body = {"prompt": "hello", **body, "stream": False}
