@@ -4,6 +4,7 @@ without --serve (the TUI and the subcommands would silently ignore them)."""
 import argparse
 
 from kvdeck.app.serve.lora_adapters import parse_lora_module
+from kvdeck.engine.frontend.reasoning import REASONING_FORMATS
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> frozenset[str]:
@@ -34,6 +35,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> frozenset[str]:
                            default=None,
                            help="the format the model writes tool calls in (default: read from "
                                 "its chat template)"),
+        serve.add_argument("--reasoning-parser", choices=tuple(REASONING_FORMATS), default=None,
+                           help="a thinking model's <think> block apart from its answer, in chat "
+                                "replies' `reasoning` (qwen3: Qwen3; deepseek_r1: DeepSeek-R1, its "
+                                "distills, QwQ: their template opens the block)"),
         serve.add_argument("--allowed-origins", nargs="+", default=None, metavar="ORIGIN",
                            help="browser origins allowed by CORS, e.g. http://localhost:3000 or "
                                 "'*' (default: none)"),

@@ -23,6 +23,7 @@ from kvdeck.engine.api.async_llm import (
     EngineNotReadyError,
     RequestStream,
 )
+from kvdeck.engine.frontend.reasoning import ReasoningFormat
 from kvdeck.engine.types.errors import GrammarError, PromptError
 from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.sampling_params import SamplingParams
@@ -46,6 +47,7 @@ class ServeState:
     tool_call_parser: str | None = None  # the tool-call format, when not read from the template
     model_aliases: frozenset[str] = frozenset()  # other names of the model requests may give
     adapters: AdapterRegistry | None = None  # LoRA adapters served by name (lora_adapters.py)
+    reasoning: ReasoningFormat | None = None  # --reasoning-parser: chat replies' thinking apart
 
 
 
@@ -139,7 +141,8 @@ def sampling_params(req: SamplingRequest, max_tokens: int | None, logprobs: int 
 async def submit(state: ServeState, prompts: list[tuple[str, object]], params: SamplingParams,
                  fields: Fields, messages: list[dict] | None = None,
                  tools: list[dict] | None = None,
-                 lora_request: LoRARequest | None = None) -> list[RequestStream]:
+                 lora_request: LoRARequest | None = None,
+                 chat_template_kwargs: dict | None = None) -> list[RequestStream]:
     """Hand each (request id, prompt) to the engine, one call each, all or none; a stream
     each, its outputs by choice index. `lora_request`: the adapter they run under."""
     streams: list[RequestStream] = []
@@ -150,7 +153,8 @@ async def submit(state: ServeState, prompts: list[tuple[str, object]], params: S
                 tracked += state.adapters.track(request_id, params, lora_request)
             streams.append(await state.engine.add_request(
                 request_id, prompt, replace(params), messages=messages, tools=tools,
-                admit=partial(_admit, state, fields.max_tokens_given), lora_request=lora_request))
+                admit=partial(_admit, state, fields.max_tokens_given), lora_request=lora_request,
+                chat_template_kwargs=chat_template_kwargs))
     except BaseException as exc:
         for stream in streams:
             stream.cancel()

@@ -158,6 +158,11 @@ class OllamaRequest(BaseModel):
     top_logprobs: bounded("int", "logprobs") | None = None  # with logprobs: alternatives per token
 
     @property
+    def thinks(self) -> bool | None:
+        """think as a bool (None: not given)."""
+        return None if self.think in (None, "") else self.think in (True, "true")
+
+    @property
     def num_logprobs(self) -> int | None:
         """The engine's `logprobs` (None: none asked for)."""
         return (self.top_logprobs or 0) if self.logprobs else None
@@ -200,9 +205,9 @@ def refuse_unsupported(req: OllamaRequest, images: bool) -> None:
     if images:
         raise OpenAIError(400, "images are not supported: kvdeck serves text-only models",
                           param="images")
-    if req.think not in (None, False, "", "false"):
-        raise OpenAIError(400, "think is not supported: this server does not separate a "
-                               "model's thinking; leave it out or give false", param="think")
+    if req.think not in (None, True, False, "", "true", "false"):
+        raise OpenAIError(400, f"think {req.think!r} is not supported: thinking levels are "
+                               "gpt-oss's; give true or false", param="think")
     if req.top_logprobs and not req.logprobs:
         raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
 

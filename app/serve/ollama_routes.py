@@ -38,6 +38,7 @@ from kvdeck.app.serve.response_parts import chat_logprobs
 from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_to_end, stream_error
 from kvdeck.app.serve.structured import plan_tool_use
 from kvdeck.engine.api.async_llm import RequestStream
+from kvdeck.engine.frontend.reasoning import ReasoningFormat, ReasoningStream, split_reasoning
 from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.outputs import RequestOutput
 
@@ -122,16 +123,21 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
     if plan.constraint is not None:  # the generic format's grammar (it holds `format` too)
         structured, field = plan.constraint, field if plan.holds_answer else "tools"
     messages = plan.messages([m.for_template(i) for i, m in enumerate(req.messages)])
+    reasoning = _reasoning(state, req, structured)
     streams = await _submit(state, req, structured, Fields("messages", field),
                             messages=messages, tools=plan.template_tools, lora=lora)
     reader = OllamaCallReader(plan.call_format) if plan.call_format is not None else None
     if req.stream:
         return EventStreamResponse(_chat_lines(state, streams, req.model, started, reader,
-                                               req.num_logprobs), streams, media_type=NDJSON)
+                                               req.num_logprobs, reasoning), streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
-    message: dict = {"role": "assistant", "content": out.outputs[0].text}
+    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True) if reasoning is not None \
+        else ("", out.outputs[0].text)
+    message: dict = {"role": "assistant", "content": answer}
+    if thought:
+        message["thinking"] = thought
     if reader is not None:
-        message["content"], calls = reader.update(out.outputs[0].text, True)
+        message["content"], calls = reader.update(answer, True)
         if calls:
             message["tool_calls"] = calls
     return JSONResponse({"model": req.model, "created_at": created_at(), "message": message,
@@ -154,6 +160,7 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
                              "done_reason": "load", "done": True})
     structured = format_spec(req.format)
     field = "format" if structured is not None else None
+    reasoning = _reasoning(state, req, structured)
     if req.raw:  # the prompt as written, no template (Ollama ignores `system` then too)
         streams = await _submit(state, req, structured, Fields("prompt", field), prompt=req.prompt,
                                 lora=lora)
@@ -163,12 +170,14 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
         streams = await _submit(state, req, structured, Fields("prompt", field), messages=messages,
                                 lora=lora)
     if req.stream:
-        return EventStreamResponse(_generate_lines(state, streams, req.model, started, req.num_logprobs),
-                                   streams, media_type=NDJSON)
+        return EventStreamResponse(_generate_lines(state, streams, req.model, started, req.num_logprobs,
+                                                   reasoning), streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
-    return JSONResponse({"model": req.model, "created_at": created_at(),
-                         "response": out.outputs[0].text, **_logprobs(out, 0, req.num_logprobs),
-                         **final_fields(out, started)})
+    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True) if reasoning is not None \
+        else ("", out.outputs[0].text)
+    return JSONResponse({"model": req.model, "created_at": created_at(), "response": answer,
+                         **({"thinking": thought} if thought else {}),
+                         **_logprobs(out, 0, req.num_logprobs), **final_fields(out, started)})
 
 
 async def _submit(state: ServeState, req: OllamaRequest, structured, fields: Fields,
@@ -177,9 +186,25 @@ async def _submit(state: ServeState, req: OllamaRequest, structured, fields: Fie
                   lora: LoRARequest | None = None) -> list[RequestStream]:
     params = req.options.sampling_params(structured, req.num_logprobs)
     state.metrics.observe_request_params(1, params.max_tokens)
+    # think: the chat template's enable_thinking (Qwen3's switch; other templates ignore it)
+    template_kwargs = {"enable_thinking": req.thinks} if req.thinks is not None and messages else None
     # Ollama runs num_predict to the context's end instead of refusing: never a 400 for it.
     return await submit(state, [(f"ollama-{uuid.uuid4().hex}", prompt)], params, fields,
-                        messages=messages, tools=tools, lora_request=lora)
+                        messages=messages, tools=tools, lora_request=lora,
+                        chat_template_kwargs=template_kwargs)
+
+
+def _reasoning(state: ServeState, req: OllamaRequest, structured) -> ReasoningFormat | None:
+    """How the reply's thinking is told apart (Ollama's `thinking`): the server's
+    --reasoning-parser, unless think is false or a grammar holds the reply from its start.
+    think true on a server without one is a 400: its thinking could not be separated."""
+    if req.thinks and state.reasoning is None:
+        raise OpenAIError(400, "think needs a thinking model served with --reasoning-parser "
+                               "(qwen3 or deepseek_r1): without it the thinking cannot be told "
+                               "apart from the answer", param="think")
+    if req.thinks is False or structured is not None:
+        return None
+    return state.reasoning
 
 
 def adapter_listings(state: ServeState, base: ModelCard) -> list[dict]:
@@ -200,17 +225,23 @@ def _logprobs(out: RequestOutput, start: int, num: int | None) -> dict:
 
 
 async def _chat_lines(state: ServeState, streams: list[RequestStream], model: str, started: float,
-                      reader: OllamaCallReader | None, logprobs: int | None = None) -> AsyncIterator[str]:
+                      reader: OllamaCallReader | None, logprobs: int | None = None,
+                      reasoning: ReasoningFormat | None = None) -> AsyncIterator[str]:
     sent = 0  # tokens whose logprobs went out (a line carries those of the tokens since)
+    reasoner = ReasoningStream(reasoning) if reasoning is not None else None
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
                 completion = out.outputs[0]
                 done = completion.finish_reason is not None
-                content, calls = (reader.update(completion.text, done) if reader is not None
-                                  else (out.delta_text, []))
-                if content or calls:
+                thought, new_text, answer = reasoner.update(completion.text, done) \
+                    if reasoner is not None else ("", out.delta_text, completion.text)
+                content, calls = (reader.update(answer, done) if reader is not None
+                                  else (new_text, []))
+                if content or calls or thought:
                     message: dict = {"role": "assistant", "content": content}
+                    if thought:
+                        message["thinking"] = thought
                     if calls:
                         message["tool_calls"] = calls
                     yield ndjson({"model": model, "created_at": created_at(), "message": message,
@@ -225,15 +256,20 @@ async def _chat_lines(state: ServeState, streams: list[RequestStream], model: st
 
 
 async def _generate_lines(state: ServeState, streams: list[RequestStream], model: str,
-                          started: float, logprobs: int | None = None) -> AsyncIterator[str]:
+                          started: float, logprobs: int | None = None,
+                          reasoning: ReasoningFormat | None = None) -> AsyncIterator[str]:
     sent = 0  # as _chat_lines
+    reasoner = ReasoningStream(reasoning) if reasoning is not None else None
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
-                if out.delta_text:
-                    yield ndjson({"model": model, "created_at": created_at(),
-                                  "response": out.delta_text, **_logprobs(out, sent, logprobs),
-                                  "done": False})
+                done = out.outputs[0].finish_reason is not None
+                thought, new_text, _ = reasoner.update(out.outputs[0].text, done) \
+                    if reasoner is not None else ("", out.delta_text, "")
+                if new_text or thought:
+                    yield ndjson({"model": model, "created_at": created_at(), "response": new_text,
+                                  **({"thinking": thought} if thought else {}),
+                                  **_logprobs(out, sent, logprobs), "done": False})
                     sent = len(out.outputs[0].token_ids)
                 if out.outputs[0].finish_reason is not None:
                     yield ndjson({"model": model, "created_at": created_at(), "response": "",

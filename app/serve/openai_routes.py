@@ -45,6 +45,8 @@ from kvdeck.app.serve.structured import (
     tool_call_message,
 )
 from kvdeck.engine.api.async_llm import RequestStream
+from kvdeck.engine.frontend.chat import check_template_kwargs
+from kvdeck.engine.frontend.reasoning import ReasoningFormat, ReasoningStream, split_reasoning
 from kvdeck.engine.types.outputs import RequestOutput
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -173,6 +175,10 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         if structured is not None and not tools.holds_answer:
             raise _constraint_clash(req, field, tools.generic is not None)
         structured, field = tools.constraint, field if tools.holds_answer else "tools"
+    try:
+        check_template_kwargs(req.chat_template_kwargs)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="chat_template_kwargs") from None
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -183,20 +189,26 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     streams = await submit(state, [(request_id, None)], params,
                            Fields("messages", field, max_tokens is not None),
                            messages=tools.messages([m.for_template() for m in req.messages]),
-                           tools=tools.template_tools, lora_request=lora)
+                           tools=tools.template_tools, lora_request=lora,
+                           chat_template_kwargs=req.chat_template_kwargs)
+    # A grammar holds the reply from its first token: no reasoning block to find there.
+    reasoning = state.reasoning if structured is None else None
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(
             state, streams, request_id, include_usage, logprobs, req.n, tools.call_format,
-            req.parallel_tool_calls, req.return_token_ids, model_name), streams)
+            req.parallel_tool_calls, req.return_token_ids, model_name, reasoning), streams)
     (finals,) = await run_to_end(streams, raw, state.drain)
     choices = []
     for i, out in enumerate(finals):
         completion = out.outputs[0]
-        message, called = {"role": "assistant", "content": completion.text}, False
+        thought, answer = split_reasoning(reasoning, completion.text, True) if reasoning is not None \
+            else ("", completion.text)
+        message, called = {"role": "assistant", "content": answer}, False
         if tools.call_format is not None:
-            message, called = tool_call_message(tools.call_format, completion.text,
-                                                req.parallel_tool_calls)
+            message, called = tool_call_message(tools.call_format, answer, req.parallel_tool_calls)
+        if thought:
+            message.update(reasoning_fields(thought))
         choices.append({"index": i, "message": message, "logprobs": chat_logprobs(out, 0, logprobs),
                         "finish_reason": "tool_calls" if called else completion.finish_reason,
                         "stop_reason": completion.stop_reason})
@@ -209,6 +221,12 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     if req.prompt_logprobs is not None:  # the rendered conversation's tokens (vLLM's place)
         body["prompt_logprobs"] = prompt_logprobs_body(finals[0])
     return JSONResponse(body)
+
+
+def reasoning_fields(text: str) -> dict:
+    """A reply's reasoning under vLLM's name (`reasoning`) and its older one, which DeepSeek's
+    API and llama.cpp use (`reasoning_content`): clients read one or the other."""
+    return {"reasoning": text, "reasoning_content": text}
 
 
 def _constraint_clash(req: ChatCompletionRequest, field: str | None, generic: bool) -> OpenAIError:
@@ -229,9 +247,11 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                        tool_format: CallFormat | None = None,
                        parallel_tool_calls: bool = True,
                        return_token_ids: bool = False,
-                       model_name: str | None = None) -> AsyncIterator[str]:
+                       model_name: str | None = None,
+                       reasoning: ReasoningFormat | None = None) -> AsyncIterator[str]:
     """return_token_ids: vLLM's shape (the prompt's ids on the first chunk, each chunk's new
-    token ids on its choice)."""
+    token ids on its choice). `reasoning`: the thinking goes in `reasoning` deltas, the
+    answer (what a tool-call parser reads) in `content`."""
     prompt_ids = streams[0].prompt_token_ids if return_token_ids else None
     created = int(time.time())
     base = {"id": request_id, "object": "chat.completion.chunk", "created": created,
@@ -253,6 +273,7 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
     # With tools, text goes through a parser that turns calls into tool_calls deltas.
     tool_streams = [ToolCallStream(tool_format, parallel_tool_calls) if tool_format else None
                     for _ in range(n)]
+    reasoners = [ReasoningStream(reasoning) if reasoning is not None else None for _ in range(n)]
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             for index in range(n):
@@ -271,18 +292,24 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                            if prompt_ids is not None else None)
                 sent_tokens[index] = len(completion.token_ids)
                 finish = completion.finish_reason
+                done = finish is not None
+                reasoner = reasoners[index]
+                thought, new_text, answer = reasoner.update(completion.text, done) \
+                    if reasoner is not None else ("", out.delta_text, completion.text)
+                delta = reasoning_fields(thought) if thought else {}
                 if tool_stream is None:
-                    delta = {"content": out.delta_text} if out.delta_text else {}
+                    if new_text:
+                        delta["content"] = new_text
                 else:
-                    done = completion.finish_reason is not None
-                    content, calls = tool_stream.update(completion.text, done)
-                    delta = {"content": content} if content else {}
+                    content, calls = tool_stream.update(answer, done)
+                    if content:
+                        delta["content"] = content
                     if calls:
                         delta["tool_calls"] = calls
                     if done and tool_stream.called:
                         finish = "tool_calls"
-                    if not delta and not done and logprobs is None and new_ids is None:
-                        continue  # text held back by the parser: nothing to tell yet
+                if not delta and not done and logprobs is None and new_ids is None:
+                    continue  # text held back by a parser: nothing to tell yet
                 yield chunk(index, delta, finish, chunk_logprobs, completion.stop_reason, new_ids)
         if include_usage:
             yield sse_event({**base, "choices": [], "usage": usage(finals, len(finals))})

@@ -247,6 +247,8 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
     tools: Annotated[list[Tool], Field(max_length=128)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool = True
+    # vLLM's: more variables for the chat template ({"enable_thinking": false} for Qwen3)
+    chat_template_kwargs: dict[StrictStr, Any] | None = None
 
 
 class TokenizeRequest(BaseModel):

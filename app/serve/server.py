@@ -54,6 +54,7 @@ from kvdeck.app.serve.served_name import served_names
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.app.serve.stats_stream import EndedFeed, LatencyFeed, engine_info, stats_events
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineStartError
+from kvdeck.engine.frontend.reasoning import reasoning_format
 
 logger = logging.getLogger("kvdeck.serve")
 PROTECTED_PREFIXES = ("/v1/", "/tokenize", "/detokenize", "/kvdeck/", "/api/")
@@ -70,7 +71,8 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                drain: Drain | None = None, tool_call_parser: str | None = None,
                model_aliases: tuple[str, ...] = (), lora_modules: tuple[LoRAModule, ...] = (),
-               allow_runtime_lora: bool = False, recorder: SessionRecorder | None = None) -> FastAPI:
+               allow_runtime_lora: bool = False, recorder: SessionRecorder | None = None,
+               reasoning_parser: str | None = None) -> FastAPI:
     """The app; its lifespan starts the engine (in the background) and shuts it down.
 
     `engine_restart_delay` None: a crashed engine stays down (health 503 "dead").
@@ -80,6 +82,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     `lora_modules`: LoRA adapters served by name (checked here: ValueError naming a bad one);
     `allow_runtime_lora`: the load/unload routes work (lora_routes.py).
     `recorder`: `--record FILE`: every snapshot, latency and finished request is recorded.
+    `reasoning_parser`: a thinking model's reasoning apart from its answer (reasoning.py).
     """
     names = served_names(client.model_name, override=served_model_name, aliases=model_aliases)
     model_name = names.name
@@ -99,7 +102,8 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     timelines = RequestTimelines(lambda: client.last_stats)
     client.add_output_listener(timelines.observe)
     state = ServeState(client, metrics, model_name, max_queue_len, drain or Drain(),
-                       engine_restart_delay, tool_call_parser, names.aliases, adapters)
+                       engine_restart_delay, tool_call_parser, names.aliases, adapters,
+                       reasoning_format(reasoning_parser) if reasoning_parser else None)
     created = int(time.time())
 
     @asynccontextmanager
@@ -340,6 +344,7 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
                      model_aliases=(requested_model,) if requested_model else (),
                      lora_modules=tuple(args.lora_modules or ()),
                      allow_runtime_lora=args.allow_runtime_lora,
+                     reasoning_parser=args.reasoning_parser,
                      recorder=SessionRecorder(args.record, args.record_max_mb)
                      if getattr(args, "record", None) else None)
     # uvicorn's own timeout only backs ours up: the streams end themselves at the grace period.

@@ -173,7 +173,8 @@ class AsyncLLM:
     async def add_request(self, request_id: str | None, prompt: Prompt | None,
                           params: SamplingParams, *, messages: list[dict] | None = None,
                           tools: list[dict] | None = None, admit: Admit | None = None,
-                          lora_request: LoRARequest | None = None) -> RequestStream:
+                          lora_request: LoRARequest | None = None,
+                          chat_template_kwargs: dict | None = None) -> RequestStream:
         """Hand one request (its n choices) to the engine; its stream (closing the stream
         early aborts every choice). Tokenising, the chat template (with `tools`) and the
         grammar check run off the event loop; ValueError (PromptError, GrammarError), with
@@ -181,12 +182,14 @@ class AsyncLLM:
         called after the engine's checks with no await before the request is queued (a
         server's queue limit); it may set params.max_tokens, or raise to refuse.
         `lora_request`: the adapter it runs under (ValueError with LoRA off; the core loads an
-        adapter it does not hold, and refuses a bad one: the stream raises ValueError)."""
+        adapter it does not hold, and refuses a bad one: the stream raises ValueError).
+        `chat_template_kwargs`: more variables for the chat template (`enable_thinking`)."""
         self._supervisor.require_ready()
         check_lora_request(lora_request, self.config.enable_lora)
         loop = asyncio.get_running_loop()
         prompt_text, prompt_ids = await loop.run_in_executor(
-            self._tokenize_pool, _tokenize, self._frontend, prompt, messages, tools, params)
+            self._tokenize_pool, _tokenize, self._frontend, prompt, messages, tools, params,
+            chat_template_kwargs)
         self._supervisor.require_ready()  # it may have stopped meanwhile
         frontend = self._frontend
         assert frontend is not None
@@ -298,7 +301,8 @@ class AsyncLLM:
 
 
 def _tokenize(frontend: Frontend | None, prompt: Prompt | None, messages: list[dict] | None,
-              tools: list[dict] | None, params: SamplingParams) -> tuple[str | None, list[int]]:
+              tools: list[dict] | None, params: SamplingParams,
+              template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
     """In the tokenizer's thread: the grammar check (remembered, so add_encoded finds it
     done), then the prompt's token ids."""
     if frontend is None:
@@ -306,7 +310,7 @@ def _tokenize(frontend: Frontend | None, prompt: Prompt | None, messages: list[d
     structured = getattr(params, "structured_outputs", None)  # a non-SamplingParams fails later
     if structured is not None:
         checked_grammar(structured)
-    return frontend.encode(prompt, messages, tools)
+    return frontend.encode(prompt, messages, tools, template_kwargs)
 
 
 __all__ = [

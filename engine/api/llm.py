@@ -73,11 +73,14 @@ class LLM:
         self,
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """One conversation (a list of messages) or several; the chat template is applied."""
+        """One conversation (a list of messages) or several; the chat template is applied
+        (`chat_template_kwargs`: more variables for it, as vLLM's: `enable_thinking`)."""
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         params = self._params_per_prompt(sampling_params, len(conversations))
-        return self._run([(None, conversation) for conversation in conversations], params)
+        return self._run([(None, conversation) for conversation in conversations], params,
+                         template_kwargs=chat_template_kwargs)
 
     @staticmethod
     def _params_per_prompt(params, count: int) -> list[SamplingParams]:
@@ -90,7 +93,8 @@ class LLM:
         return list(params)
 
     def _run(self, prompts: list[tuple[object, list[dict] | None]], params: list[SamplingParams],
-             loras: list[LoRARequest | None] | None = None) -> list[RequestOutput]:
+             loras: list[LoRARequest | None] | None = None,
+             template_kwargs: dict | None = None) -> list[RequestOutput]:
         """Queue each (prompt, messages) and run them to the end; one output per prompt, its
         choices merged."""
         request_ids: list[str] = []
@@ -100,7 +104,8 @@ class LLM:
             for i, ((prompt, messages), prompt_params) in enumerate(zip(prompts, params)):
                 request_ids.append(self.engine.add_request(None, prompt, final_only[id(prompt_params)],
                                                            messages=messages,
-                                                           lora_request=loras[i] if loras else None))
+                                                           lora_request=loras[i] if loras else None,
+                                                           chat_template_kwargs=template_kwargs))
             finals: dict[str, dict[int, RequestOutput]] = {rid: {} for rid in request_ids}
             while self.engine.has_unfinished_requests():
                 for output in self.engine.step():

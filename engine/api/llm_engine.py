@@ -64,14 +64,16 @@ class LLMEngine:
     def add_request(self, request_id: str | None, prompt: Prompt | None,
                     params: SamplingParams | None = None, arrival_time: float | None = None,
                     *, messages: list[dict] | None = None,
-                    lora_request: LoRARequest | None = None) -> str:
+                    lora_request: LoRARequest | None = None,
+                    chat_template_kwargs: dict | None = None) -> str:
         """Queue one request (its n choices); its id. `messages`: a conversation instead of a
         prompt (the chat template is applied); `lora_request`: the adapter it runs under.
         ValueError, with nothing queued, on bad input (a bad adapter included)."""
         check_lora_request(lora_request, self.config.enable_lora)
         request_id = request_id if request_id is not None else self.next_request_id()
         self.frontend.add_request(request_id, prompt, params or SamplingParams(), messages=messages,
-                                  arrival_time=arrival_time, lora_request=lora_request)
+                                  arrival_time=arrival_time, lora_request=lora_request,
+                                  chat_template_kwargs=chat_template_kwargs)
         return request_id
 
     # ---- LoRA adapters (vLLM's LLMEngine names) -------------------------------------

@@ -21,21 +21,44 @@ def check_unicode(text: str, what: str) -> None:
                          f"{exc.start}") from None
 
 
-def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-    """Token ids of the conversation, ready for the assistant's reply."""
+# apply_chat_template's own arguments: chat_template_kwargs may not set them.
+_TEMPLATE_CALL_ARGS = frozenset({
+    "conversation", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs", "messages"})
+
+
+def render_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None,
+                template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of the conversation, ready for the assistant's reply. `template_kwargs`:
+    more variables for the template (vLLM's chat_template_kwargs: `enable_thinking`)."""
     template = getattr(tokenizer, "chat_template", None)
     if not template:
         raise ValueError("this model's tokenizer has no chat template; use a plain completion")
     prepared = prepare_messages(messages, template)
+    extra = check_template_kwargs(template_kwargs)
     try:
         ids = tokenizer.apply_chat_template(prepared, tools=tools, add_generation_prompt=True,
-                                            tokenize=True)
+                                            tokenize=True, **extra)
     except Exception as exc:  # jinja2 errors and the templates' own raise_exception
         raise ValueError(f"the model's chat template cannot render these messages: "
                          f"{type(exc).__name__}: {exc}") from None
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return list(ids)
+
+
+def check_template_kwargs(kwargs: object) -> dict:
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"chat_template_kwargs must be an object, got {kwargs!r}")
+    for name in kwargs:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"chat_template_kwargs: {name!r} is not a template variable name")
+        if name in _TEMPLATE_CALL_ARGS:
+            raise ValueError(f"chat_template_kwargs: {name!r} is set by the engine, not by a request")
+    return kwargs
 
 
 def prepare_messages(messages: list[dict], template: str) -> list[dict]:

@@ -66,7 +66,8 @@ class Frontend:
 
     # ---- in ------------------------------------------------------------------------
     def encode(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
-               tools: list[dict] | None = None) -> tuple[str | None, list[int]]:
+               tools: list[dict] | None = None,
+               template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
         """(prompt text, token ids) as add_request would send them; PromptError on bad input.
         Text far beyond what max_model_len tokens can hold is refused before tokenising."""
         try:
@@ -77,7 +78,9 @@ class Frontend:
                     self._check_length(sum(len(m.get("content") or "") for m in messages
                                            if isinstance(m, dict) and isinstance(m.get("content"), str)),
                                        "messages")
-                return None, render_chat(self.tokenizer, messages, tools)
+                return None, render_chat(self.tokenizer, messages, tools, template_kwargs)
+            if template_kwargs is not None:
+                raise ValueError("chat_template_kwargs go with messages, not a prompt")
             if prompt is None:
                 raise ValueError("prompt or messages is required")
             prompt = parse_prompt(prompt)  # a TextPrompt or TokensPrompt dict: its text or ids
@@ -101,9 +104,10 @@ class Frontend:
 
     def add_request(self, request_id: str, prompt: Prompt | None, params: SamplingParams, *,
                     messages: list[dict] | None = None, arrival_time: float | None = None,
-                    lora_request: LoRARequest | None = None) -> None:
+                    lora_request: LoRARequest | None = None,
+                    chat_template_kwargs: dict | None = None) -> None:
         """Tokenise, check and send one request; ValueError (nothing sent) on bad input."""
-        prompt_text, prompt_ids = self.encode(prompt, messages)
+        prompt_text, prompt_ids = self.encode(prompt, messages, template_kwargs=chat_template_kwargs)
         self.add_encoded(request_id, prompt_text, prompt_ids, params, arrival_time=arrival_time,
                          lora_request=lora_request)
 

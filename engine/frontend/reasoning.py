@@ -1,0 +1,83 @@
+"""A thinking model's reasoning apart from its answer: `<think> ... </think>` (vLLM's
+reasoning parsers `qwen3` and `deepseek_r1`).
+
+`qwen3`: the model opens the block itself; a reply that does not start with `<think>` (the
+template's `enable_thinking=False`, or a model that did not think) is all answer.
+`deepseek_r1`: the chat template opens the block in the prompt, so the reply starts inside
+it (a `<think>` it writes anyway is dropped) and a reply without `</think>` is all reasoning.
+
+`split_reasoning` is prefix-stable while a reply grows: text that may still turn out to be
+a tag (or whitespace around the parts, which are trimmed) is held back until it is known,
+so a stream sends each part's new text as it comes and never takes any back.
+"""
+
+from dataclasses import dataclass
+
+THINK_START, THINK_END = "<think>", "</think>"
+
+
+@dataclass(slots=True, frozen=True)
+class ReasoningFormat:
+    name: str
+    starts_inside: bool  # the prompt opened the block (deepseek_r1)
+    start: str = THINK_START
+    end: str = THINK_END
+
+
+REASONING_FORMATS = {
+    "qwen3": ReasoningFormat("qwen3", starts_inside=False),
+    "deepseek_r1": ReasoningFormat("deepseek_r1", starts_inside=True),
+}
+
+
+def reasoning_format(name: str) -> ReasoningFormat:
+    try:
+        return REASONING_FORMATS[name]
+    except KeyError:
+        raise ValueError(f"unknown reasoning parser {name!r}; kvdeck has "
+                         f"{', '.join(REASONING_FORMATS)}") from None
+
+
+def split_reasoning(fmt: ReasoningFormat, text: str, finished: bool) -> tuple[str, str]:
+    """(reasoning, answer) of a reply so far; `finished`: nothing more will come, so nothing
+    is held back."""
+    stripped = text.lstrip()
+    if stripped.startswith(fmt.start):
+        inside, body = True, stripped[len(fmt.start):]
+    elif not finished and fmt.start.startswith(stripped):
+        return "", ""  # empty, or the start of a tag: not known yet
+    else:
+        inside, body = fmt.starts_inside, text
+    if not inside:
+        return "", text
+    closed = body.find(fmt.end)
+    if closed < 0:
+        if finished:
+            return body.strip(), ""
+        return _held_back(body.lstrip(), fmt.end).rstrip(), ""
+    answer = body[closed + len(fmt.end):]
+    return body[:closed].strip(), answer.lstrip() if answer.strip() else ""
+
+
+def _held_back(text: str, tag: str) -> str:
+    """`text` without an ending that may be the start of `tag`."""
+    for size in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-size:]):
+            return text[:-size]
+    return text
+
+
+@dataclass(slots=True)
+class ReasoningStream:
+    """One streamed reply: each update gives the reasoning's new text, the answer's new text
+    and the answer so far (what a tool-call parser reads)."""
+
+    fmt: ReasoningFormat
+    reasoning_sent: int = 0
+    answer_sent: int = 0
+
+    def update(self, text: str, finished: bool) -> tuple[str, str, str]:
+        reasoning, answer = split_reasoning(self.fmt, text, finished)
+        new_reasoning, new_answer = reasoning[self.reasoning_sent:], answer[self.answer_sent:]
+        self.reasoning_sent, self.answer_sent = len(reasoning), len(answer)
+        return new_reasoning, new_answer, answer
