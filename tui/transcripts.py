@@ -24,6 +24,7 @@ class ChatTurn:
     role: str  # "user" | "assistant"
     content: str
     stats: str = ""  # the reply's TTFT / tokens/s / token count line, for assistant turns
+    thinking: str = ""  # a thinking model's reasoning before the reply (never sent back)
 
     def __post_init__(self) -> None:
         if self.role not in ("user", "assistant"):

@@ -81,3 +81,20 @@ class ReasoningStream:
         new_reasoning, new_answer = reasoning[self.reasoning_sent:], answer[self.answer_sent:]
         self.reasoning_sent, self.answer_sent = len(reasoning), len(answer)
         return new_reasoning, new_answer, answer
+
+
+def detect_reasoning_format(tokenizer) -> ReasoningFormat | None:
+    """The format a model's chat template implies: a template that opens `<think>` in the
+    prompt it renders for a reply is deepseek_r1's, one that only mentions the tag (Qwen3's
+    `enable_thinking` switch) qwen3's; None for a template with no `<think>` (the TUI's
+    choice; the server takes --reasoning-parser, as vLLM does)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if not isinstance(template, str) or THINK_START not in template:
+        return None
+    try:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": "?"}],
+                                               add_generation_prompt=True, tokenize=False)
+    except Exception:  # noqa: BLE001 - a template that cannot render this: no reply to read
+        return None
+    opened = isinstance(prompt, str) and prompt.rstrip().endswith(THINK_START)
+    return REASONING_FORMATS["deepseek_r1" if opened else "qwen3"]

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from kvdeck.engine.frontend.reasoning import (
     REASONING_FORMATS,
     ReasoningStream,
+    detect_reasoning_format,
     reasoning_format,
     split_reasoning,
 )
@@ -62,3 +63,23 @@ def test_a_tag_cut_between_two_outputs_is_held_back():
 def test_an_unknown_parser_is_named():
     with pytest.raises(ValueError, match="unknown reasoning parser 'r2'; kvdeck has qwen3, deepseek_r1"):
         reasoning_format("r2")
+
+
+@pytest.mark.parametrize(("template", "expected"), [
+    # Qwen3's shape: the switch closes an empty block; the model opens its own otherwise
+    ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+     "<|im_start|>assistant\n{% if enable_thinking is defined and enable_thinking is false %}"
+     "<think>\n\n</think>\n\n{% endif %}", "qwen3"),
+    # DeepSeek-R1's distills and QwQ: the prompt opens the block
+    ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|Assistant|><think>\n",
+     "deepseek_r1"),
+    ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}<|assistant|>", None),
+])
+def test_the_format_is_read_from_the_chat_template(tmp_path, template, expected):
+    from tests.model_factory import build_tokenizer
+
+    tokenizer = build_tokenizer(tmp_path)
+    tokenizer.chat_template = template
+    found = detect_reasoning_format(tokenizer)
+    assert (found.name if found else None) == expected
+    assert detect_reasoning_format(object()) is None  # no template at all

@@ -32,15 +32,19 @@ class ChatMessage(Vertical, can_focus=True):
     ChatMessage .role { text-style: bold; height: 1; }
     ChatMessage Markdown { margin: 0; padding: 0; }
     ChatMessage .user-text { height: auto; }
+    ChatMessage .thinking { color: $text-muted; text-style: italic; height: auto;
+                            border-left: outer $secondary; padding: 0 1; }
+    ChatMessage .thinking.-empty { display: none; }
     ChatMessage .reply-stats { color: $text-muted; height: auto; }
     ChatMessage.-error .reply-stats { color: $error; }
     """
 
-    def __init__(self, role: str, content: str = "", stats: str = "") -> None:
+    def __init__(self, role: str, content: str = "", stats: str = "", thinking: str = "") -> None:
         super().__init__(classes=f"-{role}" + (" -error" if "· error:" in stats else ""))
         self.role = role
         self.content = content
         self.stats = stats
+        self.thinking = thinking
 
     def compose(self) -> ComposeResult:
         label = {"user": "You", "assistant": "Assistant"}.get(self.role, self.role)
@@ -48,8 +52,17 @@ class ChatMessage(Vertical, can_focus=True):
         if self.role == "user":
             yield Static(displayable(self.content), markup=False, classes="user-text")
         else:
+            yield Static(displayable(self.thinking), markup=False,
+                         classes="thinking" + ("" if self.thinking else " -empty"))
             yield Markdown(displayable(self.content))
         yield Static(self.stats, classes="reply-stats")
+
+    def add_thinking(self, text: str) -> None:
+        """More of a thinking model's reasoning, shown dimmed above the reply."""
+        self.thinking += text
+        shown = self.query_one(".thinking", Static)
+        shown.update(displayable(self.thinking))
+        shown.remove_class("-empty")
 
     @property
     def markdown(self) -> Markdown:

@@ -20,6 +20,7 @@ from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import Worker, WorkerCancelled, WorkerFailed
 
+from kvdeck.engine.frontend.reasoning import ReasoningFormat, ReasoningStream, detect_reasoning_format
 from kvdeck.tui.activity import ActivityTracker
 from kvdeck.tui.chat_context import FittedRequest, MessageTooLong, fit_to_context
 from kvdeck.tui.dashboard_state import DashboardState
@@ -77,6 +78,7 @@ class ChatPane(Vertical):
         self._told_about_trimming: str | None = None  # the transcript last told
         self._note = ""  # what the status line says before the settings ("generating"...)
         self._fitting = False  # a message is being measured against the context
+        self._reasoning_for: tuple[object, ReasoningFormat | None] | None = None  # (tokenizer, format)
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="messages"):
@@ -215,6 +217,10 @@ class ChatPane(Vertical):
         # Made at the first delta: a MarkdownStream stopped before its task ever ran raises
         # CancelledError into the caller, which would end this worker before its cleanup.
         stream: MarkdownStream | None = None
+        # A thinking model's <think> block goes above the reply, not into it (nor the transcript's
+        # content, which the next request sends back).
+        fmt = self._reasoning_format(client)
+        reasoner = ReasoningStream(fmt) if fmt is not None else None
         text = ""
         error = ""
         last_save = time.monotonic()
@@ -229,12 +235,18 @@ class ChatPane(Vertical):
                                                  messages=fitted.messages,
                                                  **adapter):
                     meter.observe(out)
+                    new_text = out.delta_text
                     if out.outputs:
                         text = out.outputs[0].text
-                    if out.delta_text:
+                        if reasoner is not None:
+                            thought, new_text, text = reasoner.update(text, out.finished)
+                            if thought:
+                                reply.add_thinking(thought)
+                                turn.thinking = reply.thinking
+                    if new_text:
                         if stream is None:
                             stream = Markdown.get_stream(reply.markdown)
-                        await stream.write(displayable(out.delta_text))
+                        await stream.write(displayable(new_text))
                     if time.monotonic() - last_save > SAVE_EVERY_S:  # a crash loses little
                         turn.content = text
                         self._save()
@@ -261,6 +273,13 @@ class ChatPane(Vertical):
             self.active_request_id = None
             self.activity.end(REPLY_ACTIVITY)
         self.update_status()
+
+    def _reasoning_format(self, client: EngineClientProtocol) -> ReasoningFormat | None:
+        """The <think> format its chat template implies (read once per tokenizer)."""
+        tokenizer = getattr(client, "tokenizer", None)
+        if self._reasoning_for is None or self._reasoning_for[0] is not tokenizer:
+            self._reasoning_for = (tokenizer, detect_reasoning_format(tokenizer))
+        return self._reasoning_for[1]
 
     def _adapter_for(self, client: EngineClientProtocol) -> dict:
         """The chosen LoRA adapter, as generate's keyword (none with LoRA off: the base)."""
@@ -293,7 +312,7 @@ class ChatPane(Vertical):
         if not transcript.turns:
             await messages.mount(Static(WELCOME, id="chat-welcome"))
         await messages.mount_all(
-            [ChatMessage(turn.role, turn.content, turn.stats) for turn in transcript.turns]
+            [ChatMessage(turn.role, turn.content, turn.stats, turn.thinking) for turn in transcript.turns]
         )
         replies = messages.query(ChatMessage).filter(".-assistant")
         self.last_reply = replies.last() if replies else None
