@@ -257,6 +257,7 @@ class TokenizeRequest(BaseModel):
     prompt: StrictStr | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_MESSAGES)] | None = None
     add_special_tokens: StrictBool = True
+    chat_template_kwargs: dict[StrictStr, Any] | None = None  # with messages, as the chat route
 
 
 class DetokenizeRequest(BaseModel):

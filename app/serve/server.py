@@ -199,12 +199,15 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         try:
             if body.messages is not None:
                 messages = [m.for_template() for m in body.messages]
-                _, ids = await client.encode_async(messages=messages)
+                _, ids = await client.encode_async(messages=messages,
+                                                   chat_template_kwargs=body.chat_template_kwargs)
             elif body.add_special_tokens:
                 _, ids = await client.encode_async(body.prompt)
             else:
                 ids = await client.encode_async_plain(body.prompt)
         except ValueError as exc:
+            if str(exc).startswith("chat_template_kwargs"):
+                raise OpenAIError(400, str(exc), param="chat_template_kwargs") from None
             raise bad_prompt(exc, "messages" if body.messages else "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids),
                              "max_model_len": client.max_model_len})

@@ -145,14 +145,15 @@ class AsyncLLM:
         return self._frontend.encode(prompt, messages)
 
     async def encode_async(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
-                           tools: list[dict] | None = None) -> tuple[str | None, list[int]]:
-        """`encode` off the event loop (in the tokenizer's thread); `tools` go to the chat
-        template."""
+                           tools: list[dict] | None = None,
+                           chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
+        """`encode` off the event loop (in the tokenizer's thread); `tools` and
+        `chat_template_kwargs` go to the chat template."""
         if self._frontend is None:
             raise EngineNotReadyError("the engine has not been started")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenize_pool, self._frontend.encode, prompt,
-                                          messages, tools)
+                                          messages, tools, chat_template_kwargs)
 
     async def encode_async_plain(self, text: str) -> list[int]:
         """Token ids of `text` without the special tokens the tokenizer would add."""

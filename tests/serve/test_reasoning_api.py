@@ -70,6 +70,12 @@ def test_chat_template_kwargs_reach_the_template(server):
                                     json={"tokens": ids}).json()["prompt"]
     assert decode(plain["prompt_token_ids"]).endswith("NOTHINK")
     assert "NOTHINK" not in decode(thinking["prompt_token_ids"])
+    counted = httpx.post(f"{server.base_url}/tokenize", json={
+        "messages": USER, "chat_template_kwargs": {"enable_thinking": False}}).json()
+    assert counted["tokens"] == plain["prompt_token_ids"]  # /tokenize counts what chat sends
+    refused = httpx.post(f"{server.base_url}/tokenize", json={
+        "messages": USER, "chat_template_kwargs": {"tokenize": False}}).json()["error"]
+    assert refused["param"] == "chat_template_kwargs"
     for bad, quoted in (({"tokenize": True}, "'tokenize' is set by the engine"),
                         ({"not a name": 1}, "not a template variable name")):
         error = chat(server, chat_template_kwargs=bad).json()["error"]
