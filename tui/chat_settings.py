@@ -39,6 +39,7 @@ class ChatSettings:
     response_format: str = "text"  # one of RESPONSE_FORMATS
     schema_file: str | None = None  # the JSON schema's file, with response_format "schema"
     adapter: str | None = None  # a LoRA adapter's folder (None: the base model)
+    thinking: bool = True  # False: the template's enable_thinking false (Qwen3's switch)
 
     def reply_budget(self, max_model_len: int) -> int:
         return self.max_tokens if self.max_tokens is not None else auto_max_tokens(max_model_len)
@@ -56,6 +57,10 @@ class ChatSettings:
             extra["structured_outputs"] = constraint
         return SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed,
                               **extra)
+
+    def template_kwargs(self) -> dict | None:
+        """The chat template's extra variables for a request (None: the template's defaults)."""
+        return None if self.thinking else {"enable_thinking": False}
 
     def structured_outputs(self):
         """The grammar the reply must match (None: free text). The schema file is read on
@@ -82,6 +87,9 @@ class ChatSettings:
         default = cls()
         max_tokens, seed = data.get("max_tokens"), data.get("seed")
         schema_file, adapter = data.get("schema_file"), data.get("adapter")
+        thinking = data.get("thinking", default.thinking)
+        if not isinstance(thinking, bool):
+            raise ValueError(f"thinking must be true or false, got {thinking!r}")
         return cls.parse(
             str(data.get("system_prompt", default.system_prompt)),
             str(data.get("temperature", default.temperature)),
@@ -91,12 +99,13 @@ class ChatSettings:
             str(data.get("response_format", default.response_format)),
             "" if schema_file is None else str(schema_file),
             "" if adapter is None else str(adapter),
+            thinking,
         )
 
     @classmethod
     def parse(cls, system_prompt: str, temperature: str, top_p: str, max_tokens: str,
               seed: str, response_format: str = "text", schema_file: str = "",
-              adapter: str = "") -> ChatSettings:
+              adapter: str = "", thinking: bool = True) -> ChatSettings:
         """Build from the settings form's text fields (blank max_tokens: auto, blank seed:
         random); ValueError names the bad field."""
         if response_format not in RESPONSE_FORMATS:
@@ -113,6 +122,7 @@ class ChatSettings:
             response_format=response_format,
             schema_file=schema_file.strip() or None,
             adapter=adapter.strip() or None,
+            thinking=thinking,
         )
         settings.sampling_params()  # SamplingParams' own checks, and the schema's
         return settings

@@ -44,10 +44,12 @@ class EngineClientProtocol(Protocol):
         params: SamplingParams,
         request_id: str | None = None,
         messages: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> AsyncIterator[RequestOutput]: ...
 
     def encode(self, prompt: str | list[int] | None = None,
-               messages: list[dict] | None = None) -> tuple[str | None, list[int]]: ...
+               messages: list[dict] | None = None,
+               chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]: ...
 
     async def abort(self, request_id: str) -> None: ...
 

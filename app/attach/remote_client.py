@@ -157,11 +157,14 @@ class RemoteClient:
     # ---- requests -------------------------------------------------------------------------
     async def generate(self, prompt: str | list[int] | None, params: SamplingParams,
                        request_id: str | None = None,
-                       messages: list[dict] | None = None) -> AsyncIterator[RequestOutput]:
+                       messages: list[dict] | None = None,
+                       chat_template_kwargs: dict | None = None) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs as the server streams them; closing the iterator or abort()
         closes the connection, which aborts the request on the server."""
         request_id = request_id or f"attach-{uuid.uuid4().hex[:12]}"
         path, body = request_body(self.model_name, params, prompt, messages)
+        if chat_template_kwargs is not None and messages is not None:  # vLLM's field too
+            body["chat_template_kwargs"] = chat_template_kwargs
         reply = ReplyAccumulator.start(request_id, prompt if isinstance(prompt, str) else None)
         chunks: asyncio.Queue = asyncio.Queue()
         pump = asyncio.ensure_future(self._pump_reply(path, body, chunks))
@@ -205,13 +208,13 @@ class RemoteClient:
             self._lost(exc)
             raise EngineDeadError(f"lost {self.url}: {transport_reason(exc)}") from None
 
-    def encode(self, prompt: str | list[int] | None = None,
-               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+    def encode(self, prompt: str | list[int] | None = None, messages: list[dict] | None = None,
+               chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
         """Token ids as the server counts them (POST /tokenize, cached). Blocking: the TUI
         calls it from a worker thread."""
         if isinstance(prompt, list):
             return None, list(prompt)
-        body, key = self._tokenize_body(prompt, messages)
+        body, key = self._tokenize_body(prompt, messages, chat_template_kwargs)
         if key not in self._encoded:
             try:
                 response = self._sync_http.post("/tokenize", json=body)
@@ -222,10 +225,11 @@ class RemoteClient:
         return (prompt if isinstance(prompt, str) else None), list(self._encoded[key])
 
     async def encode_async(self, prompt: str | list[int] | None = None,
-                           messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+                           messages: list[dict] | None = None,
+                           chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
         if isinstance(prompt, list):
             return None, list(prompt)
-        body, key = self._tokenize_body(prompt, messages)
+        body, key = self._tokenize_body(prompt, messages, chat_template_kwargs)
         if key not in self._encoded:
             try:
                 response = await self._http.post("/tokenize", json=body)
@@ -235,11 +239,14 @@ class RemoteClient:
             self._remember(key, self._tokens(response, body))
         return (prompt if isinstance(prompt, str) else None), list(self._encoded[key])
 
-    def _tokenize_body(self, prompt: str | None, messages: list[dict] | None) -> tuple[dict, str]:
+    def _tokenize_body(self, prompt: str | None, messages: list[dict] | None,
+                       chat_template_kwargs: dict | None = None) -> tuple[dict, str]:
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         body = ({"model": self.model_name, "prompt": prompt} if messages is None else
                 {"model": self.model_name, "messages": messages, "add_generation_prompt": True})
+        if chat_template_kwargs is not None and messages is not None:
+            body["chat_template_kwargs"] = chat_template_kwargs
         return body, json.dumps(body, sort_keys=True)
 
     def _tokens(self, response: httpx.Response, body: dict) -> list[int]:

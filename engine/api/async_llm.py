@@ -137,12 +137,12 @@ class AsyncLLM:
         self._step_listeners.append(listener)
 
     # ---- requests ------------------------------------------------------------------
-    def encode(self, prompt: Prompt | None = None,
-               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+    def encode(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
+               chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
         """(prompt text, token ids) as generate() would send them; ValueError on bad input."""
         if self._frontend is None:
             raise EngineNotReadyError("the engine has not been started")
-        return self._frontend.encode(prompt, messages)
+        return self._frontend.encode(prompt, messages, template_kwargs=chat_template_kwargs)
 
     async def encode_async(self, prompt: Prompt | None = None, messages: list[dict] | None = None,
                            tools: list[dict] | None = None,
@@ -201,10 +201,12 @@ class AsyncLLM:
 
     async def generate(self, prompt: Prompt | None, params: SamplingParams,
                        request_id: str | None = None, messages: list[dict] | None = None,
-                       lora_request: LoRARequest | None = None) -> AsyncIterator[RequestOutput]:
+                       lora_request: LoRARequest | None = None,
+                       chat_template_kwargs: dict | None = None) -> AsyncIterator[RequestOutput]:
         """Stream one request's outputs; leaving the loop early aborts the request."""
         stream = await self.add_request(request_id, prompt, params, messages=messages,
-                                        lora_request=lora_request)
+                                        lora_request=lora_request,
+                                        chat_template_kwargs=chat_template_kwargs)
         try:
             async for out in stream:
                 yield out

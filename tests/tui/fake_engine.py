@@ -107,6 +107,7 @@ class FakeEngineClient:
         self.last_decode = 0
         self.aborted_ids: list[str] = []
         self.last_messages: list[dict] | None = None
+        self.last_template_kwargs: dict | None = None
         self.last_params: SamplingParams | None = None
         self.sent: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) of each request
         self.prompts: list[list[int]] = []  # the prompt ids of each request
@@ -157,14 +158,16 @@ class FakeEngineClient:
 
     async def generate(self, prompt: str | list[int] | None, params: SamplingParams,
                        request_id: str | None = None,
-                       messages: list[dict] | None = None) -> AsyncIterator[RequestOutput]:
+                       messages: list[dict] | None = None,
+                       chat_template_kwargs: dict | None = None) -> AsyncIterator[RequestOutput]:
         if not isinstance(params, SamplingParams):
             raise ValueError("params must be a SamplingParams")
         if self.status != "ready":
             raise FakeEngineDead(f"engine is {self.status}")
         self.last_messages = messages
         self.last_params = params
-        _, prompt_ids = self.encode(prompt, messages)
+        self.last_template_kwargs = chat_template_kwargs
+        _, prompt_ids = self.encode(prompt, messages, chat_template_kwargs)
         self.check_request(prompt_ids, params)  # as the real client: before anything is queued
         self.sent.append((len(prompt_ids), params.max_tokens))
         self.prompts.append(prompt_ids)
@@ -225,12 +228,13 @@ class FakeEngineClient:
             self._free(request)
 
     def encode(self, prompt: str | list[int] | None = None,
-               messages: list[dict] | None = None) -> tuple[str | None, list[int]]:
+               messages: list[dict] | None = None,
+               chat_template_kwargs: dict | None = None) -> tuple[str | None, list[int]]:
         """One id per word (of each message's role and content), like a tokenizer would;
         with a real tokenizer, what the real client sends."""
         if not isinstance(self.tokenizer, FakeTokenizer):
             if messages is not None:
-                return None, render_chat(self.tokenizer, messages)
+                return None, render_chat(self.tokenizer, messages, template_kwargs=chat_template_kwargs)
             return encode_prompt(self.tokenizer, prompt)
         if messages is not None:
             text = " ".join(f"<{m['role']}> {m['content']}" for m in messages)

@@ -4,8 +4,11 @@ transcript and shown again when it is reopened."""
 
 from __future__ import annotations
 
-from textual.widgets import Markdown, Static
+import pytest
+from textual.widgets import Markdown, Select, Static
 
+from kvdeck.tui.chat_settings import ChatSettings
+from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
 from kvdeck.tui.screens.transcript_picker import TranscriptPickerScreen
 from tests.tui.conftest import wait_for
 from tests.tui.fake_engine import FakeTokenizer
@@ -64,3 +67,33 @@ async def test_a_model_without_think_in_its_template_shows_the_reply_as_written(
         assert chat.transcript.turns[1].thinking == ""
         assert replies(app)[0].query_one(".thinking", Static).has_class("-empty")
         assert THOUGHT in chat.transcript.turns[1].content
+
+
+async def test_thinking_can_be_switched_off_for_a_thinking_model_only(make_app):
+    app, factory = make_app(token_delay=0.0, reply=ANSWER)
+    async with app.run_test(size=(100, 40)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        await pilot.press("ctrl+s")  # a model that does not think: nothing to switch
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        assert not app.screen.query("#thinking")
+        await pilot.press("escape")
+        factory.client.tokenizer = ThinkingTokenizer()
+        await pilot.press("ctrl+s")
+        assert await wait_for(pilot, lambda: isinstance(app.screen, ChatSettingsScreen))
+        modal = app.screen
+        assert modal.query_one("#thinking", Select).value is True
+        modal.query_one("#thinking", Select).value = False
+        modal.action_save()
+        assert await wait_for(pilot, lambda: app.chat_settings.thinking is False)
+        chat = app.screen.chat
+        await send(pilot, "quick")
+        assert await wait_for(pilot, lambda: len(chat.transcript.turns) == 2 and not chat.generating)
+        assert factory.client.last_template_kwargs == {"enable_thinking": False}
+    saved = ChatSettings.from_json(app.chat_settings.to_json())
+    assert saved.thinking is False and saved.template_kwargs() == {"enable_thinking": False}
+
+
+def test_a_hand_edited_thinking_setting_is_checked():
+    with pytest.raises(ValueError, match="thinking must be true or false, got 'no'"):
+        ChatSettings.from_json({"thinking": "no"})
+    assert ChatSettings.from_json({}).thinking is True  # settings saved before it existed

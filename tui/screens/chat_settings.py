@@ -12,6 +12,8 @@ from kvdeck.tui.screens.form_screen import FormScreen
 
 FORMAT_CHOICES = [("free text", "text"), ("any JSON object", "json"),
                   ("JSON schema (file)", "schema")]
+THINKING_CHOICES = [("on: it reasons before the reply", True),
+                    ("off: the template's enable_thinking false", False)]
 
 
 class ChatSettingsScreen(FormScreen[ChatSettings]):
@@ -34,14 +36,17 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
     """
 
     def __init__(self, settings: ChatSettings, max_model_len: int | None = None,
-                 adapters: list[tuple[str, str]] | None = None, model_name: str = "") -> None:
+                 adapters: list[tuple[str, str]] | None = None, model_name: str = "",
+                 thinking_model: bool = False) -> None:
         """`adapters`: (label, folder) of the LoRA adapters to offer (None: LoRA is off, no
-        model choice); `model_name`: the base model's, for its entry."""
+        model choice); `model_name`: the base model's, for its entry; `thinking_model`: its
+        chat template knows <think>, so thinking can be switched off."""
         super().__init__()
         self.settings = settings
         self.max_model_len = max_model_len  # the loaded model's context, for the auto hint
         self.adapters = adapters
         self.model_name = model_name
+        self.thinking_model = thinking_model
 
     def compose(self) -> ComposeResult:
         s = self.settings
@@ -69,6 +74,9 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
                 choices = [(f"{self.model_name or 'the loaded model'} (base)", ""), *self.adapters]
                 current = s.adapter if s.adapter in {path for _, path in self.adapters} else ""
                 yield Select(choices, value=current, allow_blank=False, id="adapter")
+            if self.thinking_model:
+                yield Label("Thinking (a thinking model's reasoning, shown above its reply)")
+                yield Select(THINKING_CHOICES, value=s.thinking, allow_blank=False, id="thinking")
             yield Static("", id="settings-error")
             with Horizontal():
                 yield Button("Cancel", id="cancel")
@@ -85,6 +93,12 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
             return self.settings.adapter or ""
         return str(self.query_one("#adapter", Select).value)
 
+    def _thinking(self) -> bool:
+        """The choice; the saved one where the model has no thinking to switch."""
+        if not self.thinking_model:
+            return self.settings.thinking
+        return bool(self.query_one("#thinking", Select).value)
+
     def _value(self, widget_id: str) -> str:
         return self.query_one(f"#{widget_id}", Input).value
 
@@ -97,6 +111,7 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
                 str(self.query_one("#response-format", Select).value),
                 self._value("schema-file"),
                 self._adapter(),
+                self._thinking(),
             )
             constraint = settings.structured_outputs()
             if constraint is not None:  # a schema llguidance cannot compile: said here

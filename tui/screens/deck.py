@@ -193,8 +193,10 @@ class DeckScreen(Screen[None]):
 
         client = self.engine.usable
         context = client.max_model_len if client is not None else None
+        thinking = client is not None and self.chat.reasoning_format(client) is not None
         self.app.push_screen(ChatSettingsScreen(self.settings.current, context,
-                                                adapter_choices(client), self.engine.name), apply)
+                                                adapter_choices(client), self.engine.name,
+                                                thinking_model=thinking), apply)
 
     def action_open_chat(self) -> None:
         self.app.push_screen(TranscriptPickerScreen(self.transcripts.list()), self._open_transcript)

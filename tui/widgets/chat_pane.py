@@ -180,8 +180,9 @@ class ChatPane(Vertical):
 
     def _fit(self, client: EngineClientProtocol, text: str) -> FittedRequest:
         settings = self.settings.current
+        template = self._template_kwargs(client)  # what the request renders, counted as sent
         return fit_to_context(
-            lambda messages: len(client.encode(None, messages)[1]), client.max_model_len,
+            lambda messages: len(client.encode(None, messages, **template)[1]), client.max_model_len,
             settings.system_prompt, self.transcript.turns, text,
             settings.reply_budget(client.max_model_len),
         )
@@ -219,7 +220,7 @@ class ChatPane(Vertical):
         stream: MarkdownStream | None = None
         # A thinking model's <think> block goes above the reply, not into it (nor the transcript's
         # content, which the next request sends back).
-        fmt = self._reasoning_format(client)
+        fmt = self.reasoning_format(client)
         reasoner = ReasoningStream(fmt) if fmt is not None else None
         text = ""
         error = ""
@@ -233,7 +234,7 @@ class ChatPane(Vertical):
                 params = self.settings.current.sampling_params(fitted.max_tokens)
                 async for out in client.generate(None, params, request_id=request_id,
                                                  messages=fitted.messages,
-                                                 **adapter):
+                                                 **adapter, **self._template_kwargs(client)):
                     meter.observe(out)
                     new_text = out.delta_text
                     if out.outputs:
@@ -274,12 +275,20 @@ class ChatPane(Vertical):
             self.activity.end(REPLY_ACTIVITY)
         self.update_status()
 
-    def _reasoning_format(self, client: EngineClientProtocol) -> ReasoningFormat | None:
+    def reasoning_format(self, client: EngineClientProtocol) -> ReasoningFormat | None:
         """The <think> format its chat template implies (read once per tokenizer)."""
         tokenizer = getattr(client, "tokenizer", None)
         if self._reasoning_for is None or self._reasoning_for[0] is not tokenizer:
             self._reasoning_for = (tokenizer, detect_reasoning_format(tokenizer))
         return self._reasoning_for[1]
+
+    def _template_kwargs(self, client: EngineClientProtocol) -> dict:
+        """Thinking switched off in the settings, for a model that thinks: generate's and
+        encode's keyword (nothing otherwise, so clients that know no such keyword work)."""
+        kwargs = self.settings.current.template_kwargs()
+        if kwargs is None or self.reasoning_format(client) is None:
+            return {}
+        return {"chat_template_kwargs": kwargs}
 
     def _adapter_for(self, client: EngineClientProtocol) -> dict:
         """The chosen LoRA adapter, as generate's keyword (none with LoRA off: the base)."""
