@@ -88,7 +88,9 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
         return JSONResponse({
             "modelfile": f"# kvdeck serves {card.model_dir}\nFROM {card.model_dir}\n{adapter}",
             "parameters": card.parameters, "template": template, "details": card.details,
-            "model_info": card.model_info, "capabilities": ["completion", "tools"],
+            "model_info": card.model_info,
+            # Ollama's "thinking": think true separates its reasoning (--reasoning-parser)
+            "capabilities": ["completion", "tools", *(["thinking"] if state.reasoning else [])],
             "modified_at": card.modified_at})
 
     @app.post("/api/chat", include_in_schema=False)

@@ -181,6 +181,7 @@ def test_model_listings(client, name, server):
     shown = client.show(f"{name}:latest")
     assert shown.details.family == listed.details.family and shown.template
     assert shown.modelinfo["general.parameter_count"] > 0 and "tools" in shown.capabilities
+    assert "thinking" not in shown.capabilities  # no --reasoning-parser: think true is a 400
     version = httpx.get(f"{server.base_url}/api/version", headers=server.headers).json()["version"]
     assert version.count(".") == 2
     root = httpx.get(f"{server.base_url}/")  # open: Ollama's probe

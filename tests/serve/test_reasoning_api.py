@@ -104,6 +104,8 @@ def test_ollama_think(server):
         json={"model": "llama", "messages": USER, "think": True,
               "options": {"temperature": 0, "num_predict": 12}}).text.splitlines()]
     assert "".join(line["message"].get("thinking", "") for line in lines) == thinking["message"]["thinking"]
+    shown = httpx.post(f"{server.base_url}/api/show", json={"model": "llama"}).json()
+    assert shown["capabilities"] == ["completion", "tools", "thinking"]  # clients offer think then
     level = httpx.post(f"{server.base_url}/api/chat", json={"model": "llama", "messages": USER,
                                                             "think": "high"})
     assert level.status_code == 400 and "thinking levels" in level.json()["error"]
