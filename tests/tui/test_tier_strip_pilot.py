@@ -50,7 +50,8 @@ async def test_the_strip_shows_each_configured_tier_and_hides_without_any():
         assert "2 swapped out · 7 out, 5 in (12 ms of copies)" in lines[0]
         assert lines[1].startswith("host cache") and "10 / 1,000 blocks" in lines[1]
         assert "hit rate 25% (100 of 400 prompt tokens)" in lines[1]
-        assert strip.region.height == 2 and strip.region.width > 0
+        # Shown takes a layout pass to get its place: on a loaded machine, after the check above.
+        assert await wait_for(pilot, lambda: strip.region.height == 2 and strip.region.width > 0)
 
 
 def test_bars_fill_by_use_and_show_any_use():
