@@ -221,7 +221,8 @@ class Scheduler:
             if not self.block_manager.allocate_slots(request, num_tokens, cached):
                 break
             num_cached = cached.num_blocks * self.block_manager.block_size  # a disk read may shorten it
-            self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
+            if not request.needs_prompt_logprobs:  # it looked nothing up (vLLM counts none either)
+                self.block_manager.record_prefix_lookup(request.num_tokens, num_cached)
             self.waiting.popleft()
             request.num_computed_tokens = num_cached
             if request.metrics.first_scheduled_time is None:

@@ -54,8 +54,10 @@ def test_prompt_logprobs_equal_transformers_over_chunked_prefill(llm, reference)
 
 def test_the_prefix_cache_never_serves_them_and_still_serves_the_others(llm):
     params = SamplingParams(temperature=0, max_tokens=2, prompt_logprobs=0)
+    queries = llm.stats().prefix_cache_queries
     first, again = (llm.generate([PROMPT], params)[0] for _ in range(2))
     assert again.num_cached_tokens == 0 and _chosen(again) == _chosen(first)
+    assert llm.stats().prefix_cache_queries == queries  # no lookup made, none counted: the hit rate holds
     assert all(len(entry) == 1 for entry in again.prompt_logprobs[1:])  # the token alone, k=0
     plain = llm.generate([PROMPT], SamplingParams(temperature=0, max_tokens=2))[0]
     assert plain.num_cached_tokens > 0 and plain.prompt_logprobs is None
