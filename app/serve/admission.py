@@ -23,6 +23,7 @@ from kvdeck.engine.api.async_llm import (
     EngineNotReadyError,
     RequestStream,
 )
+from kvdeck.engine.frontend.chat import check_template_kwargs
 from kvdeck.engine.frontend.reasoning import ReasoningFormat
 from kvdeck.engine.types.errors import GrammarError, PromptError
 from kvdeck.engine.types.lora import LoRARequest
@@ -115,6 +116,16 @@ def check_unsupported(req: SamplingRequest) -> None:
     if req.prompt_logprobs is not None and req.stream:  # vLLM's rule: they come in one piece
         raise OpenAIError(400, "prompt_logprobs is not available with stream: true",
                           param="prompt_logprobs")
+
+
+
+def check_chat_template_kwargs(kwargs: dict | None) -> None:
+    """400 naming chat_template_kwargs for variables the template may not be given (the
+    engine checks again when it renders)."""
+    try:
+        check_template_kwargs(kwargs)
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="chat_template_kwargs") from None
 
 
 

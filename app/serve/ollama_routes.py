@@ -133,8 +133,7 @@ async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):
         return EventStreamResponse(_chat_lines(state, streams, req.model, started, reader,
                                                req.num_logprobs, reasoning), streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
-    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True) if reasoning is not None \
-        else ("", out.outputs[0].text)
+    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True)
     message: dict = {"role": "assistant", "content": answer}
     if thought:
         message["thinking"] = thought
@@ -175,8 +174,7 @@ async def ollama_generate(state: ServeState, req: OllamaGenerateRequest, raw: Re
         return EventStreamResponse(_generate_lines(state, streams, req.model, started, req.num_logprobs,
                                                    reasoning), streams, media_type=NDJSON)
     ((out,),) = await run_to_end(streams, raw, state.drain)
-    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True) if reasoning is not None \
-        else ("", out.outputs[0].text)
+    thought, answer = split_reasoning(reasoning, out.outputs[0].text, True)
     return JSONResponse({"model": req.model, "created_at": created_at(), "response": answer,
                          **({"thinking": thought} if thought else {}),
                          **_logprobs(out, 0, req.num_logprobs), **final_fields(out, started)})
@@ -230,14 +228,13 @@ async def _chat_lines(state: ServeState, streams: list[RequestStream], model: st
                       reader: OllamaCallReader | None, logprobs: int | None = None,
                       reasoning: ReasoningFormat | None = None) -> AsyncIterator[str]:
     sent = 0  # tokens whose logprobs went out (a line carries those of the tokens since)
-    reasoner = ReasoningStream(reasoning) if reasoning is not None else None
+    reasoner = ReasoningStream(reasoning)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
                 completion = out.outputs[0]
                 done = completion.finish_reason is not None
-                thought, new_text, answer = reasoner.update(completion.text, done) \
-                    if reasoner is not None else ("", out.delta_text, completion.text)
+                thought, new_text, answer = reasoner.update(completion.text, done)
                 content, calls = (reader.update(answer, done) if reader is not None
                                   else (new_text, []))
                 if content or calls or thought:
@@ -261,13 +258,12 @@ async def _generate_lines(state: ServeState, streams: list[RequestStream], model
                           started: float, logprobs: int | None = None,
                           reasoning: ReasoningFormat | None = None) -> AsyncIterator[str]:
     sent = 0  # as _chat_lines
-    reasoner = ReasoningStream(reasoning) if reasoning is not None else None
+    reasoner = ReasoningStream(reasoning)
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             async for _, out in outputs:
                 done = out.outputs[0].finish_reason is not None
-                thought, new_text, _ = reasoner.update(out.outputs[0].text, done) \
-                    if reasoner is not None else ("", out.delta_text, "")
+                thought, new_text, _ = reasoner.update(out.outputs[0].text, done)
                 if new_text or thought:
                     yield ndjson({"model": model, "created_at": created_at(), "response": new_text,
                                   **({"thinking": thought} if thought else {}),

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse
 from kvdeck.app.serve.admission import (
     Fields,
     ServeState,
+    check_chat_template_kwargs,
     check_choice_count,
     check_engine,
     check_model,
@@ -45,7 +46,6 @@ from kvdeck.app.serve.structured import (
     tool_call_message,
 )
 from kvdeck.engine.api.async_llm import RequestStream
-from kvdeck.engine.frontend.chat import check_template_kwargs
 from kvdeck.engine.frontend.reasoning import ReasoningFormat, ReasoningStream, split_reasoning
 from kvdeck.engine.types.outputs import RequestOutput
 
@@ -175,10 +175,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
         if structured is not None and not tools.holds_answer:
             raise _constraint_clash(req, field, tools.generic is not None)
         structured, field = tools.constraint, field if tools.holds_answer else "tools"
-    try:
-        check_template_kwargs(req.chat_template_kwargs)
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="chat_template_kwargs") from None
+    check_chat_template_kwargs(req.chat_template_kwargs)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -202,8 +199,7 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     choices = []
     for i, out in enumerate(finals):
         completion = out.outputs[0]
-        thought, answer = split_reasoning(reasoning, completion.text, True) if reasoning is not None \
-            else ("", completion.text)
+        thought, answer = split_reasoning(reasoning, completion.text, True)
         message, called = {"role": "assistant", "content": answer}, False
         if tools.call_format is not None:
             message, called = tool_call_message(tools.call_format, answer, req.parallel_tool_calls)
@@ -273,7 +269,7 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
     # With tools, text goes through a parser that turns calls into tool_calls deltas.
     tool_streams = [ToolCallStream(tool_format, parallel_tool_calls) if tool_format else None
                     for _ in range(n)]
-    reasoners = [ReasoningStream(reasoning) if reasoning is not None else None for _ in range(n)]
+    reasoners = [ReasoningStream(reasoning) for _ in range(n)]
     try:
         async with aclosing(merged_outputs(streams, state.drain)) as outputs:
             for index in range(n):
@@ -293,9 +289,7 @@ async def _chat_stream(state: ServeState, streams: list[RequestStream], request_
                 sent_tokens[index] = len(completion.token_ids)
                 finish = completion.finish_reason
                 done = finish is not None
-                reasoner = reasoners[index]
-                thought, new_text, answer = reasoner.update(completion.text, done) \
-                    if reasoner is not None else ("", out.delta_text, completion.text)
+                thought, new_text, answer = reasoners[index].update(completion.text, done)
                 delta = reasoning_fields(thought) if thought else {}
                 if tool_stream is None:
                     if new_text:

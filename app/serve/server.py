@@ -26,7 +26,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from kvdeck.app.record.session import SessionRecorder, record_engine
-from kvdeck.app.serve.admission import ServeState, bad_prompt, check_engine, check_model
+from kvdeck.app.serve.admission import (
+    ServeState,
+    bad_prompt,
+    check_chat_template_kwargs,
+    check_engine,
+    check_model,
+)
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.lora_adapters import LoRAModule, registry_from_modules
@@ -196,6 +202,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         check_engine(state)
         if (body.prompt is None) == (body.messages is None):
             raise OpenAIError(400, "give exactly one of prompt or messages", param="prompt")
+        check_chat_template_kwargs(body.chat_template_kwargs)
         try:
             if body.messages is not None:
                 messages = [m.for_template() for m in body.messages]
@@ -206,8 +213,6 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
             else:
                 ids = await client.encode_async_plain(body.prompt)
         except ValueError as exc:
-            if str(exc).startswith("chat_template_kwargs"):
-                raise OpenAIError(400, str(exc), param="chat_template_kwargs") from None
             raise bad_prompt(exc, "messages" if body.messages else "prompt") from None
         return JSONResponse({"tokens": ids, "count": len(ids),
                              "max_model_len": client.max_model_len})

@@ -38,9 +38,11 @@ def reasoning_format(name: str) -> ReasoningFormat:
                          f"{', '.join(REASONING_FORMATS)}") from None
 
 
-def split_reasoning(fmt: ReasoningFormat, text: str, finished: bool) -> tuple[str, str]:
+def split_reasoning(fmt: ReasoningFormat | None, text: str, finished: bool) -> tuple[str, str]:
     """(reasoning, answer) of a reply so far; `finished`: nothing more will come, so nothing
-    is held back."""
+    is held back. No format: all answer (a model served without a parser)."""
+    if fmt is None:
+        return "", text
     stripped = text.lstrip()
     if stripped.startswith(fmt.start):
         inside, body = True, stripped[len(fmt.start):]
@@ -70,9 +72,9 @@ def _held_back(text: str, tag: str) -> str:
 @dataclass(slots=True)
 class ReasoningStream:
     """One streamed reply: each update gives the reasoning's new text, the answer's new text
-    and the answer so far (what a tool-call parser reads)."""
+    and the answer so far (what a tool-call parser reads). No format: the reply as it comes."""
 
-    fmt: ReasoningFormat
+    fmt: ReasoningFormat | None
     reasoning_sent: int = 0
     answer_sent: int = 0
 

@@ -220,8 +220,7 @@ class ChatPane(Vertical):
         stream: MarkdownStream | None = None
         # A thinking model's <think> block goes above the reply, not into it (nor the transcript's
         # content, which the next request sends back).
-        fmt = self.reasoning_format(client)
-        reasoner = ReasoningStream(fmt) if fmt is not None else None
+        reasoner = ReasoningStream(self.reasoning_format(client))
         text = ""
         error = ""
         last_save = time.monotonic()
@@ -238,12 +237,10 @@ class ChatPane(Vertical):
                     meter.observe(out)
                     new_text = out.delta_text
                     if out.outputs:
-                        text = out.outputs[0].text
-                        if reasoner is not None:
-                            thought, new_text, text = reasoner.update(text, out.finished)
-                            if thought:
-                                reply.add_thinking(thought)
-                                turn.thinking = reply.thinking
+                        thought, new_text, text = reasoner.update(out.outputs[0].text, out.finished)
+                        if thought:
+                            reply.add_thinking(thought)
+                            turn.thinking = reply.thinking
                     if new_text:
                         if stream is None:
                             stream = Markdown.get_stream(reply.markdown)
