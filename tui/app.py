@@ -264,7 +264,8 @@ class KvdeckApp(App[int]):
 
     def check_engine_health(self) -> None:
         client = self.engine.client
-        if client is None or self._quitting:
+        # The timer can still fire while the app closes, after its screens are gone.
+        if client is None or self._quitting or not self.screen_stack:
             return
         if self.servers is not None:
             self._check_attached(client)
@@ -293,7 +294,7 @@ class KvdeckApp(App[int]):
 
     def show_engine_error(self, title: str, detail: str) -> None:
         self.engine.ready = False
-        if self._quitting or isinstance(self.screen, EngineErrorScreen):
+        if self._quitting or not self.screen_stack or isinstance(self.screen, EngineErrorScreen):
             return
         self.push_screen(EngineErrorScreen(title, detail))
 

@@ -210,6 +210,18 @@ async def test_a_wrong_key_is_a_clear_message(tmp_path):
         await asyncio.to_thread(running.stop)
 
 
+async def test_a_health_check_while_the_app_closes_is_a_no_op(tmp_path):
+    """The health timer can fire after the screens are gone (seen once in CI): nothing to check."""
+    app = attached_app(["http://127.0.0.1:9"], tmp_path)
+    app.engine.client = client = app.client_factory()
+    try:
+        assert not app.screen_stack
+        app.check_engine_health()
+        app.show_engine_error("The engine stopped", "while closing")
+    finally:
+        await client.shutdown()
+
+
 @pytest.fixture(scope="module")
 def kvdeck_server(serve_model_dir, tmp_path_factory):
     live = start_server(serve_model_dir, tmp_path_factory.mktemp("pilot_logs"), api_key=API_KEY)
