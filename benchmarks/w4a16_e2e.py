@@ -69,7 +69,7 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
         kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
         llm = LLM(model=model_dir, load_format="dummy", max_model_len=2048, **kwargs)
         # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
-        prompt_len, new_tokens = (16, 4) if smoke else (128, 256)
+        prompt_len, new_tokens = (16, 2) if smoke else (128, 256)
         for batch in (1, 2) if smoke else (1, 16):
             params = SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True)
             prompts = [[(7 * i + j) % 900 + 10 for j in range(prompt_len)] for i in range(batch)]
