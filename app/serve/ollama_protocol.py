@@ -183,6 +183,19 @@ class OllamaGenerateRequest(OllamaRequest):
     images: list[StrictStr] | None = None
 
 
+class OllamaEmbedRequest(BaseModel):
+    """/api/embed (`input`) and the older /api/embeddings (`prompt`, one text)."""
+
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr
+    input: StrictStr | Annotated[list[StrictStr], Field(max_length=2048)] = ""
+    prompt: StrictStr = ""
+    truncate: StrictBool = True  # a text past the context is cut to fit (false: a 400)
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None
+    options: dict | None = None  # sampling options: nothing to sample
+    keep_alive: StrictStr | Number | None = None
+
+
 class OllamaShowRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = Field(None, validation_alias=AliasChoices("model", "name"))  # older: name

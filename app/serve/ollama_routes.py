@@ -17,10 +17,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from kvdeck.app.serve.admission import Fields, ServeState, check_engine, submit
+from kvdeck.app.serve.embeddings import ollama_embed
 from kvdeck.app.serve.errors import OpenAIError
 from kvdeck.app.serve.ollama_models import ModelCard, check_ollama_model, model_card, tagged_name
 from kvdeck.app.serve.ollama_protocol import (
     OllamaChatRequest,
+    OllamaEmbedRequest,
     OllamaGenerateRequest,
     OllamaRequest,
     OllamaShowRequest,
@@ -101,11 +103,13 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
     async def generate(raw: Request):
         return await ollama_generate(state, await parse_body(raw, OllamaGenerateRequest), raw)
 
-    for path in ("/api/embed", "/api/embeddings"):
-        @app.post(path, include_in_schema=False)
-        async def embeddings() -> JSONResponse:
-            raise OpenAIError(501, "embeddings are not supported: kvdeck serves generative "
-                                   "models only, and none of them computes embeddings")
+    @app.post("/api/embed", include_in_schema=False)
+    async def embed(raw: Request) -> JSONResponse:
+        return await ollama_embed(state, await parse_body(raw, OllamaEmbedRequest), raw, legacy=False)
+
+    @app.post("/api/embeddings", include_in_schema=False)
+    async def embeddings(raw: Request) -> JSONResponse:
+        return await ollama_embed(state, await parse_body(raw, OllamaEmbedRequest), raw, legacy=True)
 
 
 async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):

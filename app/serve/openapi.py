@@ -48,6 +48,7 @@ GENERATE_RESPONSES = {200: {"content": {"text/event-stream": {"schema": SSE_EVEN
                             "description": "A JSON completion, or Server-Sent Events with stream"},
                       **errors(400, 401, 404, 413, 429, 500, 503)}
 TOKENS_RESPONSES = errors(400, 401, 404, 413, 503)
+EMBEDDING_RESPONSES = errors(400, 401, 404, 413, 429, 500, 503)
 STATS_RESPONSES = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
                          "description": "The engine's snapshots as Server-Sent Events (kvdeck attach)"},
                    **errors(401)}

@@ -251,6 +251,21 @@ class ChatCompletionRequest(SamplingRequest, GuidedFields):
     chat_template_kwargs: dict[StrictStr, Any] | None = None
 
 
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs in one /v1/embeddings request
+EmbeddingText = Annotated[StrictStr, Field(min_length=1)]
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = None
+    input: (EmbeddingText | TokenIds
+            | Annotated[list[EmbeddingText], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
+            | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)])
+    encoding_format: Literal["float", "base64"] = "float"  # the openai client asks for base64
+    dimensions: Annotated[StrictInt, Field(ge=1)] | None = None  # only the model's own
+    user: StrictStr | None = None
+
+
 class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = None

@@ -33,6 +33,7 @@ from kvdeck.app.serve.admission import (
     check_engine,
     check_model,
 )
+from kvdeck.app.serve.embeddings import create_embedding
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from kvdeck.app.serve.lora_adapters import LoRAModule, registry_from_modules
@@ -41,6 +42,7 @@ from kvdeck.app.serve.metrics import CONTENT_TYPE, EngineMetrics
 from kvdeck.app.serve.ollama_routes import install_ollama_routes
 from kvdeck.app.serve.openai_routes import create_chat_completion, create_completion
 from kvdeck.app.serve.openapi import (
+    EMBEDDING_RESPONSES,
     GENERATE_RESPONSES,
     METRICS_RESPONSES,
     STATS_RESPONSES,
@@ -53,6 +55,7 @@ from kvdeck.app.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     DetokenizeRequest,
+    EmbeddingRequest,
     TokenizeRequest,
 )
 from kvdeck.app.serve.request_timelines import RequestTimelines
@@ -195,6 +198,10 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
     @app.post("/v1/chat/completions", responses=GENERATE_RESPONSES)
     async def chat_completions(body: ChatCompletionRequest, raw: Request):
         return await create_chat_completion(state, body, raw)
+
+    @app.post("/v1/embeddings", responses=EMBEDDING_RESPONSES)
+    async def embeddings(body: EmbeddingRequest, raw: Request):
+        return await create_embedding(state, body, raw)
 
     @app.post("/tokenize", responses=TOKENS_RESPONSES)
     async def tokenize(body: TokenizeRequest) -> JSONResponse:

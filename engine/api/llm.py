@@ -9,10 +9,13 @@ from kvdeck.engine.frontend.parent_request import merge_choices
 from kvdeck.engine.types.beam_search import BeamSearchOutput, BeamSearchParams
 from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.lora import LoRARequest, lora_requests_per_prompt
-from kvdeck.engine.types.outputs import RequestOutput
+from kvdeck.engine.types.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from kvdeck.engine.types.prompts import PromptType, batch_prompts
 from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
 from kvdeck.engine.types.stats import EngineStats
+
+# An embedding is read at the end of the prefill; the one token sampled there is dropped.
+EMBED_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False, embed=True)
 
 
 class LLM:
@@ -50,6 +53,18 @@ class LLM:
         params = self._params_per_prompt(sampling_params, len(prompts))
         loras = lora_requests_per_prompt(lora_request, len(prompts))
         return self._run([(prompt, None) for prompt in prompts], params, loras)
+
+    def embed(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
+        """Each prompt's embedding, vLLM's `LLM.embed`: the last token's final hidden state,
+        L2-normalised (last-token pooling, as decoder embedding models such as Qwen3-Embedding
+        and e5-mistral are read). Batched like generate: the prompts are its prefills."""
+        outputs = self.generate(prompts, EMBED_PARAMS, lora_request)
+        return [EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding))
+                for out in outputs]
 
     # ---- LoRA adapters (vLLM's names) ------------------------------------------------
     def add_lora(self, lora_request: LoRARequest) -> bool:

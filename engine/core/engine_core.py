@@ -120,6 +120,7 @@ class EngineCore:
             cuda_graphs=runner.decode_graphs is not None and runner.device.type == "cuda",
             kv_bytes_per_block=self.kv_plan.bytes_per_block,
             kv_cache_tokens=self.kv_plan.num_tokens,
+            hidden_size=self.model_config.hidden_size,
             kv_group_windows=[group.window for group in self.kv_groups],
             kv_group_layers=[list(group.layers) for group in self.kv_groups],
             fallbacks=runner.fallbacks(),
@@ -153,7 +154,7 @@ class EngineCore:
         params = request.params
         # Prompt logprobs come from the synchronous step's forward (ModelRunner.execute).
         if (params.structured_outputs is not None or params.has_penalties
-                or params.prompt_logprobs is not None):
+                or params.prompt_logprobs is not None or params.embed):
             self._needs_host_tokens.add(request.request_id)
         self.requests[request.request_id] = core_request
         self.scheduler.add_request(core_request)
@@ -238,6 +239,8 @@ class EngineCore:
         executed = time.perf_counter()
         for index, (start, entries) in result.prompt_logprobs.items():
             batch.requests[index].add_prompt_logprobs(start, entries)
+        for index, embedding in result.embeddings.items():
+            batch.requests[index].embedding = embedding
         if self.scheduler.swap is not None:  # the copies' times, into the timings and timelines
             self.scheduler.swap.collect(batch.step, self.runner.kv_swap, self.timings)
         if self.spec is None and not result.spec_samples:

@@ -65,6 +65,7 @@ class Request:
     # not asked for), handed on once, with the first token.
     prompt_logprobs: list[dict[int, Logprob]] | None = field(init=False)
     prompt_logprobs_sent: bool = False
+    embedding: list[float] | None = None  # SamplingParams.embed: set by its last prompt chunk's step
     metrics: RequestMetrics = field(init=False)
     timeline: RequestTimeline = field(init=False)
 
@@ -121,6 +122,11 @@ class Request:
         if start <= have:
             self.prompt_logprobs.extend(entries[have - start :])
 
+    def take_embedding(self) -> list[float] | None:
+        """The embedding once (it goes out with the first token)."""
+        embedding, self.embedding = self.embedding, None
+        return embedding
+
     def take_prompt_logprobs(self) -> list[dict[int, Logprob]] | None:
         if self.prompt_logprobs is None or self.prompt_logprobs_sent:
             return None
@@ -144,4 +150,5 @@ def token_output(request: Request, samples: list) -> EngineCoreOutput:
         request.request_id, [s.token_id for s in samples], status.value if status.finished else None,
         request.stop_reason, [s.logprobs for s in samples] if samples[0].logprobs is not None else None,
         request.metrics, request.num_cached_tokens,
-        prompt_logprobs=request.take_prompt_logprobs() if request.prompt_logprobs is not None else None)
+        prompt_logprobs=request.take_prompt_logprobs() if request.prompt_logprobs is not None else None,
+        embedding=request.take_embedding() if request.embedding is not None else None)

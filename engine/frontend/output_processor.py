@@ -29,6 +29,7 @@ class RequestState:
     # The prompt's (first entry None), once the core sent them; DELTA outputs carry them once.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
     prompt_logprobs_new: bool = False
+    embedding: list[float] | None = None  # SamplingParams.embed, once the core sent it
     num_tokens: int = 0  # of the completion
     # DELTA outputs of token ids alone (no text, no logprobs): process() hands the core's ids
     # on without looking further (set at add_request).
@@ -64,7 +65,8 @@ class OutputProcessor:
             logprobs=[] if params.logprobs is not None else None,
             cumulative_logprob=0.0 if params.logprobs is not None else None,
             ids_only=(params.output_kind is RequestOutputKind.DELTA and not params.detokenize
-                      and params.logprobs is None and params.prompt_logprobs is None),
+                      and params.logprobs is None and params.prompt_logprobs is None
+                      and not params.embed),
         )
 
     def has_request(self, request_id: str) -> bool:
@@ -158,6 +160,8 @@ class OutputProcessor:
                     logprob.decoded = self.tokenizer.decode([logprob.token_id])
             state.prompt_logprobs = [None, *core_output.prompt_logprobs]
             state.prompt_logprobs_new = True
+        if core_output.embedding is not None:
+            state.embedding = core_output.embedding
         finish_reason, stop_reason = core_output.finish_reason, core_output.stop_reason
         if params.detokenize and detok.stop_reason is not None:
             finish_reason, stop_reason = "stop", detok.stop_reason
@@ -189,4 +193,4 @@ class OutputProcessor:
         # delta_token_ids: a list of this output's own (the core's, or a slice of it).
         return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, [completion],
                              finish_reason is not None, state.metrics, delta, new_ids, num_cached, error,
-                             prompt_logprobs)
+                             prompt_logprobs, state.embedding)

@@ -75,6 +75,8 @@ class InputBatch:
                 targets = min(start + count, len(request.prompt_token_ids) - 1) - start
                 if targets > 0:
                     inputs.prompt_logprob_spans.append((index, len(ids) - count, start, targets))
+            if request.params.embed and start + count == len(request.prompt_token_ids):
+                inputs.embedding_rows.append((index, len(ids) - 1))
             if start + count == request.num_tokens:
                 inputs.sample_rows.append(len(ids) - 1)
                 inputs.sample_requests.append(request)

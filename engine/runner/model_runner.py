@@ -402,8 +402,8 @@ class ModelRunner:
                 torch.set_num_threads(threads)
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
-        # Prompt logprobs read every row's hidden state: the plain forward gives them.
-        graphs = self.decode_graphs if not inputs.prompt_logprob_spans else None
+        # Prompt logprobs and embeddings read hidden states: the plain forward gives them.
+        graphs = self.decode_graphs if not (inputs.prompt_logprob_spans or inputs.embedding_rows) else None
         if inputs.lora is not None:  # adapter rows: the adapter graphs, else the Python forward, eager
             if graphs is not None and graphs.can_run_lora(inputs.meta, inputs.meta.seq_lens.shape[0]):
                 hidden = graphs.run(inputs.input_ids, inputs.positions, inputs.meta,
@@ -441,6 +441,7 @@ class ModelRunner:
         if inputs.prompt_logprob_spans:
             prompt_entries, failures = prompt_logprobs(self.model.compute_logits, hidden,
                                                        inputs.prompt_logprob_spans, batch.requests)
+        embeddings = _embeddings(hidden, inputs.embedding_rows) if inputs.embedding_rows else {}
         spec_samples: dict[int, list[SampleResult]] = {}
         num_plain = len(inputs.sample_rows)
         if num_plain or inputs.spec_rows:
@@ -465,8 +466,9 @@ class ModelRunner:
         for index in failures:  # a failed request emits nothing this step
             results[index] = None
             spec_samples.pop(index, None)
+            embeddings.pop(index, None)
         return StepResult(results, prepared - started, time.perf_counter() - started, failures,
-                          spec_samples, prompt_entries)
+                          spec_samples, prompt_entries, embeddings)
 
     @torch.inference_mode()
     def sample_logits(self, batch: BatchPlan) -> tuple[torch.Tensor, list[int]]:
@@ -484,3 +486,9 @@ def _rows_of(hidden: torch.Tensor, rows: list[int]) -> torch.Tensor:
     if len(rows) == hidden.shape[0] and rows == list(range(len(rows))):
         return hidden
     return hidden[torch.tensor(rows, device=hidden.device)]
+
+
+def _embeddings(hidden: torch.Tensor, rows: list[tuple[int, int]]) -> dict[int, list[float]]:
+    """Batch row -> the L2-normalised final hidden state at its last prompt token (fp32)."""
+    vectors = torch.nn.functional.normalize(hidden[[row for _, row in rows]].float(), dim=-1)
+    return {index: vector for (index, _), vector in zip(rows, vectors.tolist())}

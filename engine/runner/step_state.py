@@ -29,6 +29,8 @@ class StepInputs:
     # Prompt logprobs (prompt_logprobs.py): (batch row, first flat row, first position, number
     # of prompt tokens whose logprob the chunk's rows give).
     prompt_logprob_spans: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # SamplingParams.embed: (batch row, flat row of its last prompt token) in this step.
+    embedding_rows: list[tuple[int, int]] = field(default_factory=list)
     # Multi-LoRA: the step's adapter per token (engine/runner/lora/manager.py); None: base rows only.
     lora: "LoRAStepPlan | None" = None
     # A decode graph's output head: (logits, greedy tokens) of every row, when it made them.
@@ -74,3 +76,5 @@ class StepResult:
     # SamplingParams.prompt_logprobs: batch row -> (its chunk's first position, the entries of
     # the prompt tokens after it, in order).
     prompt_logprobs: dict[int, tuple[int, list[dict[int, Logprob]]]] = field(default_factory=dict)
+    # SamplingParams.embed: batch row -> its prompt's normalised embedding.
+    embeddings: dict[int, list[float]] = field(default_factory=dict)

@@ -66,3 +66,20 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs: one entry per prompt token, the first None (nothing
     # predicts it), each the token's logprob with the top candidates at its position.
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
+    # SamplingParams.embed: the prompt's L2-normalised embedding, from its first token on.
+    embedding: list[float] | None = None
+
+
+@dataclass(slots=True)
+class EmbeddingOutput:
+    embedding: list[float]  # L2-normalised, the model's hidden size long
+
+
+@dataclass(slots=True)
+class EmbeddingRequestOutput:
+    """LLM.embed's result for one prompt (vLLM's names)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True

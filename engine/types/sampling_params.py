@@ -91,6 +91,9 @@ class SamplingParams:
     # Each prompt token's logprob (from the first token on) with that many top candidates;
     # such a request reads nothing from the prefix cache (its prompt must be computed).
     prompt_logprobs: int | None = None
+    # Also hand back the prompt's embedding with the first token: its last token's final
+    # hidden state (after the model's last norm), L2-normalised (LLM.embed, /v1/embeddings).
+    embed: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     detokenize: bool = True  # False: token ids only (benchmarks), no text, no stop strings

@@ -59,6 +59,7 @@ class EngineCoreOutput:
     # SamplingParams.prompt_logprobs: prompt positions 1.. (their tokens' logprobs and top
     # candidates), all at once, with the request's first token.
     prompt_logprobs: list[dict[int, Logprob]] | None = None
+    embedding: list[float] | None = None  # SamplingParams.embed: with the first token
 
     @property
     def finished(self) -> bool:
@@ -83,6 +84,7 @@ class EngineInfo:
     cuda_graphs: bool  # decode steps replay captured graphs
     kv_bytes_per_block: int = 0  # one block over its layer slots, 8-bit scales included
     kv_cache_tokens: int = 0  # tokens whose K/V the pool holds for every layer at once
+    hidden_size: int = 0  # the model's: an embedding's length (SamplingParams.embed)
     # KV cache groups (engine/types/kv_groups.py): each one's window (None: full attention)
     # and the model layers whose K/V its blocks hold.
     kv_group_windows: list[int | None] = field(default_factory=lambda: [None])

@@ -71,7 +71,7 @@ BAD_REQUESTS = [
     ("logprobs 50", COMP, with_(GOOD_COMP, logprobs=50), None, 400, "logprobs"),
     ("bad api key", CHAT, GOOD_CHAT, {"Authorization": "Bearer wrong"}, 401, None),
     ("no api key", COMP, GOOD_COMP, {}, 401, None),
-    ("unknown route", "/v1/embeddings", GOOD_COMP, None, 404, None),
+    ("unknown route", "/v1/audio/speech", GOOD_COMP, None, 404, None),
 ]
 
 

@@ -140,7 +140,7 @@ HOSTILE = [
     ("/detokenize strings", "POST", DETOKENIZE, {"tokens": ["a"]}, JSON, 400),
     ("/detokenize out of vocab", "POST", DETOKENIZE, {"tokens": [10**6]}, JSON, 400),
     ("unknown model", "POST", CHAT, chat(model="gpt-4o"), JSON, 404),
-    ("unknown route", "POST", "/v1/embeddings", comp(), JSON, 404),
+    ("unknown route", "POST", "/v1/audio/speech", comp(), JSON, 404),
 ]
 
 

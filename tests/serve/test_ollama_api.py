@@ -221,16 +221,13 @@ def test_generate_errors_in_ollama_shape(server, name, body, status, quoted):
     assert (name if quoted == "served name" else quoted) in error
 
 
-def test_chat_errors_and_embeddings(server, client, name):
+def test_chat_errors(server, client, name):
     with pytest.raises(ollama.ResponseError) as caught:
         client.chat(model="nope:7b", messages=USER)
     assert caught.value.status_code == 404 and name in caught.value.error
     images = [{**USER[0], "images": ["aGk="]}]
     reply = post(server, "/api/chat", {"model": name, "messages": images})
     assert reply.status_code == 400 and "images" in reply.json()["error"]
-    for path in ("/api/embed", "/api/embeddings"):
-        reply = post(server, path, {"model": name, "input": "hi", "prompt": "hi"})
-        assert reply.status_code == 501 and "embeddings" in reply.json()["error"]
     unauthorized = httpx.get(f"{server.base_url}/api/tags")
     assert unauthorized.status_code == 401 and "API key" in unauthorized.json()["error"]
     malformed = httpx.post(f"{server.base_url}/api/chat", content=b"{", headers=server.headers)
