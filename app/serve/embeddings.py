@@ -31,7 +31,7 @@ from kvdeck.app.serve.ollama_protocol import OllamaEmbedRequest
 from kvdeck.app.serve.protocol import EmbeddingRequest
 from kvdeck.app.serve.streaming import run_to_end
 from kvdeck.engine.types.lora import LoRARequest
-from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
+from kvdeck.engine.types.sampling_params import RequestOutputKind, embedding_params
 
 
 async def create_embedding(state: ServeState, req: EmbeddingRequest, raw: Request) -> JSONResponse:
@@ -79,8 +79,7 @@ async def ollama_embed(state: ServeState, req: OllamaEmbedRequest, raw: Request,
 async def embed(state: ServeState, prompts: list[list[int]], raw: Request,
                 lora: LoRARequest | None) -> list[list[float]]:
     """Each prompt's normalised embedding, the prompts batched in the engine."""
-    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False,
-                            embed=True, output_kind=RequestOutputKind.FINAL_ONLY)
+    params = embedding_params(RequestOutputKind.FINAL_ONLY)
     request_id = f"embd-{uuid.uuid4().hex}"
     streams = await submit(state, [(f"{request_id}-{i}", ids) for i, ids in enumerate(prompts)], params,
                            Fields("input", None, True), lora_request=lora)

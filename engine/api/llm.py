@@ -11,11 +11,8 @@ from kvdeck.engine.types.config import EngineConfig
 from kvdeck.engine.types.lora import LoRARequest, lora_requests_per_prompt
 from kvdeck.engine.types.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from kvdeck.engine.types.prompts import PromptType, batch_prompts
-from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams
+from kvdeck.engine.types.sampling_params import RequestOutputKind, SamplingParams, embedding_params
 from kvdeck.engine.types.stats import EngineStats
-
-# An embedding is read at the end of the prefill; the one token sampled there is dropped.
-EMBED_PARAMS = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False, embed=True)
 
 
 class LLM:
@@ -62,7 +59,7 @@ class LLM:
         """Each prompt's embedding, vLLM's `LLM.embed`: the last token's final hidden state,
         L2-normalised (last-token pooling, as decoder embedding models such as Qwen3-Embedding
         and e5-mistral are read). Batched like generate: the prompts are its prefills."""
-        outputs = self.generate(prompts, EMBED_PARAMS, lora_request)
+        outputs = self.generate(prompts, embedding_params(), lora_request)
         return [EmbeddingRequestOutput(out.request_id, out.prompt_token_ids, EmbeddingOutput(out.embedding))
                 for out in outputs]
 

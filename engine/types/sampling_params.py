@@ -159,6 +159,13 @@ class SamplingParams:
                              and self.logprobs is None and not self.logit_bias)
 
 
+def embedding_params(output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE) -> SamplingParams:
+    """An embedding request's (LLM.embed, /v1/embeddings): its prefill gives the embedding;
+    the one token sampled after it is dropped."""
+    return SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True, detokenize=False, embed=True,
+                          output_kind=output_kind)
+
+
 def _check_logit_bias(bias: object) -> None:
     if not isinstance(bias, dict):
         raise ValueError(f"logit_bias must be a mapping of token ids to numbers, got {bias!r}")
