@@ -5,6 +5,7 @@ ran is no figure: this 2-core machine's timings swing 2x under load)."""
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -61,11 +62,13 @@ def git_commit() -> str | None:
     return out.stdout.strip() or None
 
 
-def build_result(kind: str, config: dict, figures: dict) -> dict:
+def build_result(kind: str, config: dict, figures: dict, argv: list[str] | None = None) -> dict:
+    """`argv`: the arguments `kvdeck` was given, when a CLI command runs the benchmark (it
+    may be called in-process, where sys.argv is the caller's); else sys.argv is the record."""
     return {
         "benchmark": kind,
         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "command": _command_line(),
+        "command": command_line(["kvdeck", *argv]) if argv is not None else _command_line(),
         "commit": git_commit(),
         "environment": environment(),
         "config": config,
@@ -114,5 +117,27 @@ def _command_line() -> str:
         return "kvdeck"
     program = Path(sys.argv[0])
     if program.name in ("kvdeck", "cli.py", "__main__.py"):
-        return " ".join(["kvdeck", *sys.argv[1:]])
-    return " ".join(["python", str(program), *sys.argv[1:]])
+        return command_line(["kvdeck", *sys.argv[1:]])
+    return command_line(["python", str(program), *sys.argv[1:]])
+
+
+def command_line(words: list[str]) -> str:
+    """The command as a shell would take it, with the value of any secret option (`--api-key
+    KEY`, `--token=...`) replaced: the JSON gets committed."""
+    shown = []
+    hide_next = False
+    for word in words:
+        if hide_next:
+            shown.append("REDACTED")
+            hide_next = False
+            continue
+        option, equals, _ = word.partition("=")
+        secret = option.startswith("-") and any(w.lower() in option.lower() for w in _SECRET_OPTION_WORDS)
+        if secret and equals:
+            word = f"{option}=REDACTED"
+        hide_next = secret and not equals
+        shown.append(word)
+    return shlex.join(shown)
+
+
+_SECRET_OPTION_WORDS = ("key", "token", "secret", "password")

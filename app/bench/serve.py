@@ -192,7 +192,7 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
     finally:
         if baseline is not None:
             baseline.close()
-    result = build_result("serve", config, figures)
+    result = build_result("serve", config, figures, argv=args._argv)
     _print(shown)
     if baseline is not None:
         baseline.print_ratios(figures)

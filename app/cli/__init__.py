@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser(argv)
     args = parser.parse_args(argv)
+    args._argv = list(argv)  # what a benchmark's JSON records as its command
     if not args.serve:
         misplaced = serve_only_error(given_options(parser, argv), args._serve_only)
         if misplaced:

@@ -126,7 +126,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         "repeats": args.repeats, "threads": torch.get_num_threads(), "baseline": baseline_config,
         "workload": args.workload,
     }
-    result = build_result("throughput", config, figures)
+    result = build_result("throughput", config, figures, argv=args._argv)
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -226,7 +226,7 @@ def run_decode(args: argparse.Namespace) -> int:
               "graphs": info.cuda_graphs, "threads": torch.get_num_threads(),
               "baseline": _llama_cpp_config(args, command) if command is not None else "none",
               "workload": args.workload, "contention": args.contention}
-    result = build_result("decode", config, {"decode": figures})
+    result = build_result("decode", config, {"decode": figures}, argv=args._argv)
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -262,7 +262,7 @@ def _run_decode_comparison(args: argparse.Namespace, spec, prompts: list[list[in
     print_comparison("decode, batch 1", figures)
     if not figures["greedy_outputs_identical"]:
         print("warning: greedy outputs differ between the two sides", file=sys.stderr)
-    result = build_result("decode", config, figures)
+    result = build_result("decode", config, figures, argv=args._argv)
     if args.out:
         write_json_atomic(args.out, result)
         print(f"wrote {args.out}", file=sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kvdeck.app.bench.result import kvdeck_knobs
+from kvdeck.app.bench.result import command_line, kvdeck_knobs
 from kvdeck.engine.runner.models import model_class_for
 from kvdeck.engine.runner.models.linear import get_linear_method
 from kvdeck.engine.types.model_config import read_model_config
@@ -58,3 +58,8 @@ def test_recorded_knobs_leave_secrets_out(monkeypatch):
     assert not {"KVDECK_API_KEY", "KVDECK_HF_TOKEN"} & set(knobs)
     with pytest.raises(KeyError):
         knobs["KVDECK_API_KEY"]
+
+
+def test_the_recorded_command_leaves_secret_options_out():
+    words = ["kvdeck", "bench", "serve", "--api-key", "sk-local", "--hf-token=hf_x", "--model", "a b"]
+    assert command_line(words) == "kvdeck bench serve --api-key REDACTED --hf-token=REDACTED --model 'a b'"

@@ -30,7 +30,7 @@ def test_decode_json_holds_the_roofline_arithmetic(tiny_llama_dir, tmp_path, cap
     assert decode["roofline_fraction"] == pytest.approx(
         decode["roofline_time_per_output_token_s"] / decode["time_per_output_token_s"])
     assert 0 < decode["roofline_fraction"] < 1
-    assert result["config"]["input_len"] == 12 and result["command"].startswith("kvdeck")
+    assert result["config"]["input_len"] == 12 and result["command"].startswith("kvdeck bench decode ")
     assert "of the roofline" in capsys.readouterr().out
 
 

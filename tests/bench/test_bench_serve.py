@@ -22,6 +22,7 @@ def test_serve_benchmark_fields(server, tmp_path):
         "bench", "serve", "--base-url", server.base_url, "--num-prompts", "12",
         "--input-len", "8:40", "--output-len", "4:16", "--request-rate", "20",
         "--max-concurrency", "6", "--seed", "1", "--out", str(out), "--plot", str(plot),
+        "--api-key", "sk-not-for-the-json",  # a server without a key ignores one
     ])
     assert code == 0
     result = json.loads(out.read_text())
@@ -32,6 +33,10 @@ def test_serve_benchmark_fields(server, tmp_path):
     assert result["ttft_ms"]["p50"] <= result["e2e_latency_ms"]["p50"]
     assert result["output_tokens_per_s"] > 0 and result["request_throughput"] > 0
     assert result["config"]["max_concurrency"] == 6
+    # The command as given to kvdeck (not pytest's), the key's value left out.
+    assert result["command"].startswith(f"kvdeck bench serve --base-url {server.base_url} ")
+    assert result["command"].endswith(" --api-key REDACTED")
+    assert "sk-not-for-the-json" not in out.read_text()
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
 

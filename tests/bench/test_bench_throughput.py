@@ -30,7 +30,7 @@ def test_throughput_with_hf_baseline(tiny_llama_dir, tmp_path, capsys):
     assert host["total"] * kv["steps"] == pytest.approx(sum(kv["step_time_breakdown_s"].values())
                                                         - kv["step_time_breakdown_s"]["model_and_sampling"])
     assert result["config"]["num_prompts"] == 6 and result["config"]["seed"] == 3
-    assert result["environment"]["torch"] and result["command"].startswith("kvdeck")
+    assert result["environment"]["torch"] and result["command"].startswith("kvdeck bench throughput ")
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "ratio (kvdeck / hf" in printed and "front-end" in printed
