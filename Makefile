@@ -11,7 +11,7 @@ test:
 	@bash scripts/bootstrap.sh test
 	@.venv/bin/python -m ruff check .
 	@bash scripts/lint_imports.sh
-	@.venv/bin/python -m pytest -q --timeout=600
+	@.venv/bin/python -m pytest -q --timeout=600 -n 2 --dist loadfile --no-loadscope-reorder
 
 lint:
 	@bash scripts/bootstrap.sh test

@@ -8,11 +8,35 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# Under pytest-xdist's two workers each takes one core: two 2-thread pools on 2 cores stall.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # read by the engine processes tests spawn
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(2)
 
 from tests.model_factory import build_tiny_model  # noqa: E402
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+
+DEFAULT_SLOW_SECONDS = 10
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files with the longest tests run first (stable otherwise), so that under
+    pytest-xdist's `--dist loadfile` the longest ones start at once rather than leave one
+    worker running them alone at the end. A test's `slow(seconds=...)` mark says how long."""
+
+    def weight(item) -> float:
+        mark = item.get_closest_marker("slow")
+        return mark.kwargs.get("seconds", DEFAULT_SLOW_SECONDS) if mark else 0.0
+
+    module_weight: dict[str, float] = {}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        module_weight[module] = max(module_weight.get(module, 0.0), weight(item))
+    items.sort(key=lambda item: -module_weight[item.nodeid.split("::")[0]])
 
 
 @pytest.fixture(scope="session")

@@ -64,7 +64,7 @@ def transformers_greedy_choices(model, prompt: list[int], generated: list[int]) 
     return logits.argmax(dim=-1).tolist()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=35)
 def test_smollm2_greedy_matches_transformers(one_torch_thread, kvdeck_env, smollm2_gguf, transformers_model):
     from transformers import AutoTokenizer
 

@@ -34,7 +34,7 @@ def test_the_caps_fit_the_lease():
     assert [stage for stage, _ in gpu_battery.STAGES] == list(STAGE_JSON)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(seconds=120)
 @pytest.mark.timeout(600)
 def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"

@@ -19,7 +19,7 @@ _spec = importlib.util.spec_from_file_location("compile_for_gpu", SCRIPT)
 aot = importlib.util.module_from_spec(_spec)  # names and limits; compiles run below
 _spec.loader.exec_module(aot)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow(seconds=140), pytest.mark.timeout(900)]  # the matrix: 2 compile processes
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ CONFIG = Path(__file__).with_name("schemathesis.toml")
 EXAMPLES = 25  # per operation
 
 
+@pytest.mark.slow(seconds=25)
 def test_schemathesis_finds_nothing(serve_model_dir, tmp_path):
     # A short context keeps every generated completion quick.
     server = start_server(serve_model_dir, tmp_path, "--max-model-len", "96", "--max-queue-len", "64")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from textual.widgets import Input, Markdown
 
 from kvdeck.tui.screens.chat_settings import ChatSettingsScreen
@@ -255,6 +256,7 @@ async def test_a_message_longer_than_the_context_is_refused_before_sending(make_
         assert prompt + max_tokens <= 64 and max_tokens == 16  # auto: a quarter of 64
 
 
+@pytest.mark.slow(seconds=25)
 async def test_thirty_turns_on_the_demo_model_stay_within_its_context(make_app):
     from kvdeck.assets import demo_model_dir
 

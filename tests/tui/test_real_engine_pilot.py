@@ -18,7 +18,7 @@ from kvdeck.tui.widgets.chat_message import ChatMessage
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from tests.tui.conftest import wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow(seconds=35), pytest.mark.timeout(240)]
 
 ENGINE = dict(device="cpu", num_gpu_blocks_override=128, max_model_len=512,
               attention_backend="torch")
