@@ -5,6 +5,7 @@ ran is no figure: this 2-core machine's timings swing 2x under load)."""
 import json
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -132,7 +133,8 @@ def command_line(words: list[str]) -> str:
             hide_next = False
             continue
         option, equals, _ = word.partition("=")
-        secret = option.startswith("-") and any(w.lower() in option.lower() for w in _SECRET_OPTION_WORDS)
+        secret = option.startswith("-") and bool(
+            _SECRET_OPTION_WORDS & set(re.split(r"[-_]+", option.lower())))  # not --max-tokens
         if secret and equals:
             word = f"{option}=REDACTED"
         hide_next = secret and not equals
@@ -140,4 +142,4 @@ def command_line(words: list[str]) -> str:
     return shlex.join(shown)
 
 
-_SECRET_OPTION_WORDS = ("key", "token", "secret", "password")
+_SECRET_OPTION_WORDS = {"key", "token", "secret", "password"}

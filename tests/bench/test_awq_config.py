@@ -61,5 +61,7 @@ def test_recorded_knobs_leave_secrets_out(monkeypatch):
 
 
 def test_the_recorded_command_leaves_secret_options_out():
-    words = ["kvdeck", "bench", "serve", "--api-key", "sk-local", "--hf-token=hf_x", "--model", "a b"]
-    assert command_line(words) == "kvdeck bench serve --api-key REDACTED --hf-token=REDACTED --model 'a b'"
+    words = ["kvdeck", "bench", "serve", "--api-key", "sk-local", "--hf-token=hf_x", "--model", "a b",
+             "--max-tokens", "64", "--API_KEY", "x"]
+    assert command_line(words) == ("kvdeck bench serve --api-key REDACTED --hf-token=REDACTED --model 'a b' "
+                                   "--max-tokens 64 --API_KEY REDACTED")
