@@ -142,4 +142,4 @@ def command_line(words: list[str]) -> str:
     return shlex.join(shown)
 
 
-_SECRET_OPTION_WORDS = {"key", "token", "secret", "password"}
+_SECRET_OPTION_WORDS = {word.lower() for word in _SECRET_WORDS}
