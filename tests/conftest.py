@@ -32,11 +32,10 @@ def pytest_collection_modifyitems(config, items):
         mark = item.get_closest_marker("slow")
         return mark.kwargs.get("seconds", DEFAULT_SLOW_SECONDS) if mark else 0.0
 
-    module_weight: dict[str, float] = {}
+    file_weight: dict[Path, float] = {}
     for item in items:
-        module = item.nodeid.split("::")[0]
-        module_weight[module] = max(module_weight.get(module, 0.0), weight(item))
-    items.sort(key=lambda item: -module_weight[item.nodeid.split("::")[0]])
+        file_weight[item.path] = max(file_weight.get(item.path, 0.0), weight(item))
+    items.sort(key=lambda item: -file_weight[item.path])
 
 
 @pytest.fixture(scope="session")

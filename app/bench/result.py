@@ -113,13 +113,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def _command_line() -> str:
-    """How this run was started: `kvdeck ...`, or the script that drove it."""
-    if not sys.argv:
-        return "kvdeck"
-    program = Path(sys.argv[0])
-    if program.name in ("kvdeck", "cli.py", "__main__.py"):
-        return command_line(["kvdeck", *sys.argv[1:]])
-    return command_line(["python", str(program), *sys.argv[1:]])
+    """The script that drove this run (kvdeck's own commands pass build_result their argv)."""
+    return command_line(["python", *sys.argv])
 
 
 def command_line(words: list[str]) -> str:
