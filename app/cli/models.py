@@ -151,7 +151,7 @@ def run_models(args: argparse.Namespace, out: TextIO | None = None) -> int:
         _print_table(rows, out)
     if w4a16 is not None:
         print(f"W4A16 (AWQ/GPTQ INT4) models run on: {w4a16}", file=out)
-    else:
+    if not models:
         print("no local models; try `kvdeck pull Qwen/Qwen2.5-0.5B-Instruct`", file=out)
     print(_default_line(default, bundled), file=out)
     for m in bundled:

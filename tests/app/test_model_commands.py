@@ -33,6 +33,7 @@ def test_pull_models_rm_round_trip(hub, capsys, monkeypatch):
     assert params.endswith("K")  # the tiny model has under a million parameters
     assert row.split()[:5] == ["tiny/llama", "LlamaForCausalLM", params, "float16", "-"]
     assert "free disk:" in out
+    assert "no local models" not in out  # a listed model is one
 
     assert main(["models", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
