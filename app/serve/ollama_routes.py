@@ -1,9 +1,10 @@
 """Ollama's API beside OpenAI's: /api/chat and /api/generate on the same engine, with the
 same admission, limits, metrics and drain as the OpenAI routes (admission.py, streaming.py),
 streamed as NDJSON (one JSON object a line, the last with `done` and the statistics) or
-whole; plus the model's description (/api/tags, /api/show, /api/ps), /api/version, and
-Ollama's `GET /` probe. Errors have Ollama's shape (errors.py, by path). These routes are
-not in the OpenAPI document: Ollama's own API docs describe them.
+whole; plus the model's description (/api/tags, /api/show, /api/ps), /api/version,
+Ollama's `GET /` probe and its model-management routes (ollama_management.py). Errors have
+Ollama's shape (errors.py, by path). These routes are not in the OpenAPI document: Ollama's
+own API docs describe them.
 """
 
 import time
@@ -19,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from kvdeck.app.serve.admission import Fields, ServeState, check_engine, submit
 from kvdeck.app.serve.embeddings import ollama_embed
 from kvdeck.app.serve.errors import OpenAIError
+from kvdeck.app.serve.ollama_management import install_model_management_routes
 from kvdeck.app.serve.ollama_models import ModelCard, check_ollama_model, model_card, tagged_name
 from kvdeck.app.serve.ollama_protocol import (
     OllamaChatRequest,
@@ -110,6 +112,8 @@ def install_ollama_routes(app: FastAPI, state: ServeState) -> None:
     @app.post("/api/embeddings", include_in_schema=False)
     async def embeddings(raw: Request) -> JSONResponse:
         return await ollama_embed(state, await parse_body(raw, OllamaEmbedRequest), raw, legacy=True)
+
+    install_model_management_routes(app, state)
 
 
 async def ollama_chat(state: ServeState, req: OllamaChatRequest, raw: Request):

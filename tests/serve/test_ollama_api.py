@@ -237,6 +237,26 @@ def test_chat_errors(server, client, name):
     assert huge.status_code == 413 and "--max-request-body-mb" in huge.json()["error"]
 
 
+def test_model_management_answers_as_a_one_model_server(server, client, name):
+    # Apps pull their model before using it: the served one (or an adapter) is here already.
+    assert client.pull(f"{name}:latest").status == "success"
+    assert [p.status for p in client.pull(name, stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as caught:
+        client.pull("llama3.2")
+    assert caught.value.status_code == 404
+    assert name in caught.value.error and "kvdeck pull" in caught.value.error
+    for call in (lambda: client.create(model="mine", from_=name, system="Be brief."),
+                 lambda: client.copy(name, "copy"), lambda: client.delete(name),
+                 lambda: client.push(name)):
+        with pytest.raises(ollama.ResponseError) as caught:
+            call()
+        assert caught.value.status_code == 501 and "kvdeck rm" in caught.value.error
+    blob = httpx.head(f"{server.base_url}/api/blobs/sha256:{'0' * 64}", headers=server.headers)
+    assert blob.status_code == 501
+    assert httpx.post(f"{server.base_url}/api/pull", json={"model": name}).status_code == 401
+    assert client.list().models[0].model == f"{name}:latest"  # nothing changed
+
+
 def test_disconnect_mid_stream_aborts(server, name):
     """Hanging up cancels the engine request; the metrics count Ollama's requests too. A
     schema of one long string keeps the model talking (no end of text before 300 chars)."""
