@@ -54,14 +54,15 @@ def _closed_schema(text: str) -> str | dict:
     return closed_objects(schema) if isinstance(schema, dict) else text
 
 
-def check_grammar(spec: StructuredOutputsParams) -> None:
-    """ValueError quoting the library's message when `spec` is not a valid grammar."""
-    field = spec.kind
+def check_grammar(spec: StructuredOutputsParams, what: str | None = None) -> None:
+    """ValueError quoting the library's message when `spec` is not a valid grammar; `what`
+    names it in the message (default: the API's field, `structured_outputs.json`)."""
+    what = what or f"structured_outputs.{spec.kind}"
     llg = _llguidance()
     try:
         definition = grammar_definition(spec)
     except Exception as exc:  # the converters raise ValueError or their own exceptions
-        raise ValueError(f"structured_outputs.{field} is not valid: {exc}") from None
+        raise ValueError(f"{what} is not valid: {exc}") from None
     error = llg.LLMatcher.validate_grammar(definition)
     if error and not error.startswith("WARNING"):
-        raise ValueError(f"structured_outputs.{field} is not valid: {error.strip()}")
+        raise ValueError(f"{what} is not valid: {error.strip()}")

@@ -147,7 +147,7 @@ async def test_response_format_schema_from_a_file_reaches_the_request(make_app, 
         await pilot.pause()
         assert "needs the schema's file" in str(modal.query_one("#settings-error").render())
         for path, reason in ((bad, "is not JSON"), (tmp_path / "missing.json", "cannot read"),
-                             (invalid, "is not valid")):
+                             (invalid, f"the schema in {invalid} is not valid")):
             modal.query_one("#schema-file", Input).value = str(path)
             modal.action_save()
             await pilot.pause()

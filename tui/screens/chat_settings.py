@@ -56,19 +56,21 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
             with Grid():
                 yield Label("temperature")
                 yield Label("top_p")
-                yield Label(self._max_tokens_label())
-                yield Label("seed (blank: random)")
+                yield Label("max_tokens")
+                yield Label("seed")
                 yield Input(f"{s.temperature:g}", id="temperature")
                 yield Input(f"{s.top_p:g}", id="top-p")
+                # A blank field takes its default, which the placeholder names (the labels
+                # are a column wide: a hint after them would be cut).
                 yield Input("" if s.max_tokens is None else str(s.max_tokens), id="max-tokens",
-                            placeholder="auto")
-                yield Input("" if s.seed is None else str(s.seed), id="seed")
+                            placeholder=self._auto_max_tokens())
+                yield Input("" if s.seed is None else str(s.seed), id="seed", placeholder="random")
             yield Label("Response format (the reply is held to it by a grammar)")
             with Horizontal(id="format-row"):
                 yield Select(FORMAT_CHOICES, value=s.response_format, allow_blank=False,
                              id="response-format")
                 yield Input(s.schema_file or "", id="schema-file",
-                            placeholder="path/to/schema.json (with JSON schema)")
+                            placeholder="a .json file, for JSON schema")
             if self.adapters is not None:
                 yield Label("Model (a LoRA adapter runs over the loaded model)")
                 choices = [(f"{self.model_name or 'the loaded model'} (base)", ""), *self.adapters]
@@ -82,10 +84,10 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
                 yield Button("Cancel", id="cancel")
                 yield Button("Save", variant="primary", id="save")
 
-    def _max_tokens_label(self) -> str:
+    def _auto_max_tokens(self) -> str:
         if self.max_model_len is None:
-            return "max_tokens (blank: auto)"
-        return f"max_tokens (blank: {auto_max_tokens(self.max_model_len)})"
+            return "auto"
+        return f"auto: {auto_max_tokens(self.max_model_len)}"
 
     def _adapter(self) -> str:
         """The chosen adapter; the saved one where the engine offers no choice."""
@@ -117,7 +119,9 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
             if constraint is not None:  # a schema llguidance cannot compile: said here
                 from kvdeck.engine.grammar.compile import check_grammar
 
-                check_grammar(constraint)
+                what = (f"the schema in {settings.schema_file}"
+                        if settings.response_format == "schema" else None)
+                check_grammar(constraint, what)
         except ValueError as exc:
             self.query_one("#settings-error", Static).update(str(exc))
             return
