@@ -25,8 +25,10 @@ class ChatSettingsScreen(FormScreen[ChatSettings]):
         border: thick $primary; background: $surface; padding: 0 1;
     }
     ChatSettingsScreen TextArea { height: 5; }
-    ChatSettingsScreen Grid { grid-size: 4; grid-columns: 1fr; height: auto; grid-gutter: 0 1; }
-    ChatSettingsScreen Grid Label { margin-top: 1; }
+    ChatSettingsScreen Grid {
+        grid-size: 4; grid-columns: 1fr; grid-rows: 1 3; height: auto; grid-gutter: 0 1;
+        margin-top: 1;
+    }
     ChatSettingsScreen #format-row { height: auto; margin-top: 1; align-horizontal: left; }
     ChatSettingsScreen #response-format { width: 26; }
     ChatSettingsScreen #schema-file { width: 1fr; }
