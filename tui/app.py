@@ -53,7 +53,7 @@ from kvdeck.tui.screens.help import HelpScreen
 from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.screens.startup import StartupScreen
 from kvdeck.tui.settings_store import SettingsStore
-from kvdeck.tui.terminal_watch import watch_terminal
+from kvdeck.tui.terminal_watch import hangup_safe, watch_terminal
 from kvdeck.tui.transcripts import TranscriptStore, default_transcript_dir
 
 if TYPE_CHECKING:
@@ -150,6 +150,9 @@ class KvdeckApp(App[int]):
     @property
     def transcript_store(self) -> TranscriptStore:
         return self.transcripts
+
+    def get_driver_class(self):
+        return hangup_safe(super().get_driver_class())  # quits when the terminal closes
 
     # ----- engine lifecycle -------------------------------------------------------------
     def on_mount(self) -> None:

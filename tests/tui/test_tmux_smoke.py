@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 pytestmark = [
-    pytest.mark.slow,
+    pytest.mark.slow(seconds=30),  # the chat test about 30 s, the hang-up tests 15 and 30
     pytest.mark.timeout(300),
     pytest.mark.skipif(shutil.which("tmux") is None,
                        reason="tmux is not installed (apt-get install tmux)"),
@@ -169,10 +169,17 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(shutil.which("make") is None or shutil.which("pgrep") is None,
                     reason="needs make and pgrep")
-def test_kvdeck_quits_with_its_engine_when_the_terminal_goes_away(tiny_llama_dir, tmp_path):
-    """Run under `make`, as the README's run command does: closing the terminal kills make
-    but does not pass the hang-up on, and kvdeck used to keep running (spinning on the dead
-    terminal, its engine alive). It must notice and exit, taking its engine with it."""
+@pytest.mark.parametrize(("under_make", "open_for_s"), [(True, 0.0), (False, 10.0)],
+                         ids=["under-make", "after-a-while"])
+def test_kvdeck_quits_with_its_engine_when_the_terminal_goes_away(tiny_llama_dir, tmp_path,
+                                                                   under_make, open_for_s):
+    """Closing the terminal must end kvdeck and its engine.
+
+    Under `make`, as the README's run command runs it: closing the terminal kills make but
+    does not pass the hang-up on, and kvdeck used to keep running (spinning on the dead
+    terminal, its engine alive). Run directly and left open a few seconds: Textual's output
+    thread died of the hung-up terminal and kvdeck's next write blocked on its full queue,
+    so the app stayed behind (its engine gone, the process not)."""
     session = f"kvdeck-hup-{uuid.uuid4().hex[:8]}"
     command = " ".join([
         shlex.quote(sys.executable), "-m", "kvdeck.app.cli",
@@ -181,18 +188,20 @@ def test_kvdeck_quits_with_its_engine_when_the_terminal_goes_away(tiny_llama_dir
     ])
     env = {"XDG_DATA_HOME": str(tmp_path / "data"), "TERM": "xterm-256color",
            "PYTHONPATH": str(REPO)}
-    makefile = tmp_path / "Makefile"
-    makefile.write_text(f"run:\n\tcd {shlex.quote(str(REPO))} && unset COLUMNS LINES && "
-                        + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
-                        + f" {command}\n")
-    tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT),
-         f"make -f {shlex.quote(str(makefile))} run")
+    shell = (f"cd {shlex.quote(str(REPO))} && unset COLUMNS LINES && "
+             + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items()) + f" {command}")
+    if under_make:
+        makefile = tmp_path / "Makefile"
+        makefile.write_text(f"run:\n\t{shell}\n")
+        shell = f"make -f {shlex.quote(str(makefile))} run"
+    tmux("new-session", "-d", "-s", session, "-x", str(WIDTH), "-y", str(HEIGHT), shell)
     try:
         wait_for_screen(session, lambda s: "Enter sends" in s and "Starting the engine" not in s,
                         timeout=150, what="the engine to be ready")
+        time.sleep(open_for_s)
         pane_pid = int(tmux("display-message", "-p", "-t", session, "#{pane_pid}").strip())
-        kvdeck = _processes_under(pane_pid) - {pane_pid}
-        assert len(kvdeck) >= 2, "expected the app and its engine process under make"
+        kvdeck = _processes_under(pane_pid) - ({pane_pid} if under_make else set())
+        assert len(kvdeck) >= 2, "expected the app and its engine process"
         tmux("kill-session", "-t", session)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and any(_alive(pid) for pid in kvdeck):
