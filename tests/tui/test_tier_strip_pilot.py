@@ -10,7 +10,7 @@ from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.tier_cells import bar_cells, request_tiers_text, tier_rows
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.engine_summary import queue_line
-from kvdeck.tui.widgets.tier_strip import TierStrip, tier_strip_text
+from kvdeck.tui.widgets.tier_strip import BAR_WIDTH, TierStrip, tier_strip_text
 from tests.tui.conftest import wait_for
 from tests.tui.demo_stats import demo_stats
 
@@ -44,14 +44,31 @@ async def test_the_strip_shows_each_configured_tier_and_hides_without_any():
         assert not strip.display  # no tier configured: no strip
         state.add_stats(_with_tiers(1))
         assert await wait_for(pilot, lambda: strip.display)
+        # Shown takes a layout pass to get its place (and its width, which its lines fill).
+        assert await wait_for(pilot, lambda: strip.region.height == 2 and strip.region.width > 0)
         lines = str(strip.render()).splitlines()
         assert len(lines) == 2  # no disk tier configured: no disk row
         assert lines[0].startswith("host swap") and "50 / 200 blocks" in lines[0]
         assert "2 swapped out · 7 out, 5 in (12 ms of copies)" in lines[0]
         assert lines[1].startswith("host cache") and "10 / 1,000 blocks" in lines[1]
         assert "hit rate 25% (100 of 400 prompt tokens)" in lines[1]
-        # Shown takes a layout pass to get its place: on a loaded machine, after the check above.
-        assert await wait_for(pilot, lambda: strip.region.height == 2 and strip.region.width > 0)
+
+
+async def test_a_narrow_strip_breaks_between_figures_under_the_bar():
+    state = DashboardState()
+    app = DashboardApp(state)
+    async with app.run_test(size=(60, 40)) as pilot:
+        strip = app.query_one(TierStrip)
+        state.add_stats(_with_tiers(1))
+        assert await wait_for(pilot, lambda: strip.display and strip.region.width > 0
+                              and strip.region.height > 2)
+        lines = str(strip.render()).splitlines()
+        assert strip.region.height == len(lines)  # laid out as tall as it draws
+        assert lines == [
+            "host swap  " + "█" * 5 + "·" * 15 + " 50 / 200 blocks",
+            " " * 11 + "2 swapped out · 7 out, 5 in (12 ms of copies)",
+            "host cache " + "█" + "·" * 19 + " 10 / 1,000 blocks",
+            " " * 11 + "hit rate 25% (100 of 400 prompt tokens)"]
 
 
 def test_bars_fill_by_use_and_show_any_use():
@@ -59,7 +76,7 @@ def test_bars_fill_by_use_and_show_any_use():
     assert [bar_cells(row, 24) for row in rows] == [6, 1]  # a quarter; 1% still shows
     stats = _with_tiers(0)
     stats.disk_cache_blocks_total, stats.disk_cache_blocks = 64, 64
-    assert tier_strip_text(stats).plain.splitlines()[2].startswith("disk cache " + "█" * 24)
+    assert tier_strip_text(stats).plain.splitlines()[2].startswith("disk cache " + "█" * BAR_WIDTH)
 
 
 def test_the_inspector_says_where_the_prompt_came_from_and_what_swaps_cost():

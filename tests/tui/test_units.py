@@ -244,6 +244,21 @@ def test_block_map_marks_draft_blocks_and_flashes_rolled_back_ones():
     assert "rolled back" not in legend_text(16).plain
 
 
+@pytest.mark.parametrize("width", [200, 96, 80, 40, 12])
+def test_the_legend_breaks_between_its_entries(width):
+    from kvdeck.tui.widgets.block_map import legend_parts
+    from kvdeck.tui.widgets.flow_text import flow
+
+    parts = legend_parts(16, speculative=True)
+    lines = flow([parts], width).plain.splitlines()
+    entries = [part.plain for part in parts]
+    # Every entry whole on one line, in order; a line over the width only for one entry.
+    assert [entry for line in lines for entry in line.split("  ")] == entries
+    assert all(len(line) <= width or line in entries for line in lines)
+    if width >= len(legend_text(16, speculative=True).plain):
+        assert len(lines) == 1
+
+
 def test_tui_pool_is_sized_at_the_dtype_the_cpu_engine_runs(tmp_path):
     """dtype auto: an INT4 (AWQ, float16) checkpoint runs bf16 KV on a CPU with bf16 and the INT4
     kernels (app/store/cpu_plan.py), fp32 on one without; a bf16 checkpoint likewise."""

@@ -68,9 +68,9 @@ def cell_style(kind: int, colour: str | None, muted: bool) -> Style:
     return Style(color=base, bold=kind == SHARED)
 
 
-def legend_text(block_size: int | None = None, speculative: bool = False) -> Text:
-    """`speculative`: speculative decoding is on, so its two marks are explained too."""
-    text = Text()
+def legend_parts(block_size: int | None = None, speculative: bool = False) -> list[Text]:
+    """The legend's entries, a mark and its meaning each; `speculative`: speculative decoding
+    is on, so its two marks are explained too."""
     entries = [
         ("█", Style(color=palette_colour(2)), "owned (colour: request)"),
         ("▓", Style(color=palette_colour(0), bold=True), "shared"),
@@ -81,14 +81,14 @@ def legend_text(block_size: int | None = None, speculative: bool = False) -> Tex
     if speculative:
         entries[3:3] = [("~", cell_style(SPECULATIVE, palette_colour(1), False), "drafts"),
                         ("×", cell_style(ROLLED_BACK, None, False), "rolled back")]
-    for i, (glyph, style, label) in enumerate(entries):
-        if i:
-            text.append("  ")
-        text.append(glyph, style)
-        text.append(f" {label}")
+    parts = [Text.assemble((glyph, style), f" {label}") for glyph, style, label in entries]
     if block_size is not None:
-        text.append(f"  · a cell is {block_size} tokens")
-    return text
+        parts.append(Text(f"· a cell is {block_size} tokens"))
+    return parts
+
+
+def legend_text(block_size: int | None = None, speculative: bool = False) -> Text:
+    return Text("  ").join(legend_parts(block_size, speculative))
 
 
 class BlockMap(ScrollView, can_focus=True):

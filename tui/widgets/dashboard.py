@@ -17,8 +17,9 @@ from textual.widgets import Static, TabbedContent, TabPane
 
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.request_colours import RequestColours
-from kvdeck.tui.widgets.block_map import BlockMap, legend_text
+from kvdeck.tui.widgets.block_map import BlockMap, legend_parts
 from kvdeck.tui.widgets.engine_summary import EngineSummary
+from kvdeck.tui.widgets.flow_text import FlowText
 from kvdeck.tui.widgets.latency_plot import TimeSeriesPlot
 from kvdeck.tui.widgets.request_inspector import RequestInspector
 from kvdeck.tui.widgets.server_table import ServerTable
@@ -88,7 +89,7 @@ class Dashboard(Vertical):
             with TabPane("Blocks", id="tab-blocks"):
                 yield BlockMap(self.colours, id="block-map")
                 yield TierStrip(id="tier-strip")  # host swap, host and disk prefix tiers
-                yield Static(legend_text(), id="legend")
+                yield FlowText([legend_parts()], id="legend")  # breaks between entries
                 yield RequestInspector(self.colours, id="inspector")
                 yield Static(id="no-block-map")
             with TabPane("Latency", id="tab-latency"):
@@ -142,7 +143,7 @@ class Dashboard(Vertical):
                 legend = (state.stats.block_size, state.stats.spec is not None)
                 if legend != self._legend_key:
                     self._legend_key = legend
-                    self.query_one("#legend", Static).update(legend_text(*legend))
+                    self.query_one("#legend", FlowText).set_rows([legend_parts(*legend)])
         self._plot_age += 1 / REFRESH_HZ
         tabs = self.query_one(TabbedContent)
         if tabs.active in ("tab-latency", "tab-spec") and self._plot_age >= PLOT_REFRESH_S:
