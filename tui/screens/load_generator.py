@@ -44,9 +44,9 @@ class LoadGeneratorScreen(FormScreen[LoadSpec]):
 
     def compose(self) -> ComposeResult:
         with Vertical():
-            yield Label("Load generator: concurrent requests with random-token prompts "
-                        "(ignore_eos). With a shared prefix, one leader goes first and the rest "
-                        "share its cached blocks.")
+            yield Static("Load generator: concurrent requests with random-token prompts "
+                         "(ignore_eos). With a shared prefix, one leader goes first and the rest "
+                         "share its cached blocks.", id="load-intro")  # a Label would not wrap
             with Grid():
                 for name, label in FIELDS:
                     value = getattr(self.spec, name)
