@@ -101,3 +101,26 @@ async def test_the_cursor_stays_on_its_request_when_the_rows_are_resorted(make_a
         await factory.client.abort("late")
         first_output.cancel()
         await app.load.stop()
+
+
+async def test_f3_from_the_request_table_stays_on_the_next_tab(make_app):
+    """The table lives in the Blocks tab: with the focus in it, f3 used to open the latency
+    tab for a moment and TabbedContent went back to the tab holding the focus."""
+    app, factory = make_app(token_delay=3.0, num_blocks=256)
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert await wait_for(pilot, lambda: app.engine_ready)
+        app.load_spec.num_requests = 2
+        app.run_load(app.load_spec)
+        screen = app.screen
+        table = screen.query_one(RequestInspector).table
+        assert await wait_for(pilot, lambda: table.row_count == 2)
+        table.focus()
+        await pilot.pause()
+        tabs = screen.query_one("#dashboard-tabs")
+        await pilot.press("f3")
+        await pilot.pause(0.3)
+        assert tabs.active == "tab-latency"
+        assert not table.has_focus  # the focus went to the tab bar, out of the hidden tab
+        await pilot.press("f3", "f3")  # latency → speculation → blocks
+        await pilot.pause(0.3)
+        assert tabs.active == "tab-blocks"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
 from textual.containers import Grid, Vertical
-from textual.widgets import Static, TabbedContent, TabPane
+from textual.widgets import Static, TabbedContent, TabPane, Tabs
 
 from kvdeck.tui.dashboard_state import DashboardState
 from kvdeck.tui.request_colours import RequestColours
@@ -184,4 +184,10 @@ class Dashboard(Vertical):
         return self.query_one(TabbedContent).active
 
     def show_tab(self, tab_id: str) -> None:
-        self.query_one(TabbedContent).active = tab_id
+        tabs = self.query_one(TabbedContent)
+        focused = self.app.focused
+        pane = tabs.active_pane
+        if focused is not None and pane is not None and pane in focused.ancestors:
+            # TabbedContent goes back to the tab that holds the focus: move it to the tab bar.
+            tabs.query_one(Tabs).focus()
+        tabs.active = tab_id
