@@ -24,11 +24,11 @@ from kvdeck.tui.widgets.chat_input import ChatInput
 
 REPO = Path(__file__).resolve().parents[2]
 # The TUI's own pool (four full contexts: 128 blocks for the demo model) and its default
-# burst: 16 requests of 8 prompt + 4 output blocks need 192, so the burst shows prefix
-# sharing (a leader goes first) and, as outputs grow, preemption.
+# burst: 32 requests of 8 prompt + 20 output blocks need 896, so the burst shows prefix
+# sharing (a leader goes first), a queue and, as outputs grow, preemption.
 ENGINE = dict(max_model_len=512)
-BURST = LoadSpec(num_requests=16, prompt_tokens=128, output_tokens=64, shared_prefix_tokens=32,
-                 seed=7)
+BURST = LoadSpec(num_requests=32, prompt_tokens=128, output_tokens=320, shared_prefix_tokens=32,
+                 seed=7)  # long enough to be running still when the shots are taken
 
 
 async def until(pilot, condition, timeout: float) -> bool:
@@ -56,6 +56,7 @@ async def shoot(model: str, name: str, out_dir: Path, size: tuple[int, int], pre
             await pilot.press("enter")
             await until(pilot, lambda: not chat.generating, 60)
             app._fire_load(BURST)
+            fired = time.monotonic()
             state = app.dashboard_state
             if not await until(pilot, lambda: state.stats is not None
                                and state.stats.num_running >= 8
@@ -68,12 +69,19 @@ async def shoot(model: str, name: str, out_dir: Path, size: tuple[int, int], pre
                 table.focus()
                 await pilot.press("down")
                 await pilot.pause(0.3)
+            print(f"{time.monotonic() - fired:.1f} s after the burst: running "
+                  f"{state.stats.num_running}, finished {len(state.ended)}", flush=True)
+            if not state.stats.num_running:
+                raise RuntimeError("the burst ended before the shot: give it longer outputs")
             path = out_dir / f"{prefix}-load-burst.svg"
             app.save_screenshot(str(path))
             written.append(path)
             if with_latency:
                 await pilot.press("f3")
-                await pilot.pause(1.0)
+                dashboard = app.screen.dashboard
+                if not await until(pilot, lambda: dashboard.active_tab == "tab-latency", 10):
+                    raise RuntimeError("the latency tab did not open")
+                await pilot.pause(1.0)  # the plots redraw on their own timer
                 path = out_dir / f"{prefix}-latency.svg"
                 app.save_screenshot(str(path))
                 written.append(path)
