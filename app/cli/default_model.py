@@ -30,7 +30,7 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
     """The model to open: `model` as given (a store name as its folder), or SmolLM2's
     folder, or None (the demo model)."""
     if model is not None:
-        return None if model == DEMO else _store_folder(model) or model
+        return None if model == DEMO else named_model(model)
     status = default_model_status()
     if status.path is not None:
         return str(status.path)
@@ -49,6 +49,22 @@ def default_model(model: str | None, out: TextIO | None = None) -> str | None:
         return None
     bar.finish()
     return str(path)
+
+
+def named_model(model: str) -> str:
+    """`model` as the user named it: a store name (`kvdeck models`) as its folder; a path or
+    hub id as given."""
+    return _store_folder(model) or model
+
+
+def model_dir_or_demo(model: str) -> str:
+    """For commands that load a model themselves (`eval-ppl`): `demo` as the bundled demo
+    model's folder, a store name as its folder, anything else as given."""
+    if model == DEMO:
+        from kvdeck.assets import demo_model_dir
+
+        return str(demo_model_dir())
+    return named_model(model)
 
 
 def _store_folder(name: str) -> str | None:

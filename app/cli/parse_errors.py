@@ -154,8 +154,17 @@ def _subcommands(parser: argparse.ArgumentParser) -> argparse.Action | None:
     return next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)), None)
 
 
+# An option a user brings from another command, for what this one takes as an argument:
+# `kvdeck --model M` and `kvdeck bench ... --model M`, but `kvdeck quantize M`.
+_ARGUMENT_ALIASES = {"--model": ("model", "source")}
+
+
 def _unknown_option(parser: argparse.ArgumentParser, word: str) -> str:
     name = word.split("=", 1)[0]
+    for action in parser._actions:
+        if not action.option_strings and action.dest in _ARGUMENT_ALIASES.get(name, ()):
+            return (f"unknown option {name}: give the {name[2:]} as an argument, "
+                    f"`{parser.prog} {action.metavar or action.dest.upper()} ...`")
     known = [option for option in _option_table(parser) if option.startswith("--")]
     close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
     return f"unknown option {name}" + (f"; did you mean {close[0]}?" if close else "")

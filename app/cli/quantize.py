@@ -174,7 +174,8 @@ def run_quantize_command(args: argparse.Namespace) -> int:
 
 
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model directory (fp or AWQ checkpoint)")
+    parser.add_argument("model", help="a model as `kvdeck models` lists it, 'demo', a model "
+                                      "directory or a hub id in the cache (fp or AWQ)")
     parser.add_argument("--file", required=True, help="text file to score")
     parser.add_argument("--seq-len", type=int, default=512,
                         help="tokens per scored window (default: 512)")
@@ -187,9 +188,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run_eval_ppl(args: argparse.Namespace) -> int:
+    from kvdeck.app.cli.default_model import model_dir_or_demo
     from kvdeck.quant.evaluate import evaluate_perplexity
 
-    result, kind, device = evaluate_perplexity(args.model, args.file, args.seq_len, args.max_windows,
+    model = model_dir_or_demo(args.model)  # `demo` and store names, as `kvdeck --model`
+    result, kind, device = evaluate_perplexity(model, args.file, args.seq_len, args.max_windows,
                                                args.device, args.quantization)
     print(
         f"perplexity: {result.perplexity:.4f}  ({result.num_tokens} tokens, "

@@ -101,6 +101,13 @@ def test_a_subcommand_s_errors_name_the_subcommand(capsys, kvdeck_env):
         "kvdeck models: error: unknown option --jsn; did you mean --json?", "see kvdeck models --help"]
     assert fails(["bench", "thruput"], capsys)[0] == \
         "kvdeck bench: error: unknown command 'thruput'; did you mean `kvdeck bench throughput`?"
+    # --model, as `kvdeck` and `kvdeck bench` take it, where the model is an argument.
+    assert fails(["quantize", "--model", "demo"], capsys)[0] == (
+        "kvdeck quantize: error: unknown option --model: give the model as an argument, "
+        "`kvdeck quantize SOURCE ...`")
+    assert fails(["eval-ppl", "--model=demo", "--file", "f.txt"], capsys)[0] == (
+        "kvdeck eval-ppl: error: unknown option --model: give the model as an argument, "
+        "`kvdeck eval-ppl MODEL ...`")
     lines = fails(["pull"], capsys)
     assert lines[0] == "kvdeck pull: error: the following arguments are required: repo_id"
     assert len(lines) <= 3 and lines[-1] == "see kvdeck pull --help"

@@ -180,3 +180,20 @@ def test_quantize_takes_a_listed_models_name_with_out(tiny_llama_dir, tmp_path, 
     assert kvdeck(["quantize", "no-such-model", "--method", "rtn", "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err  # a hub id: pulling it is the way
     assert "neither a directory nor in the local hub cache" in err and "kvdeck pull" in err
+
+
+def test_eval_ppl_takes_demo_and_a_listed_models_name(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+    # As `kvdeck --model` does: `demo` is the bundled model, a store name its folder.
+    import shutil
+
+    from kvdeck.app.store.paths import store_dir
+
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
+    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
+    text = tmp_path / "text.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 20)
+    for model in ("demo", "tiny-listed"):
+        assert kvdeck(["eval-ppl", model, "--file", str(text), "--max-windows", "1"]) == 0
+        assert capsys.readouterr().out.startswith("perplexity: ")
+    assert kvdeck(["eval-ppl", "no-such-model", "--file", str(text)]) == 2
+    assert "kvdeck pull" in capsys.readouterr().err
