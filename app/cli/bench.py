@@ -52,12 +52,15 @@ def join_dash_values(args: list[str] | None) -> list[str] | None:
     return joined
 
 
+BENCH_MODEL_DEFAULT = "the bundled demo model"
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="bench_command", metavar="{throughput,serve,decode}",
                                 required=True, parser_class=_BenchParser)
     tp = sub.add_parser("throughput", help="offline throughput on a synthetic or file workload",
                         epilog=SPEC_HELP)
-    add_engine_arguments(tp)
+    add_engine_arguments(tp, model_default=BENCH_MODEL_DEFAULT)
     _add_workload_arguments(tp, with_seed=False)  # the engine's --seed seeds the workload too
     tp.add_argument("--prompts-file", default=None, help="one prompt per line instead of random tokens")
     tp.add_argument("--baseline", choices=["hf", "llama.cpp", "none"], default="none",
@@ -75,7 +78,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     _add_workload_arguments(sv)
     dc = sub.add_parser("decode", help="one sequence's decode speed against the memory-bandwidth "
                                        "roofline", epilog=SPEC_HELP)
-    add_engine_arguments(dc)
+    add_engine_arguments(dc, model_default=BENCH_MODEL_DEFAULT)
     dc.add_argument("--input-len", type=int, default=128, help="prompt tokens (random ids)")
     dc.add_argument("--output-len", type=int, default=256, help="tokens to generate")
     dc.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
@@ -151,6 +154,10 @@ def _add_llama_cpp_arguments(parser: argparse.ArgumentParser, running_server: bo
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.bench_command in ("throughput", "decode") and args.model is not None:
+        from kvdeck.app.cli.default_model import named_model
+
+        args.model = named_model(args.model)  # a store name as `kvdeck --model` takes it
     if args.bench_command == "decode":
         return run_decode(args)
     if args.num_prompts <= 0:

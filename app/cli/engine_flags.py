@@ -12,12 +12,14 @@ from kvdeck.engine.types.config import EngineConfig
 _HIDDEN_ENGINE_FIELDS = {"model", "trust_remote_code"}
 
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per EngineConfig field, in kebab case (vLLM's names)."""
+def add_engine_arguments(parser: argparse.ArgumentParser,
+                         model_default: str = "SmolLM2-135M-Instruct, fetched on first use") -> None:
+    """One flag per EngineConfig field, in kebab case (vLLM's names); `model_default` says
+    what runs without --model."""
     group = parser.add_argument_group("engine")
     group.add_argument("--model", default=None,
-                       help="model directory or hub id; 'demo' for the tiny bundled model (default: "
-                            "SmolLM2-135M-Instruct, fetched on first use)")
+                       help="a model as `kvdeck models` lists it, a model directory or a hub id; "
+                            f"'demo' for the tiny bundled model (default: {model_default})")
     for f in fields(EngineConfig):
         if f.name in _HIDDEN_ENGINE_FIELDS:
             continue
