@@ -13,10 +13,12 @@ Bodies over the limit get 413 before they are parsed; SIGTERM drains (shutdown.p
 """
 
 import asyncio
+import errno
 import hmac
 import ipaddress
 import logging
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -339,7 +341,11 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
         raise ValueError(f"--max-request-body-mb must be > 0, got {args.max_request_body_mb}")
     if not args.shutdown_grace_period >= 0:
         raise ValueError(f"--shutdown-grace-period must be >= 0, got {args.shutdown_grace_period}")
+    listener = bind_listener(args.host, args.port)  # before the engine: a taken port fails fast
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    shown_host = f"[{args.host}]" if ":" in args.host else args.host
+    # uvicorn says where it runs only for the sockets it binds itself
+    logger.info("listening on http://%s:%d (ctrl+c quits)", shown_host, args.port)
     client = AsyncLLM(args.model, **engine_kwargs)
     failures: list[str] = []
     server: uvicorn.Server | None = None
@@ -366,8 +372,28 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="info",
                             timeout_graceful_shutdown=args.shutdown_grace_period + 5, access_log=False)
     server = GracefulServer(config, drain, args.shutdown_grace_period)
-    server.run()
+    server.run(sockets=[listener])
     if failures:
         print(f"kvdeck: error: the engine failed to start: {failures[0]}", file=sys.stderr)
         return 1
     return 0 if server.started else 1
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the engine loads (as vLLM does), so a port another
+    server holds is a clear error at once rather than uvicorn's after the model loaded."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ValueError(f"--host {host}: cannot resolve it ({exc.strerror})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # uvicorn's own choice
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = ("in use: another server listens there (stop it, or pass another --port)"
+               if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc))
+        raise ValueError(f"cannot listen on {host}:{port}: {why}") from None
+    return sock

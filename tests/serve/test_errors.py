@@ -132,6 +132,27 @@ def test_non_loopback_bind_needs_a_key(serve_model_dir, capsys, monkeypatch):
     assert "--allow-insecure-bind" in err and "--api-key" in err
 
 
+def test_a_taken_port_fails_before_the_engine_loads(serve_model_dir, capsys, monkeypatch):
+    import socket
+
+    import kvdeck.app.serve.server as server_module
+    from kvdeck.app.cli import main
+
+    started = []
+    monkeypatch.setattr(server_module, "AsyncLLM", lambda *a, **k: started.append(a))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["--serve", "--model", str(serve_model_dir), "--port", str(port)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot listen on 127.0.0.1:{port}: in use" in err and "--port" in err
+    assert started == []  # no engine was made for a server that could not listen
+    assert main(["--serve", "--model", str(serve_model_dir), "--host", "nosuch.invalid",
+                 "--allow-insecure-bind"]) == 2
+    assert "--host nosuch.invalid: cannot resolve it" in capsys.readouterr().err
+
+
 def test_cors_for_allowed_origins_only(server):
     # A browser's preflight carries no key; it must pass, and only for the allowed origin.
     preflight = {"Origin": ORIGIN, "Access-Control-Request-Method": "POST",
