@@ -50,6 +50,19 @@ def tiny_llama_dir(tiny_model_dirs) -> Path:
 
 
 @pytest.fixture
+def listed_tiny_llama(tiny_llama_dir, tmp_path, monkeypatch) -> str:
+    """The tiny Llama in a fresh kvdeck store (KVDECK_HOME), listed as `tiny-listed`: the
+    name `kvdeck models` shows and commands take in place of a folder."""
+    import shutil
+
+    from kvdeck.app.store.paths import store_dir
+
+    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
+    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
+    return "tiny-listed"
+
+
+@pytest.fixture
 def no_decoder_stack(monkeypatch):
     """Every model on its per-layer forward: the native decoder stack (which takes CPU
     decode steps of up to 8 rows in bf16, ahead of any decode graph) is not bound, so a test of the

@@ -34,15 +34,9 @@ def test_decode_json_holds_the_roofline_arithmetic(tiny_llama_dir, tmp_path, cap
     assert "of the roofline" in capsys.readouterr().out
 
 
-def test_decode_takes_a_model_by_its_store_name(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+def test_decode_takes_a_model_by_its_store_name(listed_tiny_llama, capsys):
     # As `kvdeck --model NAME` does: the name `kvdeck models` lists.
-    import shutil
-
-    from kvdeck.app.store.paths import store_dir
-
-    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
-    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
-    assert main(["bench", "decode", "--model", "tiny-listed", "--input-len", "8",
+    assert main(["bench", "decode", "--model", listed_tiny_llama, "--input-len", "8",
                  "--output-len", "4", "--repeats", "1", "--kv-cache-memory-gib", "0.01"]) == 0
     assert "of the roofline" in capsys.readouterr().out
 

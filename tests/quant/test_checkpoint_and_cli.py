@@ -166,33 +166,21 @@ def test_writer_shards_large_checkpoints_and_cleans_stale_partials(tmp_path, mon
     assert not stale.exists()
 
 
-def test_quantize_takes_a_listed_models_name_with_out(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+def test_quantize_takes_a_listed_models_name_with_out(listed_tiny_llama, tmp_path, capsys):
     # `kvdeck quantize NAME --out DIR`: NAME as `kvdeck models` lists it, not only a folder.
-    import shutil
-
-    from kvdeck.app.store.paths import store_dir
-
-    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
-    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
     out = tmp_path / "out"
-    assert kvdeck(["quantize", "tiny-listed", "--method", "rtn", "--out", str(out)]) == 0
+    assert kvdeck(["quantize", listed_tiny_llama, "--method", "rtn", "--out", str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["quantization_config"]["quant_method"] == "awq"
     assert kvdeck(["quantize", "no-such-model", "--method", "rtn", "--out", str(tmp_path / "o2")]) == 2
     err = capsys.readouterr().err  # a hub id: pulling it is the way
     assert "neither a directory nor in the local hub cache" in err and "kvdeck pull" in err
 
 
-def test_eval_ppl_takes_demo_and_a_listed_models_name(tiny_llama_dir, tmp_path, monkeypatch, capsys):
+def test_eval_ppl_takes_demo_and_a_listed_models_name(listed_tiny_llama, tmp_path, capsys):
     # As `kvdeck --model` does: `demo` is the bundled model, a store name its folder.
-    import shutil
-
-    from kvdeck.app.store.paths import store_dir
-
-    monkeypatch.setenv("KVDECK_HOME", str(tmp_path / "home"))
-    shutil.copytree(tiny_llama_dir, store_dir() / "tiny-listed")
     text = tmp_path / "text.txt"
     text.write_text("The quick brown fox jumps over the lazy dog. " * 20)
-    for model in ("demo", "tiny-listed"):
+    for model in ("demo", listed_tiny_llama):
         assert kvdeck(["eval-ppl", model, "--file", str(text), "--max-windows", "1"]) == 0
         assert capsys.readouterr().out.startswith("perplexity: ")
     assert kvdeck(["eval-ppl", "no-such-model", "--file", str(text)]) == 2
