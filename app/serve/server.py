@@ -319,8 +319,6 @@ def is_loopback(host: str) -> bool:
 def run_server(args, engine_kwargs: dict, requested_model: str | None = None) -> int:
     """Entry point of `kvdeck --serve`; returns the process exit code. `requested_model`:
     `--model` as the user typed it, before it was resolved (requests may name it so)."""
-    import uvicorn
-
     api_key = args.api_key or os.environ.get("KVDECK_API_KEY") or None
     if not is_loopback(args.host):
         if not api_key and not args.allow_insecure_bind:
@@ -342,6 +340,14 @@ def run_server(args, engine_kwargs: dict, requested_model: str | None = None) ->
     if not args.shutdown_grace_period >= 0:
         raise ValueError(f"--shutdown-grace-period must be >= 0, got {args.shutdown_grace_period}")
     listener = bind_listener(args.host, args.port)  # before the engine: a taken port fails fast
+    with listener:  # closed however the server ends (uvicorn closes it too)
+        return _serve_on(listener, args, engine_kwargs, api_key, requested_model)
+
+
+def _serve_on(listener: socket.socket, args, engine_kwargs: dict, api_key: str | None,
+              requested_model: str | None) -> int:
+    import uvicorn
+
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
     # uvicorn says where it runs only for the sockets it binds itself
