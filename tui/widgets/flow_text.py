@@ -44,8 +44,10 @@ class FlowText(Widget):
         self.indent = indent
 
     def set_rows(self, rows: Sequence[Sequence[Text]]) -> None:
-        self.rows = [list(parts) for parts in rows]
-        self.refresh(layout=True)
+        rows = [list(parts) for parts in rows]
+        if rows != self.rows:  # the dashboard sets them on every redraw
+            self.rows = rows
+            self.refresh(layout=True)
 
     def flowed(self, width: int) -> Text:
         return flow(self.rows, max(1, width), self.sep, self.indent)
