@@ -8,27 +8,17 @@ deleting and pushing models and uploading blobs change a model store the server 
 own: 501, naming the kvdeck commands that do it.
 """
 
-import json
-
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StrictBool, StrictStr
 
 from kvdeck.app.serve.admission import ServeState
 from kvdeck.app.serve.errors import OpenAIError
 from kvdeck.app.serve.ollama_models import check_ollama_model
-from kvdeck.app.serve.ollama_protocol import parse_body
+from kvdeck.app.serve.ollama_protocol import OllamaPullRequest, parse_body
+from kvdeck.app.serve.ollama_replies import NDJSON, ndjson
 
-NDJSON = "application/x-ndjson"
 _STORE_COMMANDS = ("manage models with `kvdeck pull`, `kvdeck import`, `kvdeck quantize`, "
                    "`kvdeck models` and `kvdeck rm`, then start the server with --model")
-
-
-class OllamaPullRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-    model: StrictStr | None = Field(None, validation_alias=AliasChoices("model", "name"))  # older: name
-    insecure: StrictBool = False
-    stream: StrictBool = True
 
 
 def install_model_management_routes(app: FastAPI, state: ServeState) -> None:
@@ -46,7 +36,7 @@ def install_model_management_routes(app: FastAPI, state: ServeState) -> None:
                               param="model") from None
         done = {"status": "success"}  # the model is here and loaded: nothing to fetch
         if req.stream:
-            return Response(json.dumps(done) + "\n", media_type=NDJSON)
+            return Response(ndjson(done), media_type=NDJSON)
         return JSONResponse(done)
 
     for method, path, what in (("POST", "/api/create", "create models"),

@@ -1,4 +1,4 @@
-"""Request bodies of Ollama's API (/api/chat, /api/generate, /api/show), as pydantic models,
+"""Request bodies of Ollama's API (/api/chat, /api/generate, /api/show, /api/pull), as pydantic models,
 and what they mean to the engine: `options` to sampling params, `format` to a structured
 output, Ollama's messages to the chat template's.
 
@@ -200,6 +200,13 @@ class OllamaShowRequest(BaseModel):
     model_config = ConfigDict(extra="ignore")
     model: StrictStr | None = Field(None, validation_alias=AliasChoices("model", "name"))  # older: name
     verbose: StrictBool = False
+
+
+class OllamaPullRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: StrictStr | None = Field(None, validation_alias=AliasChoices("model", "name"))  # older: name
+    insecure: StrictBool = False
+    stream: StrictBool = True
 
 
 def format_spec(fmt: str | dict | None) -> StructuredOutputsParams | None:

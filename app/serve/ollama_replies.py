@@ -20,6 +20,9 @@ logger = logging.getLogger("kvdeck.serve")
 NS = 1_000_000_000
 
 
+NDJSON = "application/x-ndjson"  # the media type of Ollama's streamed replies
+
+
 def ndjson(body: dict) -> str:
     return json.dumps(body, ensure_ascii=False) + "\n"
 

@@ -33,6 +33,7 @@ from kvdeck.app.serve.ollama_protocol import (
     refuse_unsupported,
 )
 from kvdeck.app.serve.ollama_replies import (
+    NDJSON,
     OllamaCallReader,
     created_at,
     final_fields,
@@ -46,7 +47,6 @@ from kvdeck.engine.frontend.reasoning import ReasoningFormat, ReasoningStream, s
 from kvdeck.engine.types.lora import LoRARequest
 from kvdeck.engine.types.outputs import RequestOutput
 
-NDJSON = "application/x-ndjson"
 OLLAMA_API_VERSION = "0.6.4"  # the Ollama release whose API this follows (clients gate on it)
 KEEP_LOADED_UNTIL = "2318-01-01T00:00:00Z"  # /api/ps: loaded while the server runs
 
