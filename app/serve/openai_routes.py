@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
@@ -41,6 +42,7 @@ from kvdeck.app.serve.streaming import EventStreamResponse, merged_outputs, run_
 from kvdeck.app.serve.structured import (
     CallFormat,
     ToolCallStream,
+    ToolPlan,
     plan_tools,
     structured_spec,
     tool_call_message,
@@ -160,7 +162,23 @@ async def _completion_stream(state: ServeState, streams: list[RequestStream], re
     yield "data: [DONE]\n\n"
 
 
-async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, raw: Request):
+@dataclass(slots=True)
+class ChatRun:
+    """A chat request the engine runs: its stream and how to read the reply back."""
+
+    request_id: str
+    streams: list[RequestStream]
+    tools: ToolPlan
+    reasoning: ReasoningFormat | None  # None under a grammar: no thinking block to find
+    logprobs: int | None  # top logprobs per token (None: none asked)
+    model_name: str  # as the reply names it (an adapter's name under an adapter)
+
+
+async def start_chat(state: ServeState, req: ChatCompletionRequest, request_id: str,
+                     prompt_field: str = "messages", max_tokens_is_cap: bool = False) -> ChatRun:
+    """Check a chat request and hand it to the engine (the Responses API's route comes
+    through here too: `prompt_field` names its input in errors, and its max_output_tokens is
+    a cap, never an error for a long prompt)."""
     lora = check_model(state, req.model)
     model_name = lora.lora_name if lora is not None else state.model_name
     check_engine(state)
@@ -182,14 +200,21 @@ async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, 
     params = sampling_params(req, max_tokens, logprobs, structured,  # bad values fail early
                              req.prompt_logprobs)
     state.metrics.observe_request_params(req.n, max_tokens)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    given = max_tokens is not None and not max_tokens_is_cap
     streams = await submit(state, [(request_id, None)], params,
-                           Fields("messages", field, max_tokens is not None),
+                           Fields(prompt_field, field, given),
                            messages=tools.messages([m.for_template() for m in req.messages]),
                            tools=tools.template_tools, lora_request=lora,
                            chat_template_kwargs=req.chat_template_kwargs)
     # A grammar holds the reply from its first token: no reasoning block to find there.
     reasoning = state.reasoning if structured is None else None
+    return ChatRun(request_id, streams, tools, reasoning, logprobs, model_name)
+
+
+async def create_chat_completion(state: ServeState, req: ChatCompletionRequest, raw: Request):
+    run = await start_chat(state, req, f"chatcmpl-{uuid.uuid4().hex}")
+    request_id, streams, tools, reasoning = run.request_id, run.streams, run.tools, run.reasoning
+    logprobs, model_name = run.logprobs, run.model_name
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         return EventStreamResponse(_chat_stream(

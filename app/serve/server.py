@@ -61,6 +61,7 @@ from kvdeck.app.serve.protocol import (
     TokenizeRequest,
 )
 from kvdeck.app.serve.request_timelines import RequestTimelines
+from kvdeck.app.serve.responses_routes import install_responses_routes
 from kvdeck.app.serve.served_name import served_names
 from kvdeck.app.serve.shutdown import Drain, GracefulServer
 from kvdeck.app.serve.stats_stream import EndedFeed, LatencyFeed, engine_info, stats_events
@@ -237,6 +238,7 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
         return JSONResponse({"prompt": await client.decode_async(body.tokens)})
 
     install_ollama_routes(app, state)
+    install_responses_routes(app, state)
     install_lora_routes(app, state, adapters, allow_runtime_lora)
     return app
 

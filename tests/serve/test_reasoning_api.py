@@ -109,3 +109,20 @@ def test_ollama_think(server):
     level = httpx.post(f"{server.base_url}/api/chat", json={"model": "llama", "messages": USER,
                                                             "think": "high"})
     assert level.status_code == 400 and "thinking levels" in level.json()["error"]
+
+
+def test_the_responses_api_gives_the_reasoning_its_own_item(server):
+    body = {"input": USER[0]["content"], "temperature": 0, "max_output_tokens": 12}
+    message = chat(server).json()["choices"][0]["message"]  # greedy: the same reply
+    reply = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json=body).json()
+    reasoning = [item for item in reply["output"] if item["type"] == "reasoning"]
+    assert reasoning[0]["content"] == [{"type": "reasoning_text", "text": message["reasoning"]}]
+    assert "".join(part["text"] for item in reply["output"] if item["type"] == "message"
+                   for part in item["content"]) == message["content"]
+    assert 0 < reply["usage"]["output_tokens_details"]["reasoning_tokens"] <= 12
+    events = [json.loads(line[6:]) for line in httpx.post(
+        f"{server.base_url}/v1/responses", timeout=60, json={**body, "stream": True}).text.splitlines()
+        if line.startswith("data: ")]
+    streamed = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    assert streamed == message["reasoning"]
+    assert events[-1]["response"]["output"][0]["content"] == reasoning[0]["content"]
