@@ -5,6 +5,7 @@ import threading
 
 import pytest
 from textual.app import App
+from textual.geometry import Region
 
 from kvdeck.app.jobs.quantize import QuantizeOptions
 from kvdeck.app.store import local_models, paths
@@ -80,8 +81,23 @@ async def test_lists_local_and_recommended_models(stored_tiny):
         row = rec.get_row("Qwen/Qwen2.5-0.5B-Instruct")
         assert str(row[5]) == "yes"  # 2 GB fits in 4 GB
         assert str(rec.get_row("Qwen/Qwen3-8B")[5]) == "no"
-        title = str(app.screen.query_one("#models-title").content)
-        assert "disk free" in title and "GPU free 4.3 GB" in title
+        title = app.screen.query_one("#models-title").flowed(200).plain
+        assert title.startswith("Models · disk free") and " · GPU free 4.3 GB · cache " in title
+
+
+async def test_the_title_breaks_between_its_figures_on_a_small_terminal(stored_tiny):
+    app = ModelsApp(free_gpu_bytes=lambda: None, free_ram_bytes=lambda: 16 * GiB)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause()
+        title = app.screen.query_one("#models-title")
+        lines = [strip.text for strip in title.render_lines(Region(0, 0, *title.outer_size))]
+        def bare(text: str) -> str:  # a break replaces a separator
+            return text.replace(" ", "").replace("·", "")
+
+        assert bare("".join(lines)) == bare(title.flowed(200).plain)  # nothing cut off
+        for figure in ("Models", "disk free ", "no GPU seen", "RAM free 17.2 GB"):
+            assert any(figure in line for line in lines)
+        assert any(line.strip().startswith("cache") for line in lines)  # on lines of its own
 
 
 async def test_download_from_input_then_delete_with_confirmation(hub):

@@ -14,6 +14,7 @@ from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+from rich.text import Text
 from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -42,6 +43,7 @@ from kvdeck.tui.model_task_runner import ModelTaskRunner
 from kvdeck.tui.screens.confirm_delete import ConfirmDeleteScreen
 from kvdeck.tui.screens.path_prompt import PathPromptScreen
 from kvdeck.tui.screens.quantize_dialog import ProbeFactory, QuantizeChoice, QuantizeDialog
+from kvdeck.tui.widgets.flow_text import FlowText
 from kvdeck.tui.widgets.model_tables import (
     PENDING_PREFIX,
     AdaptersTable,
@@ -81,7 +83,7 @@ class ModelsScreen(Screen):
                    ("The recommended table (focused)", RecommendedTable.BINDINGS)]
     DEFAULT_CSS = """
     ModelsScreen { layout: vertical; }
-    ModelsScreen #models-title { height: 1; padding: 0 1; background: $boost; }
+    ModelsScreen #models-title { padding: 0 1; background: $boost; }
     ModelsScreen .section { height: 1; padding: 0 1; text-style: bold; margin-top: 1; }
     ModelsScreen #fits-note { height: auto; padding: 0 1; color: $text-muted; }
     ModelsScreen LocalModelsTable { height: 1fr; min-height: 4; }
@@ -117,12 +119,12 @@ class ModelsScreen(Screen):
         self.tasks: ModelTaskRunner | None = None  # made once the panel exists
 
     def compose(self) -> ComposeResult:
-        yield Static("", id="models-title")
+        yield FlowText(sep=" · ", id="models-title")  # breaks between its figures
         yield Label("Local models (l load · a quantise · e compare · x delete)", classes="section")
         yield LocalModelsTable(id="local-models")
         yield Static("", id="w4a16-note")
-        yield Label("LoRA adapters beside the models (serve with --enable-lora; the chat "
-                    "settings pick one)", classes="section", id="adapters-title")
+        yield Label("LoRA adapters (serve with --enable-lora; the chat settings pick one)",
+                    classes="section", id="adapters-title")
         yield AdaptersTable(id="adapters")
         yield Label("Recommended (p downloads the selected row)", classes="section")
         yield Static("", id="fits-note")
@@ -212,10 +214,9 @@ class ModelsScreen(Screen):
             widget.display = bool(adapters)  # no empty section for those who use none
         self.query_one("#fits-note", Static).update(budget.explain(self.context_tokens))
         self._show_w4a16_kernel(budget)
-        self.query_one("#models-title", Static).update(
-            f"Models · disk free {format_bytes(local_models.free_disk_bytes())}"
-            f" · {budget.headline()} · cache {paths.hf_hub_cache()}"
-        )
+        self.query_one("#models-title", FlowText).set_rows([[Text(part) for part in (
+            "Models", f"disk free {format_bytes(local_models.free_disk_bytes())}",
+            *budget.headline(), f"cache {paths.hf_hub_cache()}")]])
 
     def _show_w4a16_kernel(self, budget: MemoryBudget) -> None:
         """Under the local models, where one is AWQ/GPTQ INT4: the kernel that serves it here."""

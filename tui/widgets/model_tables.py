@@ -53,9 +53,10 @@ class MemoryBudget:
             return Text("yes" if self.device == "cuda" else "yes (CPU)", style="green")
         return Text("no" if self.device == "cuda" else "no (CPU)", style="red")
 
-    def headline(self) -> str:
+    def headline(self) -> list[str]:
+        """The memory figures of the screen's title, one part each."""
         free = format_bytes(self.free_bytes) if self.free_bytes is not None else "unknown"
-        return f"GPU free {free}" if self.device == "cuda" else f"no GPU seen · RAM free {free}"
+        return [f"GPU free {free}"] if self.device == "cuda" else ["no GPU seen", f"RAM free {free}"]
 
     def explain(self, context_tokens: int) -> str:
         if self.device == "cuda":
