@@ -93,6 +93,14 @@ def test_model_picks_the_adapter(server, serve_model_dir, adapters, expected):
     openai_text = httpx.post(f"{server.base_url}/v1/completions", timeout=60, json={
         "model": "sql", "prompt": "hi", "max_tokens": 4, "temperature": 0}).json()
     assert ollama["response"] == openai_text["choices"][0]["text"]
+    # The Responses API too: the chat route's reply under the adapter, named by it.
+    messages = [{"role": "user", "content": "hi"}]
+    chat = httpx.post(f"{server.base_url}/v1/chat/completions", timeout=60, json={
+        "model": "sql", "messages": messages, "max_tokens": 4, "temperature": 0}).json()
+    response = httpx.post(f"{server.base_url}/v1/responses", timeout=60, json={
+        "model": "sql", "input": messages, "max_output_tokens": 4, "temperature": 0}).json()
+    assert response["model"] == "sql"
+    assert response["output"][0]["content"][0]["text"] == chat["choices"][0]["message"]["content"]
     tags = {m["name"]: m["details"]["parent_model"]
             for m in httpx.get(f"{server.base_url}/api/tags").json()["models"]}
     assert tags == {f"{base}:latest": "", "sql:latest": f"{base}:latest"}
