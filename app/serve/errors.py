@@ -1,5 +1,6 @@
 """OpenAI-shaped errors: `{"error": {"message", "type", "param", "code"}}` with the right status;
-under /api/ (Ollama's API) Ollama's shape, `{"error": "message"}`.
+under /api/ (Ollama's API) Ollama's shape, `{"error": "message"}`; under /v1/messages
+(Anthropic's API) Anthropic's, `{"type": "error", "error": {"type", "message"}}`.
 
 Every failure the server answers goes through here, including FastAPI's own (malformed
 JSON and type errors become 400, unknown routes 404), so each API's clients see its shape.
@@ -57,11 +58,31 @@ def error_body(status: int, message: str, param: str | None = None,
 
 
 OLLAMA_PREFIX = "/api/"  # Ollama's API: its clients read `error` as the message string
+ANTHROPIC_PREFIX = "/v1/messages"  # Anthropic's API: its error object, its error types
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(status, "api_error"),
+                                       "message": message}}
 
 
 def error_response(error: OpenAIError, headers: dict | None = None, path: str = "") -> JSONResponse:
-    """`path`: the request's; under OLLAMA_PREFIX the body takes Ollama's shape."""
-    body = {"error": error.message} if path.startswith(OLLAMA_PREFIX) else error.body()
+    """`path`: the request's; under OLLAMA_PREFIX or ANTHROPIC_PREFIX the body takes that
+    API's shape."""
+    if path.startswith(OLLAMA_PREFIX):
+        body = {"error": error.message}
+    elif path.startswith(ANTHROPIC_PREFIX):
+        body = anthropic_error_body(error.status, error.message)
+    else:
+        body = error.body()
     return JSONResponse(body, status_code=error.status,
                         headers={**(error.headers() or {}), **(headers or {})} or None)
 

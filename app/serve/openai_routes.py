@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 
 from kvdeck.app.serve.admission import (
     Fields,
@@ -172,6 +173,18 @@ class ChatRun:
     reasoning: ReasoningFormat | None  # None under a grammar: no thinking block to find
     logprobs: int | None  # top logprobs per token (None: none asked)
     model_name: str  # as the reply names it (an adapter's name under an adapter)
+
+
+def translated_chat_request(fields: dict) -> ChatCompletionRequest:
+    """Another API's request (the Responses or the Messages API) as the chat request it amounts
+    to. A value that API's own model let through but chat's refuses (more messages than chat
+    takes) is a 400 naming chat's field, which the caller renames."""
+    try:
+        return ChatCompletionRequest.model_validate(fields)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise OpenAIError(400, f"{where}: {first['msg']}", param=str(first["loc"][0])) from None
 
 
 async def start_chat(state: ServeState, req: ChatCompletionRequest, request_id: str,

@@ -19,6 +19,18 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+class AnthropicErrorDetail(BaseModel):
+    type: str
+    message: str
+
+
+class AnthropicErrorResponse(BaseModel):
+    """Anthropic's error object, on /v1/messages."""
+
+    type: str
+    error: AnthropicErrorDetail
+
+
 class HealthResponse(BaseModel):
     status: str  # starting | ready | dead | stopped
     detail: str
@@ -41,6 +53,11 @@ def errors(*statuses: int) -> dict:
             for status in statuses}
 
 
+def anthropic_errors(*statuses: int) -> dict:
+    return {status: {"model": AnthropicErrorResponse, "description": _DESCRIPTIONS[status]}
+            for status in statuses}
+
+
 SSE_EVENT = {"type": "object", "required": ["data"],
              "properties": {"data": {"type": "string",
                                      "description": "a JSON chunk, an error object, or [DONE]"}}}
@@ -48,6 +65,9 @@ GENERATE_RESPONSES = {200: {"content": {"text/event-stream": {"schema": SSE_EVEN
                             "description": "A JSON completion, or Server-Sent Events with stream"},
                       **errors(400, 401, 404, 413, 429, 500, 503)}
 TOKENS_RESPONSES = errors(400, 401, 404, 413, 503)
+ANTHROPIC_MESSAGE_RESPONSES = {200: GENERATE_RESPONSES[200],
+                               **anthropic_errors(400, 401, 404, 413, 429, 500, 503)}
+ANTHROPIC_COUNT_RESPONSES = anthropic_errors(400, 401, 404, 413, 503)
 EMBEDDING_RESPONSES = errors(400, 401, 404, 413, 429, 500, 503)
 STATS_RESPONSES = {200: {"content": {"text/event-stream": {"schema": SSE_EVENT}},
                          "description": "The engine's snapshots as Server-Sent Events (kvdeck attach)"},

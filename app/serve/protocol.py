@@ -59,6 +59,14 @@ def unsupported(**schema: object) -> Any:
     """Document the values served without enforcing them here: the route refuses the rest
     with a 400 that names the option (clearer than a type error)."""
     return Field(json_schema_extra=schema)
+def also_a_string(schema: dict) -> None:
+    """For a list field whose validator also takes a string (made one item of it): the
+    OpenAPI document says so too."""
+    items = dict(schema)
+    schema.clear()
+    schema["anyOf"] = [{"type": "string", "minLength": 1}, items]
+
+
 TokenId = Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 

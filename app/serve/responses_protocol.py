@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from kvdeck.app.serve.protocol import MAX_MESSAGES, OPENAI_MAX_TEMPERATURE, bounded
+from kvdeck.app.serve.protocol import MAX_MESSAGES, OPENAI_MAX_TEMPERATURE, also_a_string, bounded
 
 INPUT_ITEM_KINDS = ("message", "function_call", "function_call_output", "reasoning")
 TEXT_PART_KINDS = ("input_text", "output_text", "text")
@@ -132,14 +132,6 @@ class ReasoningOptions(BaseModel):
     summary: StrictStr | None = None
 
 
-def _string_or_items(schema: dict) -> None:
-    """The document says what `input` takes: a string too (the validator's to turn into the
-    user's message)."""
-    items = dict(schema)
-    schema.clear()
-    schema["anyOf"] = [{"type": "string", "minLength": 1}, items]
-
-
 class ResponsesRequest(BaseModel):
     """POST /v1/responses. Sampling fields beyond OpenAI's (top_k, min_p, the penalties,
     seed, stop) are vLLM's extras, as on the chat route."""
@@ -150,7 +142,7 @@ class ResponsesRequest(BaseModel):
     # A string is one user message (the validator makes it one, so errors name the item).
     # One under chat's bound: `instructions` adds the system message.
     input: Annotated[list[InputItem], Field(min_length=1, max_length=MAX_MESSAGES - 1,
-                                            json_schema_extra=_string_or_items)]
+                                            json_schema_extra=also_a_string)]
     instructions: StrictStr | None = None
     max_output_tokens: bounded("int", "max_tokens") | None = None
     temperature: bounded("number", "temperature", OPENAI_MAX_TEMPERATURE) | None = None

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 
 from kvdeck.app.serve.admission import ServeState
 from kvdeck.app.serve.errors import OpenAIError
-from kvdeck.app.serve.openai_routes import ChatRun, start_chat
+from kvdeck.app.serve.openai_routes import ChatRun, start_chat, translated_chat_request
 from kvdeck.app.serve.openapi import GENERATE_RESPONSES, errors
 from kvdeck.app.serve.protocol import ChatCompletionRequest
 from kvdeck.app.serve.response_parts import chat_logprobs
@@ -141,7 +141,7 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     sampling = {name: getattr(req, name) for name in (
         "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "seed", "stop", "chat_template_kwargs")}
-    return ChatCompletionRequest.model_validate({
+    return translated_chat_request({
         **sampling, "messages": input_messages(req), "max_completion_tokens": req.max_output_tokens,
         "tools": [{"type": "function", "function": tool.model_dump(exclude={"type"},
                                                                    exclude_none=True)}

@@ -35,6 +35,7 @@ from kvdeck.app.serve.admission import (
     check_engine,
     check_model,
 )
+from kvdeck.app.serve.anthropic_routes import install_anthropic_routes
 from kvdeck.app.serve.embeddings import create_embedding
 from kvdeck.app.serve.errors import OpenAIError, error_response, install_error_handlers
 from kvdeck.app.serve.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -239,12 +240,14 @@ def create_app(client: AsyncLLM, *, served_model_name: str | None = None,
 
     install_ollama_routes(app, state)
     install_responses_routes(app, state)
+    install_anthropic_routes(app, state)
     install_lora_routes(app, state, adapters, allow_runtime_lora)
     return app
 
 
 class ApiKeyMiddleware:
-    """Bearer-token check in front of the API routes (before the body is even parsed)."""
+    """Bearer-token check in front of the API routes (before the body is even parsed); the
+    key in `x-api-key` passes too, as Anthropic's clients send it."""
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
@@ -254,10 +257,12 @@ class ApiKeyMiddleware:
         if scope["type"] == "http" and scope["path"].startswith(PROTECTED_PREFIXES):
             headers = dict(scope.get("headers") or [])
             scheme, _, token = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-            if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                     self.expected):
+            bearer = scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(),
+                                                                        self.expected)
+            if not bearer and not hmac.compare_digest(headers.get(b"x-api-key", b"").strip(),
+                                                      self.expected):
                 error = OpenAIError(401, "invalid or missing API key (send 'Authorization: "
-                                         "Bearer KEY')", code="invalid_api_key")
+                                         "Bearer KEY' or 'x-api-key: KEY')", code="invalid_api_key")
                 response = error_response(error, headers={"WWW-Authenticate": "Bearer"},
                                           path=scope["path"])
                 await response(scope, receive, send)

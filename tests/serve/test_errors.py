@@ -96,6 +96,20 @@ def test_bad_request(server, name, path, body, headers, status, param):
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 3
 
 
+def test_the_key_passes_in_x_api_key_as_anthropics_clients_send_it(server):
+    body = {"model": MODEL, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    reply = httpx.post(server.base_url + "/v1/messages", json=body, headers={"x-api-key": KEY},
+                       timeout=60)
+    assert reply.status_code == 200 and reply.json()["type"] == "message"
+    assert httpx.post(server.base_url + CHAT, json=GOOD_CHAT, headers={"x-api-key": KEY},
+                      timeout=60).status_code == 200
+    for headers in ({"x-api-key": "wrong"}, {}, {"Authorization": "Bearer wrong",
+                                                 "x-api-key": "wrong"}):
+        refused = httpx.post(server.base_url + "/v1/messages", json=body, headers=headers)
+        assert refused.status_code == 401
+        assert refused.json()["error"]["type"] == "authentication_error"  # Anthropic's shape
+
+
 def test_health_and_metrics_need_no_key(server):
     assert httpx.get(server.base_url + "/health").status_code == 200
     assert httpx.get(server.base_url + "/metrics").status_code == 200

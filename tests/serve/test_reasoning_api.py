@@ -126,3 +126,24 @@ def test_the_responses_api_gives_the_reasoning_its_own_item(server):
     streamed = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
     assert streamed == message["reasoning"]
     assert events[-1]["response"]["output"][0]["content"] == reasoning[0]["content"]
+
+
+def test_anthropics_api_gives_the_reasoning_a_thinking_block(server):
+    body = {"model": "llama", "messages": USER, "temperature": 0, "max_tokens": 12}
+    message = chat(server).json()["choices"][0]["message"]  # greedy: the same reply
+    reply = httpx.post(f"{server.base_url}/v1/messages", timeout=60, json=body).json()
+    assert reply["content"][0] == {"type": "thinking", "thinking": message["reasoning"],
+                                   "signature": ""}
+    assert "".join(b["text"] for b in reply["content"] if b["type"] == "text") == message["content"]
+    events = [json.loads(line[6:]) for line in httpx.post(
+        f"{server.base_url}/v1/messages", timeout=60, json={**body, "stream": True}).text.splitlines()
+        if line.startswith("data: ")]
+    assert events[1]["content_block"]["type"] == "thinking"
+    assert "".join(e["delta"]["thinking"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "thinking_delta") == message["reasoning"]
+    # thinking disabled: the template's switch off (Qwen3's enable_thinking), as on Ollama's think
+    off = httpx.post(f"{server.base_url}/v1/messages/count_tokens", json={
+        **{k: body[k] for k in ("model", "messages")}, "thinking": {"type": "disabled"}}).json()
+    on = httpx.post(f"{server.base_url}/v1/messages/count_tokens", json={
+        k: body[k] for k in ("model", "messages")}).json()
+    assert off["input_tokens"] > on["input_tokens"]  # the template's NOTHINK
