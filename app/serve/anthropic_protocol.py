@@ -14,6 +14,7 @@ from kvdeck.engine.types.sampling_params import MAX_STOP_STRINGS
 
 BLOCK_KINDS = ("text", "tool_use", "tool_result", "thinking", "redacted_thinking")
 ANTHROPIC_MAX_TEMPERATURE = 1.0  # Anthropic's range is [0, 1]
+SERVER_TOOL_PREFIXES = ("web_search_", "web_fetch_", "code_execution_")
 
 
 class TextBlock(BaseModel):
@@ -80,8 +81,11 @@ def _served_blocks(content: Any, kinds: tuple[str, ...] = BLOCK_KINDS) -> Any:
 
 
 class Message(BaseModel):
+    """A turn; "system" is a system message in the middle of the conversation (Anthropic's
+    mid-conversation system messages, which Claude Code sends; its text blocks only)."""
+
     model_config = ConfigDict(extra="ignore")
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]
     content: Annotated[list[Block], Field(min_length=1, json_schema_extra=also_a_string)]
 
     @field_validator("content", mode="before")
@@ -143,13 +147,21 @@ class CountTokensRequest(BaseModel):
     @field_validator("tools", mode="before")
     @classmethod
     def _client_tools_only(cls, tools: Any) -> Any:
-        if isinstance(tools, list):
-            for tool in tools:
-                kind = tool.get("type") if isinstance(tool, dict) else None
-                if isinstance(kind, str) and kind != "custom":
-                    raise ValueError(f"tools of type {kind!r} are not supported: kvdeck serves "
-                                     "client tools (your app runs them)")
-        return tools
+        """Client tools as given; server tools (web search, web fetch, code execution: Anthropic
+        runs them, kvdeck cannot) left out, as on the Responses API; Anthropic's schema-less
+        client tools (bash, text_editor, computer) named: kvdeck has not their schemas."""
+        if not isinstance(tools, list):
+            return tools
+        served = []
+        for tool in tools:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if isinstance(kind, str) and kind.startswith(SERVER_TOOL_PREFIXES):
+                continue
+            if isinstance(kind, str) and kind != "custom":
+                raise ValueError(f"tools of type {kind!r} are not supported: kvdeck serves "
+                                 "client tools with an input_schema (your app runs them)")
+            served.append(tool)
+        return served
 
 
 class MessagesRequest(CountTokensRequest):

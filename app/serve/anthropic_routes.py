@@ -139,7 +139,9 @@ def chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
 def chat_messages(req: CountTokensRequest) -> list[dict]:
     """The conversation as chat messages: a user turn's tool results first, as tool messages
     (named after their call), then its text; an assistant turn's text and its tool_use
-    blocks as tool_calls. Text blocks of one turn are joined by new lines."""
+    blocks as tool_calls; a system turn's text a system message where it stands (a template
+    that takes one only first says so, a 400). Text blocks of one turn are joined by new
+    lines."""
     messages: list[dict] = []
     if req.system:
         system = req.system if isinstance(req.system, str) else \
@@ -148,6 +150,9 @@ def chat_messages(req: CountTokensRequest) -> list[dict]:
     names: dict[str, str] = {}
     for message in req.messages:
         texts = [block.text for block in message.content if isinstance(block, TextBlock)]
+        if message.role == "system":
+            messages.append({"role": "system", "content": "\n".join(texts)})
+            continue
         if message.role == "assistant":
             calls = [{"id": block.id, "type": "function",
                       "function": {"name": block.name, "arguments": json.dumps(block.input)}}

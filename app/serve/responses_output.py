@@ -32,9 +32,18 @@ def message_item(item_id: str, parts: list[dict], status: str = "completed") -> 
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str,
-                       status: str = "completed") -> dict:
-    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
+                       status: str = "completed", namespace: str | None = None) -> dict:
+    """`namespace`: the namespace tool the function came in, named as OpenAI's calls name it."""
+    item = {"type": "function_call", "id": item_id, "call_id": call_id, "name": name,
             "arguments": arguments, "status": status}
+    if namespace is not None:
+        item["namespace"] = namespace
+    return item
+
+
+def tool_namespaces(request: ResponsesRequest) -> dict[str, str]:
+    """The functions that came in a namespace tool, by name."""
+    return {tool.name: tool.namespace for tool in request.tools or [] if tool.namespace}
 
 
 def usage(out: RequestOutput, reasoning_tokens: int) -> dict:
@@ -79,7 +88,7 @@ class ResponseHeader:
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
                      if fmt is not None else {"type": "text"}},
             "tool_choice": tool_choice,
-            "tools": [tool.model_dump() for tool in req.tools or []],
+            "tools": [tool.model_dump(exclude_none=True) for tool in req.tools or []],
             "truncation": req.truncation, "usage": usage, "user": req.user,
             "metadata": req.metadata or {},
         }

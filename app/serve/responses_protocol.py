@@ -99,6 +99,17 @@ class FunctionTool(BaseModel):
     description: StrictStr | None = None
     parameters: dict | None = None
     strict: StrictBool | None = None
+    namespace: StrictStr | None = None  # the namespace tool it came in (its calls name it)
+
+
+# OpenAI runs these tools itself; kvdeck cannot, so the model is not offered them (the
+# response's `tools` lists what it was offered). Codex sends web_search with every turn.
+HOSTED_TOOL_KINDS = frozenset({"file_search", "code_interpreter", "image_generation", "mcp",
+                               "computer_use", "computer_use_preview"})
+
+
+def is_hosted(kind: str) -> bool:
+    return kind in HOSTED_TOOL_KINDS or kind.startswith("web_search")
 
 
 class FunctionChoice(BaseModel):
@@ -199,11 +210,25 @@ class ResponsesRequest(BaseModel):
 
     @field_validator("tools", mode="before")
     @classmethod
-    def _function_tools_only(cls, tools: Any) -> Any:
-        if isinstance(tools, list):
-            for tool in tools:
-                kind = tool.get("type") if isinstance(tool, dict) else None
-                if isinstance(kind, str) and kind != "function":
-                    raise ValueError(f"tools of type {kind!r} are not supported: kvdeck serves "
-                                     "function tools (your app runs them)")
-        return tools
+    def _served_tools(cls, tools: Any) -> Any:
+        """Function tools as given; a namespace's functions (Codex groups some so) as
+        function tools that remember it; hosted tools left out; any other kind named."""
+        if not isinstance(tools, list):
+            return tools
+        served = []
+        for tool in tools:
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            if kind == "namespace":
+                inner = tool.get("tools")
+                if not isinstance(inner, list):
+                    raise ValueError("a namespace tool needs its list of tools")
+                served += [{**t, "namespace": tool.get("name")} if isinstance(t, dict) else t
+                           for t in inner]
+            elif isinstance(kind, str) and is_hosted(kind):
+                continue
+            elif isinstance(kind, str) and kind != "function":
+                raise ValueError(f"tools of type {kind!r} are not supported: kvdeck serves "
+                                 "function tools (your app runs them)")
+            else:
+                served.append(tool)
+        return served

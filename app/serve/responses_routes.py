@@ -25,6 +25,7 @@ from kvdeck.app.serve.responses_output import (
     reasoning_item,
     status_of,
     text_part,
+    tool_namespaces,
     usage,
 )
 from kvdeck.app.serve.responses_protocol import (
@@ -115,8 +116,10 @@ def _output_items(run: ChatRun, req: ResponsesRequest, out, thought: str, answer
         logprobs = chat_logprobs(out, 0, run.logprobs)
         items.append(message_item(new_id("msg"), [text_part(
             content or "", logprobs["content"] if logprobs is not None else None)], status))
+    namespaces = tool_namespaces(req)
     items += [function_call_item(new_id("fc"), call["id"], call["function"]["name"],
-                                 call["function"]["arguments"], status) for call in calls]
+                                 call["function"]["arguments"], status,
+                                 namespaces.get(call["function"]["name"])) for call in calls]
     return items
 
 
@@ -143,8 +146,8 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "frequency_penalty", "repetition_penalty", "seed", "stop", "chat_template_kwargs")}
     return translated_chat_request({
         **sampling, "messages": input_messages(req), "max_completion_tokens": req.max_output_tokens,
-        "tools": [{"type": "function", "function": tool.model_dump(exclude={"type"},
-                                                                   exclude_none=True)}
+        "tools": [{"type": "function", "function": tool.model_dump(
+                      exclude={"type", "namespace"}, exclude_none=True)}
                   for tool in req.tools] if req.tools else None,
         "tool_choice": tool_choice, "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": response_format, "logprobs": logprobs,

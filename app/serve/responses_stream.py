@@ -21,6 +21,7 @@ from kvdeck.app.serve.responses_output import (
     reasoning_item,
     status_of,
     text_part,
+    tool_namespaces,
     usage,
 )
 from kvdeck.app.serve.streaming import merged_outputs, stream_error
@@ -54,6 +55,7 @@ class OutputEvents:
     calls: dict[int, _OpenItem] = field(default_factory=dict)  # by the call's index in the reply
     status: str = "completed"  # what items closed at the end say
     pending_logprobs: list[dict] = field(default_factory=list)  # of text held back so far
+    namespaces: dict[str, str] = field(default_factory=dict)  # responses_output.tool_namespaces
 
     def event(self, kind: str, **fields) -> str:
         body = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -113,7 +115,8 @@ class OutputEvents:
                                  call_id=delta["id"], name=function["name"])
                 self.calls[delta["index"]] = item
                 events += self._add(item, function_call_item(item.id, item.call_id, item.name, "",
-                                                             "in_progress"))
+                                                             "in_progress",
+                                                             self.namespaces.get(item.name)))
             item = self.calls[delta["index"]]
             if function.get("arguments"):
                 item.text += function["arguments"]
@@ -148,7 +151,8 @@ class OutputEvents:
         self.status = status
         events = self._close_text()
         for item in sorted(self.calls.values(), key=lambda call: call.index):
-            body = function_call_item(item.id, item.call_id, item.name, item.text, self.status)
+            body = function_call_item(item.id, item.call_id, item.name, item.text, self.status,
+                                      self.namespaces.get(item.name))
             self.output[item.index] = body
             events += [self.event("response.function_call_arguments.done", item_id=item.id,
                                   output_index=item.index, name=item.name, arguments=item.text),
@@ -160,7 +164,8 @@ class OutputEvents:
 async def response_events(state: ServeState, header: ResponseHeader, streams, tools,
                           reasoning, logprobs: int | None) -> AsyncIterator[str]:
     """The whole event stream of one response (`tools`: the request's ToolPlan)."""
-    events = OutputEvents(with_logprobs=logprobs is not None)
+    events = OutputEvents(with_logprobs=logprobs is not None,
+                          namespaces=tool_namespaces(header.request))
     yield events.event("response.created", response=header.body("in_progress", []))
     yield events.event("response.in_progress", response=header.body("in_progress", []))
     reasoner = ReasoningStream(reasoning)

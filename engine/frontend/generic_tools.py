@@ -23,7 +23,9 @@ from kvdeck.engine.frontend.tool_calls import ParsedText, ToolCallFormat, json_v
 from kvdeck.engine.grammar.closed_schema import closed_objects
 
 # The reply is laid out as json.dumps writes it (as structured outputs and native calls).
-_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# lenient as tool_calls' calls: a tool schema's unimplemented keyword is left unenforced.
+_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+           "lenient": True}
 # The calls object parses as a list of calls after this marker (tool_calls.parse does it).
 _CALLS_FORMAT = ToolCallFormat("generic", '{"tool_calls": ', "", "arguments", ", ", in_list=True)
 _CALLS_START = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*')

@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 from kvdeck.engine.grammar.closed_schema import closed_objects
 
 # Inside the forced calls, JSON is laid out as json.dumps does (as structured outputs).
-_CALL_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# lenient: a keyword llguidance does not implement (propertyNames, which zod writes for
+# records) is left unenforced rather than refusing the request; the app wrote the tools, not
+# a grammar, and everything else in them still holds the call.
+_CALL_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
+                "lenient": True}
 
 
 @dataclass(slots=True, frozen=True)

@@ -65,4 +65,15 @@ def check_grammar(spec: StructuredOutputsParams, what: str | None = None) -> Non
         raise ValueError(f"{what} is not valid: {exc}") from None
     error = llg.LLMatcher.validate_grammar(definition)
     if error and not error.startswith("WARNING"):
-        raise ValueError(f"{what} is not valid: {error.strip()}")
+        raise ValueError(f"{what} is not valid: {_quoted(error.strip())}")
+
+
+QUOTED_LINE_CHARS = 240
+
+
+def _quoted(error: str) -> str:
+    """llguidance's message quotes the grammar's line, which for a JSON schema is the whole
+    schema (tens of KB for an agent's tools): each line cut to its first QUOTED_LINE_CHARS,
+    where the column it points at is for short schemas."""
+    return "\n".join(line if len(line) <= QUOTED_LINE_CHARS else line[:QUOTED_LINE_CHARS] + " …"
+                     for line in error.splitlines())

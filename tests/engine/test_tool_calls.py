@@ -74,3 +74,25 @@ def test_forcing_grammars_are_valid(fmt):
     schema = fmt.call_schema(tools)
     assert {option["properties"]["name"]["const"] for option in schema["anyOf"]} == {"f", "g"}
     assert json.loads(json.dumps(schema))  # serialisable, as the grammar embeds it
+
+
+# zod writes `propertyNames` for a record; llguidance does not implement it.
+RECORD_TOOL = {"name": "TaskCreate", "parameters": {"type": "object", "properties": {
+    "metadata": {"type": "object", "propertyNames": {"type": "string"}, "additionalProperties": {}},
+    "subject": {"type": "string"}}, "required": ["subject"]}}
+
+
+def test_a_tool_schema_with_an_unimplemented_keyword_still_holds_its_calls():
+    from kvdeck.engine.frontend.generic_tools import GenericTools
+
+    grammars = [fmt.grammar([RECORD_TOOL], parallel) for fmt in (HERMES, LLAMA, MISTRAL)
+                for parallel in (True, False)]
+    grammars.append(GenericTools([RECORD_TOOL], may_answer=True, parallel=True).grammar())
+    for grammar in grammars:  # the keyword is left unenforced, the rest holds
+        check_grammar(StructuredOutputsParams(grammar=grammar))
+    # A schema the user gave as the answer's shape is still held to every keyword, and the
+    # error quotes a long schema's line cut short.
+    big = {**RECORD_TOOL["parameters"], "description": "x" * 20000}
+    with pytest.raises(ValueError, match="propertyNames") as refused:
+        check_grammar(StructuredOutputsParams(json=big))
+    assert len(str(refused.value)) < 1000

@@ -165,6 +165,27 @@ def test_a_streamed_text_adds_up_to_the_whole_reply(claude, server):
     assert [e["index"] for e in events if "index" in e] == [0] * (len(events) - 3)
 
 
+def test_server_tools_are_left_out(server):
+    """Anthropic runs web search itself; kvdeck cannot, so the model is not offered it."""
+    plain = ask(server).json()
+    searching = ask(server, tools=[{"type": "web_search_20250305", "name": "web_search"}]).json()
+    assert searching["content"] == plain["content"]
+
+    def prompt(reply: dict) -> int:
+        return reply["usage"]["input_tokens"] + reply["usage"]["cache_read_input_tokens"]
+
+    assert prompt(searching) == prompt(plain)
+
+
+def test_mid_conversation_system_messages_as_claude_code_sends_them(server, api):
+    history = [{"role": "user", "content": QUESTION},
+               {"role": "system", "content": "Answer in French."}]
+    reply = ask(server, messages=history).json()
+    same = chat(api, [{"role": "user", "content": QUESTION},
+                      {"role": "system", "content": "Answer in French."}])
+    assert reply["content"][0]["text"] == same.choices[0].message.content
+
+
 def test_count_tokens_is_what_the_request_renders(claude, api):
     history = [{"role": "user", "content": QUESTION}]
     counted = claude.messages.count_tokens(model="demo", messages=history, tools=[WEATHER],
@@ -187,8 +208,8 @@ def test_output_format_holds_the_reply_to_a_schema(server):
     ({"temperature": 1.5}, 400, "temperature: Input should be less than or equal to 1"),
     ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400,
      "content blocks of type 'image' are not supported"),
-    ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400,
-     "tools of type 'web_search_20250305' are not supported"),
+    ({"tools": [{"type": "bash_20250124", "name": "bash"}]}, 400,
+     "tools of type 'bash_20250124' are not supported"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool"}}, 400, "needs the tool's name"),
     ({"tools": [WEATHER], "tool_choice": {"type": "tool", "name": "nope"}}, 400,
      "'nope', which is not in tools"),

@@ -150,6 +150,20 @@ def test_none_shows_no_tools_and_holds_nothing(api):
     assert none.choices[0].message.tool_calls is None
 
 
+def test_a_tool_with_a_zod_record_is_called(api):
+    """zod writes `propertyNames` for a record (Claude Code's TaskCreate has one); llguidance
+    does not implement the keyword, which is left unenforced, not a refused request."""
+    record = {"type": "function", "function": {"name": "task", "parameters": {
+        "type": "object", "properties": {
+            "subject": {"type": "string", "maxLength": 12},
+            "metadata": {"type": "object", "propertyNames": {"type": "string"},
+                         "additionalProperties": {"type": "integer"}, "maxProperties": 2}},
+        "required": ["subject"], "additionalProperties": False}}}
+    reply = ask(api, tools=[record], tool_choice="required", parallel_tool_calls=False)
+    (call,) = reply.choices[0].message.tool_calls
+    jsonschema.validate(json.loads(call.function.arguments), record["function"]["parameters"])
+
+
 def test_a_tool_result_in_the_history_renders_and_runs(api):
     before = ask(api, tools=None, max_tokens=4).usage.prompt_tokens
     for tools in (TOOLS, None):

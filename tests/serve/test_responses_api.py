@@ -134,6 +134,25 @@ def test_a_required_call_is_a_function_call_item_whole_and_streamed(api, server)
         [c.arguments for c in calls]
 
 
+def test_codexs_tools_namespaces_flattened_and_hosted_tools_left_out(api, server):
+    """Codex groups some functions in a namespace tool and sends web_search with every turn."""
+    function = {k: v for k, v in WEATHER.items()}
+    tools = [{"type": "namespace", "name": "weather_v1", "description": "Weather tools",
+              "tools": [function]}, {"type": "web_search", "external_web_access": False}]
+    request = {"input": QUESTION, "tools": tools, "tool_choice": "required",
+               "parallel_tool_calls": False, "temperature": 0, "max_output_tokens": 200}
+    reply = api.responses.create(model="demo", **request)
+    (call,) = [item for item in reply.output if item.type == "function_call"]
+    assert call.name == "get_weather" and call.namespace == "weather_v1"
+    assert [tool.model_dump(exclude_none=True) for tool in reply.tools] == \
+        [{**function, "namespace": "weather_v1"}]  # what the model was offered
+    events = sse_events(server, **request)
+    added = [e["item"] for e in events if e["type"] == "response.output_item.added"]
+    assert added[0]["namespace"] == "weather_v1"
+    assert events[-1]["response"]["output"][0]["namespace"] == "weather_v1"
+    assert events[-1]["response"]["output"][0]["arguments"] == call.arguments
+
+
 def test_a_stream_follows_openais_event_order_and_adds_up(api, server):
     whole = api.responses.create(model="demo", input=QUESTION, **GREEDY)
     events = sse_events(server, input=QUESTION, **GREEDY)
@@ -192,7 +211,8 @@ def test_text_format_holds_the_reply_to_a_schema(api):
      "input", "'input_image' are not supported"),
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, 400, "input", "'item_reference'"),
     ({"input": [{"type": "reasoning", "summary": []}]}, 400, "input", "nothing to answer"),
-    ({"tools": [{"type": "web_search"}]}, 400, "tools", "'web_search' are not supported"),
+    ({"tools": [{"type": "custom", "name": "apply_patch"}]}, 400, "tools",
+     "'custom' are not supported"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "name": "nope"}}, 400,
      "tool_choice", "'nope', which is not in tools"),
     ({"top_logprobs": 2}, 400, "top_logprobs", "message.output_text.logprobs"),
