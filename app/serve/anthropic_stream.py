@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from kvdeck.app.serve.admission import ServeState
 from kvdeck.app.serve.errors import anthropic_error_body
-from kvdeck.app.serve.streaming import merged_outputs, stream_error
-from kvdeck.app.serve.structured import ToolCallStream
-from kvdeck.engine.frontend.reasoning import ReasoningStream
+from kvdeck.app.serve.openai_routes import ChatRun
+from kvdeck.app.serve.reply_deltas import ReplyDelta, reply_deltas
+from kvdeck.app.serve.streaming import stream_error
 from kvdeck.engine.types.outputs import RequestOutput
 
 
@@ -96,38 +96,26 @@ class BlockEvents:
         return events
 
 
-async def message_events(state: ServeState, run, message_id: str,
+async def message_events(state: ServeState, run: ChatRun, message_id: str,
                          parallel: bool) -> AsyncIterator[str]:
-    """The whole event stream of one message (`run`: openai_routes.ChatRun)."""
+    """The whole event stream of one message."""
     blocks = BlockEvents()
     yield blocks.event("message_start", message={
         "id": message_id, "type": "message", "role": "assistant", "content": [],
         "model": run.model_name, "stop_reason": None, "stop_sequence": None,
         "usage": {"input_tokens": len(run.streams[0].prompt_token_ids), "output_tokens": 0}})
-    reasoner = ReasoningStream(run.reasoning)
-    call_stream = (ToolCallStream(run.tools.call_format, parallel)
-                   if run.tools.call_format is not None else None)
-    final: RequestOutput | None = None
+    final: ReplyDelta | None = None
     try:
-        async with aclosing(merged_outputs(run.streams, state.drain)) as outputs:
-            async for _, out in outputs:
-                completion = out.outputs[0]
-                done = completion.finish_reason is not None
-                final = out if done else final
-                if not done and not out.delta_text:
-                    continue
-                thought, new_text, answer = reasoner.update(completion.text, done)
-                for event in blocks.thinking(thought):
-                    yield event
-                deltas: list[dict] = []
-                if call_stream is not None:
-                    new_text, deltas = call_stream.update(answer, done)
-                for event in blocks.text(new_text) + blocks.calls(deltas):
+        async with aclosing(reply_deltas(state, run, parallel)) as deltas:
+            async for delta in deltas:
+                final = delta
+                for event in (blocks.thinking(delta.thought) + blocks.text(delta.text)
+                              + blocks.calls(delta.calls)):
                     yield event
         for event in blocks.stop():
             yield event
-        called = call_stream is not None and call_stream.called
-        yield blocks.event("message_delta", delta=stop_fields(final, called), usage=usage(final))
+        yield blocks.event("message_delta", delta=stop_fields(final.out, final.called),
+                           usage=usage(final.out))
         yield blocks.event("message_stop")
     except Exception as exc:  # the stream ends with an error event, never cut
         error = stream_error(exc)

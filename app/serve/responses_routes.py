@@ -94,8 +94,7 @@ async def create_response(state: ServeState, req: ResponsesRequest, raw: Request
         raise
     header.model_name = run.model_name
     if req.stream:
-        return EventStreamResponse(response_events(state, header, run.streams, run.tools,
-                                                   run.reasoning, run.logprobs), run.streams)
+        return EventStreamResponse(response_events(state, header, run), run.streams)
     ((out,),) = await run_to_end(run.streams, raw, state.drain)
     status, reason = status_of(out)
     thought, answer = split_reasoning(run.reasoning, out.outputs[0].text, True)

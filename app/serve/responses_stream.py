@@ -11,6 +11,8 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 
 from kvdeck.app.serve.admission import ServeState
+from kvdeck.app.serve.openai_routes import ChatRun
+from kvdeck.app.serve.reply_deltas import reply_deltas
 from kvdeck.app.serve.response_parts import chat_logprobs
 from kvdeck.app.serve.responses_output import (
     ResponseHeader,
@@ -24,9 +26,7 @@ from kvdeck.app.serve.responses_output import (
     tool_namespaces,
     usage,
 )
-from kvdeck.app.serve.streaming import merged_outputs, stream_error
-from kvdeck.app.serve.structured import ToolCallStream
-from kvdeck.engine.frontend.reasoning import ReasoningStream
+from kvdeck.app.serve.streaming import stream_error
 from kvdeck.engine.types.outputs import RequestOutput
 
 
@@ -161,38 +161,25 @@ class OutputEvents:
         return events
 
 
-async def response_events(state: ServeState, header: ResponseHeader, streams, tools,
-                          reasoning, logprobs: int | None) -> AsyncIterator[str]:
-    """The whole event stream of one response (`tools`: the request's ToolPlan)."""
-    events = OutputEvents(with_logprobs=logprobs is not None,
+async def response_events(state: ServeState, header: ResponseHeader,
+                          run: ChatRun) -> AsyncIterator[str]:
+    """The whole event stream of one response."""
+    events = OutputEvents(with_logprobs=run.logprobs is not None,
                           namespaces=tool_namespaces(header.request))
     yield events.event("response.created", response=header.body("in_progress", []))
     yield events.event("response.in_progress", response=header.body("in_progress", []))
-    reasoner = ReasoningStream(reasoning)
-    call_stream = (ToolCallStream(tools.call_format, header.request.parallel_tool_calls)
-                   if tools.call_format is not None else None)
     sent_tokens, thought = 0, ""
     final: RequestOutput | None = None
     try:
-        async with aclosing(merged_outputs(streams, state.drain)) as outputs:
-            async for _, out in outputs:
-                completion = out.outputs[0]
-                done = completion.finish_reason is not None
-                final = out if done else final
-                if not done and not out.delta_text:
-                    continue
-                new_logprobs = chat_logprobs(out, sent_tokens, logprobs)
-                sent_tokens = len(completion.token_ids)
-                new_thought, new_text, answer = reasoner.update(completion.text, done)
-                thought += new_thought
-                for event in events.reasoning(new_thought):
-                    yield event
-                deltas: list[dict] = []
-                if call_stream is not None:
-                    new_text, deltas = call_stream.update(answer, done)
-                for event in events.text(new_text, new_logprobs["content"] if new_logprobs else None):
-                    yield event
-                for event in events.call_deltas(deltas):
+        async with aclosing(reply_deltas(state, run, header.request.parallel_tool_calls)) as deltas:
+            async for delta in deltas:
+                final = delta.out
+                new_logprobs = chat_logprobs(delta.out, sent_tokens, run.logprobs)
+                sent_tokens = len(delta.out.outputs[0].token_ids)
+                thought += delta.thought
+                for event in (events.reasoning(delta.thought)
+                              + events.text(delta.text, new_logprobs["content"] if new_logprobs else None)
+                              + events.call_deltas(delta.calls)):
                     yield event
         status, reason = status_of(final)
         for event in events.close(status):

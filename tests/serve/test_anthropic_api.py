@@ -5,7 +5,6 @@ route's token for token; streams are checked against Anthropic's event order and
 client's own accumulator."""
 
 import json
-import shutil
 
 import anthropic
 import httpx
@@ -13,9 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from kvdeck.engine.types.model_path import demo_model_dir
 from tests.serve.conftest import start_server, stop_server
-from tests.serve.test_structured_api import TOOLS_TEMPLATE
+from tests.serve.tool_servers import demo_with_tools_template, typed_events
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -31,11 +29,7 @@ GREEDY = {"extra_body": {"temperature": 0}}  # the client (2.x) takes no tempera
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = tmp_path_factory.mktemp("anthropic_model") / "demo-tools"
-    shutil.copytree(demo_model_dir(), model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = TOOLS_TEMPLATE
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    model = demo_with_tools_template(tmp_path_factory.mktemp("anthropic_model"))
     live = start_server(model, tmp_path_factory.mktemp("anthropic_logs"), "--served-model-name", "demo")
     yield live
     stop_server(live)
@@ -64,19 +58,8 @@ def ask(server, **body) -> httpx.Response:
 
 
 def sse_events(server, **body) -> list[dict]:
-    """The raw stream: each event's `event:` name must be its data's type."""
-    with httpx.stream("POST", f"{server.base_url}/v1/messages", timeout=60, json={
-            "model": "demo", "stream": True, "temperature": 0, **body}) as response:
-        assert response.status_code == 200, response.read()
-        events, name = [], None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                assert data["type"] == name
-                events.append(data)
-    return events
+    return typed_events(f"{server.base_url}/v1/messages",
+                        {"model": "demo", "stream": True, "temperature": 0, **body})
 
 
 def test_a_reply_is_the_chat_routes_reply(server, api):

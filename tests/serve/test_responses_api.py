@@ -4,16 +4,14 @@ request is the chat request it translates to, so greedy replies are compared wit
 route's token for token; streams are checked against OpenAI's event order and reassembled."""
 
 import json
-import shutil
 
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from kvdeck.engine.types.model_path import demo_model_dir
 from tests.serve.conftest import start_server, stop_server
-from tests.serve.test_structured_api import TOOLS_TEMPLATE
+from tests.serve.tool_servers import demo_with_tools_template, typed_events
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,11 +26,7 @@ GREEDY = {"temperature": 0, "max_output_tokens": 24}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    model = tmp_path_factory.mktemp("responses_model") / "demo-tools"
-    shutil.copytree(demo_model_dir(), model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = TOOLS_TEMPLATE
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
+    model = demo_with_tools_template(tmp_path_factory.mktemp("responses_model"))
     live = start_server(model, tmp_path_factory.mktemp("responses_logs"), "--served-model-name", "demo")
     yield live
     stop_server(live)
@@ -49,20 +43,7 @@ def chat(api, messages, max_tokens=24, **extra):
 
 
 def sse_events(server, **body) -> list[dict]:
-    """The raw stream: each event's `event:` name must be its data's type."""
-    with httpx.stream("POST", f"{server.base_url}/v1/responses", timeout=60,
-                      json={"model": "demo", "stream": True, **body}) as response:
-        assert response.status_code == 200, response.read()
-        events, name = [], None
-        for line in response.iter_lines():
-            if line.startswith("event: "):
-                name = line[7:]
-            elif line.startswith("data: "):
-                data = json.loads(line[6:])
-                assert data["type"] == name
-                events.append(data)
-    assert [e["sequence_number"] for e in events] == list(range(len(events)))
-    return events
+    return typed_events(f"{server.base_url}/v1/responses", {"model": "demo", "stream": True, **body})
 
 
 def test_a_reply_is_the_chat_routes_reply(api):

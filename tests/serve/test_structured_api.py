@@ -2,7 +2,6 @@
 server: the demo model, with a chat template that renders tools (Hermes/Qwen style)."""
 
 import json
-import shutil
 import threading
 import time
 
@@ -12,39 +11,12 @@ import openai
 import pytest
 from pydantic import BaseModel
 
-from kvdeck.engine.types.model_path import demo_model_dir
 from tests.serve.conftest import start_server, stop_server
+from tests.serve.tool_servers import demo_with_tools_template
 
 pytestmark = pytest.mark.timeout(300)
 
-TOOLS_TEMPLATE = """{%- if tools %}<|system|>
-{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}
-{% endif %}You may call functions:
-<tools>
-{% for tool in tools %}{{ tool | tojson }}
-{% endfor %}</tools>
-Answer with <tool_call>
-{"name": <name>, "arguments": <arguments>}
-</tool_call>{{ eos_token }}
-{%- elif messages[0]['role'] == 'system' %}<|system|>
-{{ messages[0]['content'] }}{{ eos_token }}
-{%- endif %}
-{%- for message in messages %}
-{%- if message['role'] == 'user' %}<|user|>
-{{ message['content'] }}{{ eos_token }}
-{%- elif message['role'] == 'assistant' %}<|assistant|>
-{% if message['content'] %}{{ message['content'] }}{% endif %}
-{%- for call in message['tool_calls'] or [] %}<tool_call>
-{"name": "{{ call['function']['name'] }}", "arguments": {{ call['function']['arguments'] }}}
-</tool_call>{% endfor %}{{ eos_token }}
-{%- elif message['role'] == 'tool' %}<|user|>
-<tool_response>
-{{ message['content'] }}
-</tool_response>{{ eos_token }}
-{%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}<|assistant|>
-{% endif %}"""
+
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -64,12 +36,7 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def tools_model(tmp_path_factory):
-    model = tmp_path_factory.mktemp("tools_model") / "demo-tools"
-    shutil.copytree(demo_model_dir(), model)
-    config = json.loads((model / "tokenizer_config.json").read_text())
-    config["chat_template"] = TOOLS_TEMPLATE
-    (model / "tokenizer_config.json").write_text(json.dumps(config))
-    return model
+    return demo_with_tools_template(tmp_path_factory.mktemp("tools_model"))
 
 
 @pytest.fixture(scope="module")
