@@ -358,7 +358,9 @@ def _serve_on(listener: socket.socket, args, engine_kwargs: dict, api_key: str |
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
     # uvicorn says where it runs only for the sockets it binds itself
-    logger.info("listening on http://%s:%d (ctrl+c quits)", shown_host, args.port)
+    base = f"http://{shown_host}:{args.port}"
+    logger.info("listening on %s (ctrl+c quits); base URL for OpenAI's clients %s/v1, for "
+                "Anthropic's and Ollama's %s", base, base, base)
     client = AsyncLLM(args.model, **engine_kwargs)
     failures: list[str] = []
     server: uvicorn.Server | None = None
