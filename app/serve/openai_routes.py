@@ -189,9 +189,9 @@ def translated_chat_request(fields: dict) -> ChatCompletionRequest:
 
 async def start_chat(state: ServeState, req: ChatCompletionRequest, request_id: str,
                      prompt_field: str = "messages", max_tokens_is_cap: bool = False) -> ChatRun:
-    """Check a chat request and hand it to the engine (the Responses API's route comes
-    through here too: `prompt_field` names its input in errors, and its max_output_tokens is
-    a cap, never an error for a long prompt)."""
+    """Check a chat request and hand it to the engine (the Responses and Messages APIs' routes
+    come through here too: `prompt_field` names their input in errors, and their token limit
+    is a cap, never an error for a long prompt: `max_tokens_is_cap`)."""
     lora = check_model(state, req.model)
     model_name = lora.lora_name if lora is not None else state.model_name
     check_engine(state)
