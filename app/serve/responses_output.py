@@ -81,9 +81,10 @@ class ResponseHeader:
             "incomplete_details": {"reason": incomplete_reason} if incomplete_reason else None,
             "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
             "model": self.model_name, "output": output,
-            "parallel_tool_calls": req.parallel_tool_calls, "previous_response_id": None,
+            "parallel_tool_calls": req.parallel_tool_calls,
+            "previous_response_id": req.previous_response_id,
             "reasoning": req.reasoning.model_dump() if req.reasoning is not None else None,
-            "store": False,  # nothing is kept, whatever the request asked
+            "store": req.store,
             "temperature": req.temperature, "top_p": req.top_p, "top_logprobs": req.top_logprobs,
             "text": {"format": fmt.model_dump(by_alias=True, exclude_none=True)
                      if fmt is not None else {"type": "text"}},

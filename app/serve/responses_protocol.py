@@ -1,9 +1,9 @@
 """Request bodies of OpenAI's Responses API (/v1/responses), the subset kvdeck serves: text
 input and history as messages, function tools and their calls and outputs, `text.format`
-for JSON. Stateless, as Ollama's is: nothing is stored, so `previous_response_id` and
-`conversation` are refused with a message (the route's), and every request carries its
-whole conversation in `input`. Types are strict, as in protocol.py; an item, content part
-or tool of a kind kvdeck does not serve is a 400 that names it.
+for JSON, and `previous_response_id` to continue a kept response (responses_store.py;
+OpenAI's Conversations API, `conversation`, is refused with a message, the route's). Types
+are strict, as in protocol.py; an item, content part or tool of a kind kvdeck does not serve
+is a 400 that names it.
 """
 
 from typing import Annotated, Any, Literal
@@ -174,9 +174,9 @@ class ResponsesRequest(BaseModel):
     include: Annotated[list[StrictStr], Field(max_length=16)] | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     stream: StrictBool = False
-    store: StrictBool = True  # OpenAI's default; nothing is stored here either way
-    previous_response_id: StrictStr | None = None  # refused: nothing is stored
-    conversation: StrictStr | dict | None = None  # refused: nothing is stored
+    store: StrictBool = True  # OpenAI's default: kept for previous_response_id and fetching
+    previous_response_id: StrictStr | None = None  # a kept response this one continues
+    conversation: StrictStr | dict | None = None  # refused: no Conversations API
     background: StrictBool = False  # refused when true
     truncation: Literal["disabled", "auto"] = "disabled"  # "auto" refused
     metadata: Annotated[dict[StrictStr, StrictStr], Field(max_length=16)] | None = None
@@ -202,7 +202,8 @@ class ResponsesRequest(BaseModel):
             if isinstance(kind, str) and kind not in INPUT_ITEM_KINDS:
                 raise ValueError(f"input items of type {kind!r} are not supported: kvdeck serves "
                                  "messages, function calls and their outputs (send the "
-                                 "conversation itself; nothing is stored to refer to)")
+                                 "conversation itself, or continue a response with "
+                                 "previous_response_id)")
             if kind == "message":
                 _text_parts_only(item.get("content"))
             typed.append(item)

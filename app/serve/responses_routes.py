@@ -2,10 +2,11 @@
 a chat request (instructions a system message, input items messages, function calls an
 assistant's tool_calls, their outputs tool messages, flat function tools chat's nested
 ones, `text.format` a response_format), runs as one (start_chat), and its reply becomes
-output items. Stateless, as Ollama's Responses API is: nothing is stored, so there is
-nothing to continue (`previous_response_id`, `conversation`) or to fetch later; those are
-400s and 404s that say to send the conversation in `input`.
+output items. Responses are kept in memory (responses_store.py) unless `store` is false, so
+a request may continue one (`previous_response_id`) and a client may fetch or delete one.
 """
+
+from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -36,13 +37,20 @@ from kvdeck.app.serve.responses_protocol import (
     ResponsesRequest,
     joined,
 )
+from kvdeck.app.serve.responses_store import (
+    STORED_RESPONSES,
+    ResponseStore,
+    StoredResponse,
+    UnknownResponse,
+    reply_messages,
+)
 from kvdeck.app.serve.responses_stream import response_events
 from kvdeck.app.serve.streaming import EventStreamResponse, run_to_end
 from kvdeck.app.serve.structured import tool_call_message
 from kvdeck.engine.frontend.reasoning import split_reasoning
 
-NOTHING_STORED = ("kvdeck stores no responses (the Responses API here is stateless): send "
-                  "the whole conversation in input")
+KEPT = (f"kvdeck keeps the last {STORED_RESPONSES} responses stored with store: true, in "
+        "memory, until the server stops")
 # The chat request's field names in errors, as this API calls them.
 _FIELD_NAMES = {"response_format": "text.format", "messages": "input",
                 "max_completion_tokens": "max_output_tokens", "max_tokens": "max_output_tokens",
@@ -50,32 +58,57 @@ _FIELD_NAMES = {"response_format": "text.format", "messages": "input",
 
 
 def install_responses_routes(app: FastAPI, state: ServeState) -> None:
+    store = ResponseStore()
+
     @app.post("/v1/responses", responses=GENERATE_RESPONSES)
     async def responses(body: ResponsesRequest, raw: Request):
-        return await create_response(state, body, raw)
+        return await create_response(state, store, body, raw)
 
     # One route for both methods, so a 405 lists both in Allow.
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"],
                    responses=errors(401, 404))
-    async def stored_response(response_id: str) -> JSONResponse:
-        """OpenAI's responses.retrieve and delete: nothing is stored, so always 404."""
-        raise _not_stored(response_id)
+    async def kept_response(response_id: str, raw: Request) -> JSONResponse:
+        """OpenAI's responses.retrieve (GET) and delete (DELETE)."""
+        kept = _kept(store, response_id)
+        if raw.method == "GET":
+            return JSONResponse(kept.body)
+        store.delete(response_id)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
-    @app.get("/v1/responses/{response_id}/input_items", responses=errors(401, 404))
-    async def response_input_items(response_id: str) -> JSONResponse:
-        raise _not_stored(response_id)
+    @app.get("/v1/responses/{response_id}/input_items", responses=errors(400, 401, 404))
+    async def response_input_items(response_id: str,
+                                   order: Literal["asc", "desc"] = "desc") -> JSONResponse:
+        """The response's input items, newest first unless `order` is "asc" (OpenAI's)."""
+        items = _kept(store, response_id).input_items
+        items = items if order == "asc" else items[::-1]
+        return JSONResponse({"object": "list", "data": items, "has_more": False,
+                             "first_id": items[0]["id"] if items else None,
+                             "last_id": items[-1]["id"] if items else None})
 
 
-def _not_stored(response_id: str) -> OpenAIError:
-    return OpenAIError(404, f"no response {response_id!r}: {NOTHING_STORED}", param="response_id")
+def _kept(store: ResponseStore, response_id: str) -> StoredResponse:
+    try:
+        return store.get(response_id)
+    except UnknownResponse:
+        raise OpenAIError(404, f"no response {response_id!r} is kept: {KEPT}",
+                          param="response_id") from None
 
 
-async def create_response(state: ServeState, req: ResponsesRequest, raw: Request):
-    for name, given in (("previous_response_id", req.previous_response_id is not None),
-                        ("conversation", req.conversation is not None)):
-        if given:
-            raise OpenAIError(400, f"{name} is not supported: {NOTHING_STORED}", param=name,
-                              code="unsupported_parameter")
+async def create_response(state: ServeState, store: ResponseStore, req: ResponsesRequest,
+                          raw: Request):
+    if req.conversation is not None:
+        raise OpenAIError(400, "conversation is not supported: kvdeck keeps responses, not "
+                               "conversations (continue one with previous_response_id, or send "
+                               "the whole conversation in input)", param="conversation",
+                          code="unsupported_parameter")
+    earlier: list[dict] = []
+    if req.previous_response_id is not None:
+        try:
+            earlier = store.conversation(req.previous_response_id)
+        except UnknownResponse as missing:
+            raise OpenAIError(400, f"previous_response_id: no response {missing.args[0]!r} is "
+                                   f"kept: {KEPT}; send the conversation in input",
+                              param="previous_response_id") from None
     if req.background:
         raise OpenAIError(400, "background is not supported: the reply comes in this request "
                                "(stream: true to read it as it is made)", param="background",
@@ -86,22 +119,30 @@ async def create_response(state: ServeState, req: ResponsesRequest, raw: Request
                           param="truncation", code="unsupported_parameter")
     header = ResponseHeader(req, state.model_name)
     try:
-        run = await start_chat(state, chat_request(req), header.id, prompt_field="input",
-                               max_tokens_is_cap=True)
+        turn = item_messages(req)
+        run = await start_chat(state, chat_request(req, earlier + turn), header.id,
+                               prompt_field="input", max_tokens_is_cap=True)
     except OpenAIError as error:
         error.param = _FIELD_NAMES.get(error.param, error.param)
         error.message = error.message.replace("response_format", "text.format")
         raise
     header.model_name = run.model_name
+
+    def keep(body: dict) -> None:
+        if req.store:
+            store.put(StoredResponse(body, turn + reply_messages(body["output"]),
+                                     input_items(req), req.previous_response_id))
+
     if req.stream:
-        return EventStreamResponse(response_events(state, header, run), run.streams)
+        return EventStreamResponse(response_events(state, header, run, keep), run.streams)
     ((out,),) = await run_to_end(run.streams, raw, state.drain)
     status, reason = status_of(out)
     thought, answer = split_reasoning(run.reasoning, out.outputs[0].text, True)
     output = _output_items(run, req, out, thought, answer, status)
-    return JSONResponse(header.body(status, output,
-                                    usage(out, count_tokens(state.engine.tokenizer, thought)),
-                                    incomplete_reason=reason))
+    body = header.body(status, output, usage(out, count_tokens(state.engine.tokenizer, thought)),
+                       incomplete_reason=reason)
+    keep(body)
+    return JSONResponse(body)
 
 
 def _output_items(run: ChatRun, req: ResponsesRequest, out, thought: str, answer: str,
@@ -122,8 +163,9 @@ def _output_items(run: ChatRun, req: ResponsesRequest, out, thought: str, answer
     return items
 
 
-def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
-    """The chat request this one is (its values already checked by ResponsesRequest)."""
+def chat_request(req: ResponsesRequest, conversation: list[dict]) -> ChatCompletionRequest:
+    """The chat request this one is, `conversation` its messages after the instructions
+    (its values already checked by ResponsesRequest)."""
     fmt = req.text.format if req.text is not None else None
     response_format = None
     if fmt is not None and fmt.type == "json_object":
@@ -144,7 +186,9 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
         "model", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
         "frequency_penalty", "repetition_penalty", "seed", "stop", "chat_template_kwargs")}
     return translated_chat_request({
-        **sampling, "messages": input_messages(req), "max_completion_tokens": req.max_output_tokens,
+        **sampling, "max_completion_tokens": req.max_output_tokens,
+        "messages": ([{"role": "system", "content": req.instructions}] if req.instructions
+                     else []) + conversation,
         "tools": [{"type": "function", "function": tool.model_dump(
                       exclude={"type", "namespace"}, exclude_none=True)}
                   for tool in req.tools] if req.tools else None,
@@ -154,13 +198,11 @@ def chat_request(req: ResponsesRequest) -> ChatCompletionRequest:
     })
 
 
-def input_messages(req: ResponsesRequest) -> list[dict]:
-    """The conversation as chat messages: `instructions` first as the system message; the
-    calls of one turn join the assistant message they follow; a call's output names its
-    function (templates that show a tool result's name read it)."""
+def item_messages(req: ResponsesRequest) -> list[dict]:
+    """The input items as chat messages: the calls of one turn join the assistant message
+    they follow; a call's output names its function (templates that show a tool result's
+    name read it)."""
     messages: list[dict] = []
-    if req.instructions:
-        messages.append({"role": "system", "content": req.instructions})
     names: dict[str, str] = {}
     for item in req.input:
         if isinstance(item, MessageItem):
@@ -183,3 +225,19 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
         raise OpenAIError(400, "input has no message (reasoning items alone give the model "
                                "nothing to answer)", param="input")
     return messages
+
+
+_ITEM_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco",
+                  "reasoning": "rs"}
+
+
+def input_items(req: ResponsesRequest) -> list[dict]:
+    """The input as input_items lists it: each item with an id, a message's text as parts."""
+    listed = []
+    for item in req.input:
+        body = {"id": new_id(_ITEM_PREFIXES[item.type]), **item.model_dump(exclude_none=True)}
+        if isinstance(item, MessageItem) and isinstance(item.content, str):
+            kind = "output_text" if item.role == "assistant" else "input_text"
+            body["content"] = [{"type": kind, "text": item.content}]
+        listed.append(body)
+    return listed

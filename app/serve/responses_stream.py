@@ -6,7 +6,7 @@ could not finish it. The events of one item are in the order OpenAI's client acc
 them: an item is added before its parts, its parts before their deltas."""
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
 
@@ -161,9 +161,10 @@ class OutputEvents:
         return events
 
 
-async def response_events(state: ServeState, header: ResponseHeader,
-                          run: ChatRun) -> AsyncIterator[str]:
-    """The whole event stream of one response."""
+async def response_events(state: ServeState, header: ResponseHeader, run: ChatRun,
+                          on_end: Callable[[dict], None]) -> AsyncIterator[str]:
+    """The whole event stream of one response; `on_end` gets the final response object of
+    one that completed or ended incomplete (the route keeps it)."""
     events = OutputEvents(with_logprobs=run.logprobs is not None,
                           namespaces=tool_namespaces(header.request))
     yield events.event("response.created", response=header.body("in_progress", []))
@@ -185,8 +186,9 @@ async def response_events(state: ServeState, header: ResponseHeader,
         for event in events.close(status):
             yield event
         used = usage(final, count_tokens(state.engine.tokenizer, thought))
-        yield events.event(f"response.{status}",
-                           response=header.body(status, events.output, used, incomplete_reason=reason))
+        body = header.body(status, events.output, used, incomplete_reason=reason)
+        on_end(body)
+        yield events.event(f"response.{status}", response=body)
     except Exception as exc:  # the stream ends with response.failed, never cut
         error = stream_error(exc)
         yield events.event("response.failed", response=header.body(

@@ -183,8 +183,9 @@ def test_text_format_holds_the_reply_to_a_schema(api):
 
 
 @pytest.mark.parametrize(("body", "status", "param", "says"), [
-    ({"previous_response_id": "resp_1"}, 400, "previous_response_id", "send the whole conversation"),
-    ({"conversation": "conv_1"}, 400, "conversation", "stores no responses"),
+    ({"previous_response_id": "resp_1"}, 400, "previous_response_id",
+     "no response 'resp_1' is kept"),
+    ({"conversation": "conv_1"}, 400, "conversation", "keeps responses, not conversations"),
     ({"background": True}, 400, "background", "stream: true"),
     ({"truncation": "auto"}, 400, "truncation", "shorten the conversation"),
     ({"input": ""}, 400, "input", "must not be empty"),
@@ -216,10 +217,61 @@ def test_an_input_over_the_context_names_input(server):
     assert response.json()["error"]["code"] == "context_length_exceeded"
 
 
-def test_nothing_is_stored_to_fetch(api):
-    reply = api.responses.create(model="demo", input=QUESTION, max_output_tokens=2)
-    assert reply.store is False
+def test_a_conversation_continues_from_a_kept_response(api):
+    first = api.responses.create(model="demo", input=QUESTION, instructions="Be brief.", **GREEDY)
+    assert first.store is True
+    second = api.responses.create(model="demo", input="And tomorrow?", previous_response_id=first.id,
+                                  **GREEDY)
+    assert second.previous_response_id == first.id
+    # instructions are not carried over (OpenAI's rule); the turns are
+    same = chat(api, [{"role": "user", "content": QUESTION},
+                      {"role": "assistant", "content": first.output_text},
+                      {"role": "user", "content": "And tomorrow?"}])
+    assert second.usage.input_tokens == same.usage.prompt_tokens
+    assert second.output_text == same.choices[0].message.content
+    third = api.responses.create(model="demo", input="Thanks.", previous_response_id=second.id,
+                                 max_output_tokens=2)
+    assert third.usage.input_tokens > second.usage.input_tokens + second.usage.output_tokens
+
+
+def test_a_call_is_answered_by_its_output_after_previous_response_id(api):
+    called = api.responses.create(model="demo", input=QUESTION, tools=[WEATHER],
+                                  tool_choice="required", parallel_tool_calls=False,
+                                  temperature=0, max_output_tokens=200)
+    (call,) = [item for item in called.output if item.type == "function_call"]
+    answered = api.responses.create(
+        model="demo", previous_response_id=called.id, tools=[WEATHER], tool_choice="none",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "21 degrees"}],
+        **GREEDY)
+    same = chat(api, [{"role": "user", "content": QUESTION},
+                      {"role": "assistant", "content": None, "tool_calls": [{
+                          "id": call.call_id, "type": "function",
+                          "function": {"name": call.name, "arguments": call.arguments}}]},
+                      {"role": "tool", "tool_call_id": call.call_id, "content": "21 degrees"}],
+                tools=[AS_CHAT_TOOL], tool_choice="none")
+    assert answered.usage.input_tokens == same.usage.prompt_tokens
+    assert answered.output_text == same.choices[0].message.content
+
+
+def test_a_kept_response_is_fetched_listed_and_deleted(api, server):
+    reply = api.responses.create(model="demo", input=[
+        {"role": "developer", "content": "Be brief."}, {"role": "user", "content": QUESTION}],
+        max_output_tokens=4)
+    assert api.responses.retrieve(reply.id).model_dump() == reply.model_dump()
+    items = api.responses.input_items.list(reply.id, order="asc").data
+    assert [(item.role, item.content[0].text) for item in items] == \
+        [("developer", "Be brief."), ("user", QUESTION)]
+    streamed = sse_events(server, input=QUESTION, max_output_tokens=4)[-1]["response"]
+    assert api.responses.retrieve(streamed["id"]).output[0].model_dump(exclude_none=True) == \
+        streamed["output"][0]
+    api.responses.delete(reply.id)
     for fetch in (lambda: api.responses.retrieve(reply.id), lambda: api.responses.delete(reply.id),
                   lambda: api.responses.input_items.list(reply.id)):
-        with pytest.raises(openai.NotFoundError, match="stores no responses"):
+        with pytest.raises(openai.NotFoundError, match="is kept"):
             fetch()
+    with pytest.raises(openai.BadRequestError, match="no response .* is kept"):
+        api.responses.create(model="demo", input="hi", previous_response_id=reply.id)
+    unkept = api.responses.create(model="demo", input=QUESTION, max_output_tokens=2, store=False)
+    assert unkept.store is False
+    with pytest.raises(openai.NotFoundError):
+        api.responses.retrieve(unkept.id)
