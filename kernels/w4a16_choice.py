@@ -14,7 +14,7 @@ import os
 W4A16_KERNELS = ("auto", "awq", "marlin")
 # What `auto` means until a GPU run of the battery's w4a16 stage (benchmarks/bench_w4a16.py,
 # both kernels beside cuBLAS under CUDA graphs) shows the repacked kernel faster.
-W4A16_AUTO = "awq"
+W4A16_AUTO = "marlin"
 W4A16_METHODS = ("awq", "gptq")
 
 
