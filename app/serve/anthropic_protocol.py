@@ -65,12 +65,8 @@ Block = Annotated[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock,
 
 
 def _served_blocks(content: Any, kinds: tuple[str, ...] = BLOCK_KINDS) -> Any:
-    """A string is one text block; a block kvdeck does not serve is named (before the union's
-    own errors, which would only say "a valid string")."""
-    if isinstance(content, str) and kinds == BLOCK_KINDS:
-        if not content:
-            raise ValueError("content must not be empty")
-        return [{"type": "text", "text": content}]
+    """A block kvdeck does not serve is named (before the union's own errors, which would
+    only say "a valid string")."""
     if isinstance(content, list):
         for block in content:
             kind = block.get("type") if isinstance(block, dict) else None
@@ -91,6 +87,11 @@ class Message(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _blocks(cls, content: Any) -> Any:
+        """A string is one text block."""
+        if isinstance(content, str):
+            if not content:
+                raise ValueError("content must not be empty")
+            return [{"type": "text", "text": content}]
         return _served_blocks(content)
 
 

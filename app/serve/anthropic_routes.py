@@ -22,7 +22,7 @@ from kvdeck.app.serve.admission import (
 from kvdeck.app.serve.anthropic_protocol import CountTokensRequest, MessagesRequest, TextBlock
 from kvdeck.app.serve.anthropic_stream import message_events, new_tool_use_id, stop_fields, usage
 from kvdeck.app.serve.errors import OpenAIError
-from kvdeck.app.serve.openai_routes import start_chat, translated_chat_request
+from kvdeck.app.serve.openai_routes import renamed, start_chat, translated_chat_request
 from kvdeck.app.serve.openapi import ANTHROPIC_COUNT_RESPONSES, ANTHROPIC_MESSAGE_RESPONSES
 from kvdeck.app.serve.protocol import ChatCompletionRequest
 from kvdeck.app.serve.streaming import EventStreamResponse, run_to_end
@@ -48,7 +48,7 @@ def install_anthropic_routes(app: FastAPI, state: ServeState) -> None:
             tools = plan_tools(chat, getattr(state.engine.tokenizer, "chat_template", None),
                                state.tool_call_parser)
         except OpenAIError as error:
-            raise in_this_api(error) from None
+            raise renamed(error, _FIELD_NAMES) from None
         try:
             _, ids = await state.engine.encode_async(
                 messages=tools.messages([m.for_template() for m in chat.messages]),
@@ -58,19 +58,12 @@ def install_anthropic_routes(app: FastAPI, state: ServeState) -> None:
         return JSONResponse({"input_tokens": len(ids)})
 
 
-def in_this_api(error: OpenAIError) -> OpenAIError:
-    """A chat-route error, naming this API's fields."""
-    error.param = _FIELD_NAMES.get(error.param, error.param)
-    error.message = error.message.replace("response_format", "output_format")
-    return error
-
-
 async def create_message(state: ServeState, req: MessagesRequest, raw: Request):
     message_id = f"msg_{uuid.uuid4().hex}"
     try:
         run = await start_chat(state, chat_request(req), message_id, max_tokens_is_cap=True)
     except OpenAIError as error:
-        raise in_this_api(error) from None
+        raise renamed(error, _FIELD_NAMES) from None
     parallel = not (req.tool_choice and req.tool_choice.disable_parallel_tool_use)
     if req.stream:
         return EventStreamResponse(message_events(state, run, message_id, parallel), run.streams)

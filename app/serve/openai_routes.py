@@ -187,6 +187,15 @@ def translated_chat_request(fields: dict) -> ChatCompletionRequest:
         raise OpenAIError(400, f"{where}: {first['msg']}", param=str(first["loc"][0])) from None
 
 
+def renamed(error: OpenAIError, fields: dict[str, str]) -> OpenAIError:
+    """A chat-route error in another API's field names (`fields`: chat's name -> its own;
+    the message's mentions of response_format too)."""
+    error.param = fields.get(error.param, error.param)
+    if "response_format" in fields:
+        error.message = error.message.replace("response_format", fields["response_format"])
+    return error
+
+
 async def start_chat(state: ServeState, req: ChatCompletionRequest, request_id: str,
                      prompt_field: str = "messages", max_tokens_is_cap: bool = False) -> ChatRun:
     """Check a chat request and hand it to the engine (the Responses and Messages APIs' routes

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from kvdeck.app.serve.admission import ServeState
 from kvdeck.app.serve.errors import OpenAIError
-from kvdeck.app.serve.openai_routes import ChatRun, start_chat, translated_chat_request
+from kvdeck.app.serve.openai_routes import ChatRun, renamed, start_chat, translated_chat_request
 from kvdeck.app.serve.openapi import GENERATE_RESPONSES, errors
 from kvdeck.app.serve.protocol import ChatCompletionRequest
 from kvdeck.app.serve.response_parts import chat_logprobs
@@ -123,9 +123,7 @@ async def create_response(state: ServeState, store: ResponseStore, req: Response
         run = await start_chat(state, chat_request(req, earlier + turn), header.id,
                                prompt_field="input", max_tokens_is_cap=True)
     except OpenAIError as error:
-        error.param = _FIELD_NAMES.get(error.param, error.param)
-        error.message = error.message.replace("response_format", "text.format")
-        raise
+        raise renamed(error, _FIELD_NAMES) from None
     header.model_name = run.model_name
 
     def keep(body: dict) -> None:
