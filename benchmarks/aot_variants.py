@@ -26,6 +26,7 @@ from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_marlin as w4a16_marlin_triton  # noqa: E402
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
+from kvdeck.kernels.triton.lora_plan import LoRAKernelConfig, lora_kernel_config  # noqa: E402
 
 # Opt-in shared memory per block (CUDA reserves 1 KB of the SM's carveout per block):
 # A100 163 KB, RTX 30xx/A10 (sm_86) and RTX 40xx/L4 (sm_89) 99 KB, H100/H200 227 KB.
@@ -208,31 +209,46 @@ def qk_norm_rope_kv_variants() -> dict[str, Variant]:
 
 
 def lora_variants() -> dict[str, Variant]:
-    """The LoRA shrink/expand pair (kernels/triton/lora.py) in both launch forms: eager steps
-    (a list of adapter rows, the step's largest rank) and the adapter decode graphs (every
-    row, captured at max_lora_rank 64, each slot's rank read from device memory)."""
+    """The LoRA kernels (kernels/triton/lora.py) in both launch forms: eager steps (a list of
+    adapter rows, the step's largest rank) and the adapter decode graphs (every row, captured
+    at max_lora_rank 64, each slot's rank read from device memory); each arch under the launch
+    config it serves (kernels/triton/lora_plan.py), and the one-launch form of it."""
     variants = {}
     forms = (("rows_r16", True, False, 16), ("graph_r64", False, True, 64))
     for dtype in ("fp16", "bf16"):
         for form, has_rows, has_ranks, rank in forms:
-            ranks = "*i32" if has_ranks else "*i64"  # without ranks the launch passes the slots
-            block_r = triton.next_power_of_2(rank)
-            variants[f"lora_shrink_{dtype}_{form}"] = Variant(
-                lora_triton._lora_shrink_kernel,
-                dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", rows_ptr="*i64", slots_ptr="*i64",
-                     ranks_ptr=ranks, h_ptr="*fp32"),
-                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r,
-                     BLOCK_K=lora_triton.shrink_block_k(block_r)),
-                dict(num_warps=4), decode=True,
-            )
-            variants[f"lora_expand_{dtype}_{form}"] = Variant(
-                lora_triton._lora_expand_kernel,
-                dict(h_ptr="*fp32", b_ptr=f"*{dtype}", rows_ptr="*i64", slots_ptr="*i64",
-                     ranks_ptr=ranks, out_ptr=f"*{dtype}", offsets_ptr="*i32", sizes_ptr="*i32"),
-                dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r, BLOCK_N=lora_triton._BLOCK_N),
-                dict(num_warps=4), decode=True,
-            )
+            for kernel in ("shrink", "expand", "fused"):
+                built = {arch: _lora_variant(kernel, dtype, has_rows, has_ranks, rank,
+                                             lora_kernel_config(arch)) for arch in ARCHS}
+                differing = {arch: v for arch, v in built.items() if v != built[ARCHS[0]]}
+                variants[f"lora_{kernel}_{dtype}_{form}"] = dataclasses.replace(
+                    built[ARCHS[0]], on_arch=differing or None)
     return variants
+
+
+def _lora_variant(kernel: str, dtype: str, has_rows: bool, has_ranks: bool, rank: int,
+                  config: LoRAKernelConfig) -> Variant:
+    ranks = "*i32" if has_ranks else "*i64"  # without ranks the launch passes the slots
+    block_r = triton.next_power_of_2(rank)
+    flags = dict(HAS_ROWS=has_rows, HAS_RANKS=has_ranks, BLOCK_R=block_r)
+    rows = dict(rows_ptr="*i64", slots_ptr="*i64", ranks_ptr=ranks)
+    block_n = lora_triton.expand_block_n(block_r, config)
+    if kernel == "shrink":
+        fn = lora_triton._lora_shrink_kernel
+        pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", **rows, h_ptr="*fp32")
+        flags.update(BLOCK_K=lora_triton.shrink_block_k(block_r, config.split_k), SPLIT_K=config.split_k)
+    elif kernel == "expand":
+        fn = lora_triton._lora_expand_kernel
+        pointers = dict(h_ptr="*fp32", b_ptr=f"*{dtype}", **rows, out_ptr=f"*{dtype}", offsets_ptr="*i32",
+                        sizes_ptr="*i32")
+        flags.update(BLOCK_N=block_n)
+    else:
+        fn = lora_triton._lora_fused_kernel
+        pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", **rows, out_ptr=f"*{dtype}",
+                        offsets_ptr="*i32", sizes_ptr="*i32")
+        block_k = lora_triton.shrink_block_k(block_r)
+        flags.update(BLOCK_K=block_k, CHUNK=lora_triton.fused_chunk(block_k, config), BLOCK_N=block_n)
+    return Variant(fn, pointers, flags, dict(num_warps=config.num_warps), decode=True)
 
 
 def build_variants() -> dict[str, Variant]:

@@ -20,8 +20,8 @@ from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
-__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "select_ops",
-           "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
+__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "lora_shrink_splits",
+           "select_ops", "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
 
 
 def triton_interpreter_enabled() -> bool:
@@ -91,3 +91,12 @@ def lora_linear_delta(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: to
     from kvdeck.kernels.triton.lora import lora_linear_delta_triton
 
     return lora_linear_delta_triton(x, out, a, b, rows, row_slots, output_sizes, rank, slot_ranks)
+
+
+def lora_shrink_splits(in_size: int, device: torch.device) -> int:
+    """How many chunks the Triton shrink cuts a row's `in_size` inputs into on `device` (its
+    launch config, kernels/triton/lora_plan.py): the warm-up's rank classes depend on it."""
+    from kvdeck.kernels.triton.launch import device_arch
+    from kvdeck.kernels.triton.lora_plan import lora_kernel_config
+
+    return lora_kernel_config(device_arch(device)).num_splits(in_size)

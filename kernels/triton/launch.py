@@ -8,6 +8,7 @@ Triton's launcher would and counts a new one as a compile (kernels/compile_count
 a GPU Triton's own post-compile hook counts (installed on import, chained to any other).
 """
 
+import functools
 import os
 
 import torch
@@ -26,6 +27,15 @@ def jit(*, do_not_specialize: tuple[str, ...] = ()):
         NOT_SPECIALISED[fn.__name__] = frozenset(do_not_specialize)
         return triton.jit(do_not_specialize=list(do_not_specialize))(fn)
     return decorate
+
+
+@functools.cache
+def device_arch(device: torch.device) -> int | None:
+    """The SM version of a CUDA device (90 for sm_90), whose tuned configs apply; None else."""
+    if device.type != "cuda":
+        return None
+    major, minor = torch.cuda.get_device_capability(device)
+    return 10 * major + minor
 
 
 def launch(kernel, grid, *args, **kwargs) -> None:

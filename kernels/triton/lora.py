@@ -8,6 +8,9 @@ which gives every row) gets nothing: its programs return before reading a slot. 
 `slot_ranks` (int32 [slots], the decode graphs' form, captured at max_lora_rank) each row
 reads only its own adapter's ranks of A and B: `rank` is then the h row stride and an upper
 bound, and the slot's zero padding past its rank is never loaded.
+How they launch (lora_plan.py's LoRAKernelConfig): the shrink splits a row's input columns
+into `split_k` chunks, one program each, and writes each chunk's partial h; the expand adds
+the partials as it reads them. `fused` runs one kernel that does both per output block.
 Import through `kernels.dispatch.lora_linear_delta`.
 """
 
@@ -15,83 +18,146 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
+from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig, lora_kernel_config
 
 _BLOCK_K = 64  # input columns a shrink program reads at a time (at ranks up to 32)
 _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLOCK_K
+_EXPAND_TILE = 4096  # B elements an expand program holds: BLOCK_N x BLOCK_R
 
 
-def shrink_block_k(block_r: int) -> int:
+def shrink_block_k(block_r: int, split_k: int = 0) -> int:
     """The shrink's K tile for a rank block: a 64 x 64 fp32 tile took 205-241 registers (of
-    255) on sm_80-90, so larger ranks read narrower K tiles."""
-    return max(16, min(_BLOCK_K, _SHRINK_TILE // block_r))
-_BLOCK_N = 64  # output columns an expand program writes
+    255) on sm_80-90, so larger ranks read narrower K tiles; whole tiles per chunk of
+    `split_k` inputs (both powers of two)."""
+    block_k = max(16, min(_BLOCK_K, _SHRINK_TILE // block_r))
+    return min(block_k, split_k) if split_k else block_k
+
+
+def expand_block_n(block_r: int, config: LoRAKernelConfig) -> int:
+    """The expand's output block: the config's, narrower at large ranks (the B tile's size)."""
+    return max(16, min(config.block_n, _EXPAND_TILE // block_r))
+
+
+def _block_r(rank: int) -> int:
+    return max(2, triton.next_power_of_2(rank))
+
+
+@triton.jit
+def _a_chunk_dot(x_row, a_rows, k_start, in_size, row_rank, r, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum over k in [k_start, k_start + CHUNK) of A[r, k] * x[k], in fp32: the chunk's tiles
+    unrolled, so their loads are in flight together."""
+    acc = tl.zeros(r.shape, dtype=tl.float32)
+    for kk in tl.static_range(0, CHUNK, BLOCK_K):
+        k = k_start + kk + tl.arange(0, BLOCK_K)
+        xk = tl.load(x_row + k, mask=k < in_size, other=0.0).to(tl.float32)
+        w = tl.load(a_rows + k[None, :], mask=(r[:, None] < row_rank) & (k[None, :] < in_size),
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(w * xk[None, :], axis=1)
+    return acc
+
+
+@triton.jit
+def _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr):
+    """Program j's token row, its slot (negative: none) and the ranks it reads."""
+    if HAS_ROWS:
+        token = tl.load(rows_ptr + j).to(tl.int64)
+    else:
+        token = j.to(tl.int64)
+    slot = tl.load(slots_ptr + j).to(tl.int64)
+    if HAS_RANKS:
+        row_rank = tl.minimum(tl.load(ranks_ptr + tl.maximum(slot, 0)), rank)
+    else:
+        row_rank = rank
+    return token, slot, row_rank
 
 
 @jit(do_not_specialize=("num_rows",))
 def _lora_shrink_kernel(
     x_ptr, a_ptr, rows_ptr, slots_ptr, ranks_ptr, h_ptr,
-    num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank, stride_h,
+    num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank, stride_h, stride_split,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     j = tl.program_id(0)
     piece = tl.program_id(1)  # the fused slice
-    if HAS_ROWS:
-        token = tl.load(rows_ptr + j).to(tl.int64)
-    else:
-        token = j.to(tl.int64)
-    slot = tl.load(slots_ptr + j).to(tl.int64)
+    split = tl.program_id(2)  # the chunk of input columns (SPLIT_K > 0)
+    token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
     if slot < 0:  # no adapter: nothing to read (expand skips the row too)
         return
-    if HAS_RANKS:
-        row_rank = tl.minimum(tl.load(ranks_ptr + slot), rank)
-    else:
-        row_rank = rank
     r = tl.arange(0, BLOCK_R)
     a_rows = a_ptr + piece * stride_a_piece + slot * stride_a_slot + r.to(tl.int64)[:, None] * stride_a_rank
-    acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for k0 in range(0, scalar(in_size), BLOCK_K):
-        k = k0 + tl.arange(0, BLOCK_K)
-        xk = tl.load(x_ptr + token * stride_x + k, mask=k < in_size, other=0.0).to(tl.float32)
-        w = tl.load(a_rows + k[None, :], mask=(r[:, None] < row_rank) & (k[None, :] < in_size),
-                    other=0.0).to(tl.float32)
-        acc += tl.sum(w * xk[None, :], axis=1)
-    tl.store(h_ptr + j.to(tl.int64) * stride_h + piece * rank + r, acc, mask=r < rank)
+    x_row = x_ptr + token * stride_x
+    if SPLIT_K > 0:
+        acc = _a_chunk_dot(x_row, a_rows, split * SPLIT_K, in_size, row_rank, r, SPLIT_K, BLOCK_K)
+    else:
+        acc = tl.zeros((BLOCK_R,), dtype=tl.float32)
+        for k0 in range(0, scalar(in_size), BLOCK_K):
+            acc += _a_chunk_dot(x_row, a_rows, k0, in_size, row_rank, r, BLOCK_K, BLOCK_K)
+    tl.store(h_ptr + j.to(tl.int64) * stride_h + split * stride_split + piece * rank + r, acc, mask=r < rank)
+
+
+@triton.jit
+def _add_expanded(hv, b_ptr, out_ptr, token, slot, piece, row_rank, r, offsets_ptr, sizes_ptr,
+                  stride_b_slot, stride_b_out, stride_out, BLOCK_N: tl.constexpr):
+    """out[token, slice piece's block of outputs] += B[slot] @ hv (each (row, column) is one
+    program's: a plain read-add-write)."""
+    n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offset = tl.load(offsets_ptr + piece)
+    size = tl.load(sizes_ptr + piece)
+    w = tl.load(b_ptr + slot * stride_b_slot + (offset + n).to(tl.int64)[:, None] * stride_b_out + r[None, :],
+                mask=(n[:, None] < size) & (r[None, :] < row_rank), other=0.0).to(tl.float32)
+    delta = tl.sum(w * hv[None, :], axis=1)
+    ptrs = out_ptr + token * stride_out + offset + n
+    mask = n < size
+    current = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (current + delta).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @jit(do_not_specialize=("num_rows",))
 def _lora_expand_kernel(
     h_ptr, b_ptr, rows_ptr, slots_ptr, ranks_ptr, out_ptr, offsets_ptr, sizes_ptr,
-    num_rows, rank, stride_h, stride_b_slot, stride_b_out, stride_out,
+    num_rows, rank, num_splits, stride_h, stride_split, stride_b_slot, stride_b_out, stride_out,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     j = tl.program_id(0)
     piece = tl.program_id(1)
-    n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if HAS_ROWS:
-        token = tl.load(rows_ptr + j).to(tl.int64)
-    else:
-        token = j.to(tl.int64)
-    slot = tl.load(slots_ptr + j).to(tl.int64)
+    token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
     if slot < 0:  # a base or padding row: its output stays as it is
         return
-    if HAS_RANKS:
-        row_rank = tl.minimum(tl.load(ranks_ptr + slot), rank)
-    else:
-        row_rank = rank
-    offset = tl.load(offsets_ptr + piece)
-    size = tl.load(sizes_ptr + piece)
     r = tl.arange(0, BLOCK_R)
-    hv = tl.load(h_ptr + j.to(tl.int64) * stride_h + piece * rank + r, mask=r < row_rank, other=0.0)
-    w = tl.load(b_ptr + slot * stride_b_slot + (offset + n).to(tl.int64)[:, None] * stride_b_out + r[None, :],
-                mask=(n[:, None] < size) & (r[None, :] < row_rank), other=0.0).to(tl.float32)
-    delta = tl.sum(w * hv[None, :], axis=1)
-    # Each (row, column) belongs to one program: a plain read-add-write.
-    ptrs = out_ptr + token * stride_out + offset + n
-    mask = n < size
-    current = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(ptrs, (current + delta).to(out_ptr.dtype.element_ty), mask=mask)
+    h_row = h_ptr + j.to(tl.int64) * stride_h + piece * rank + r
+    hv = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for split in range(0, scalar(num_splits)):  # the shrink's partial sums, one per chunk of K
+        hv += tl.load(h_row + split * stride_split, mask=r < row_rank, other=0.0)
+    _add_expanded(hv, b_ptr, out_ptr, token, slot, piece, row_rank, r, offsets_ptr, sizes_ptr,
+                  stride_b_slot, stride_b_out, stride_out, BLOCK_N)
+
+
+@jit(do_not_specialize=("num_rows",))
+def _lora_fused_kernel(
+    x_ptr, a_ptr, b_ptr, rows_ptr, slots_ptr, ranks_ptr, out_ptr, offsets_ptr, sizes_ptr,
+    num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank,
+    stride_b_slot, stride_b_out, stride_out,
+    HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Shrink and expand in one launch: each (row, slice, output block) program computes its
+    row's h for the slice, then adds its block of B @ h."""
+    j = tl.program_id(0)
+    piece = tl.program_id(1)
+    token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
+    if slot < 0:
+        return
+    r = tl.arange(0, BLOCK_R)
+    a_rows = a_ptr + piece * stride_a_piece + slot * stride_a_slot + r.to(tl.int64)[:, None] * stride_a_rank
+    x_row = x_ptr + token * stride_x
+    hv = tl.zeros((BLOCK_R,), dtype=tl.float32)
+    for k0 in range(0, scalar(in_size), CHUNK):
+        hv += _a_chunk_dot(x_row, a_rows, k0, in_size, row_rank, r, CHUNK, BLOCK_K)
+    _add_expanded(hv, b_ptr, out_ptr, token, slot, piece, row_rank, r, offsets_ptr, sizes_ptr,
+                  stride_b_slot, stride_b_out, stride_out, BLOCK_N)
 
 
 _SLICES: dict[tuple[tuple[int, ...], torch.device], tuple[torch.Tensor, torch.Tensor]] = {}
@@ -106,50 +172,99 @@ def _slices(output_sizes: list[int], device: torch.device) -> tuple[torch.Tensor
     return _SLICES[key]
 
 
+def fused_chunk(block_k: int, config: LoRAKernelConfig) -> int:
+    """Input columns the fused kernel covers per unrolled step (whole tiles)."""
+    return max(block_k, config.split_k)
+
+
 def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor,
-                       num_slices: int, rank: int, slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
-    """h [L, n * rank] in fp32: h[j, i*rank : (i+1)*rank] = A_i[row_slots[j], :rank] @ x[rows[j]]
-    (a row of a negative slot: left unwritten)."""
+                       num_slices: int, rank: int, slot_ranks: torch.Tensor | None = None,
+                       config: LoRAKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """h [L, splits, n * rank] in fp32, each split's partial sums (their total:
+    h[j, :, i*rank : (i+1)*rank].sum(1) = A_i[row_slots[j], :rank] @ x[rows[j]]); a row of a
+    negative slot is left unwritten."""
     num_rows = row_slots.shape[0]
-    h = torch.empty(num_rows, num_slices * rank, dtype=torch.float32, device=x.device)
+    splits = config.num_splits(x.shape[1])
+    h = torch.empty(num_rows, splits, num_slices * rank, dtype=torch.float32, device=x.device)
     if num_rows == 0:
         return h
     if x.stride(-1) != 1:
         x = x.contiguous()
-    block_r = max(2, triton.next_power_of_2(rank))
-    launch(_lora_shrink_kernel, (num_rows, num_slices),
+    block_r = _block_r(rank)
+    block_k = shrink_block_k(block_r, config.split_k)
+    launch(_lora_shrink_kernel, (num_rows, num_slices, splits),
            x, a, rows if rows is not None else row_slots, row_slots,
            slot_ranks if slot_ranks is not None else row_slots, h,
            num_rows, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0),
-           HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
-           BLOCK_R=block_r, BLOCK_K=shrink_block_k(block_r))
+           h.stride(1), HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
+           BLOCK_R=block_r, BLOCK_K=block_k, SPLIT_K=config.split_k, num_warps=config.num_warps)
     return h
 
 
 def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None,
                        row_slots: torch.Tensor, output_sizes: list[int], rank: int,
-                       padded_rank: int, slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
-    """out[rows, slices] += B @ h, in place; b [out, slots * R] (kernels/reference/lora.py)."""
+                       padded_rank: int, slot_ranks: torch.Tensor | None = None,
+                       config: LoRAKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """out[rows, slices] += B @ (h's partials summed), in place; b [out, slots * R]
+    (kernels/reference/lora.py)."""
     num_rows = row_slots.shape[0]
     if num_rows == 0:
         return out
     if out.stride(-1) != 1:
         raise ValueError("lora_expand_triton writes rows of a tensor whose last dim is contiguous")
     offsets, sizes = _slices(output_sizes, out.device)
-    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), _BLOCK_N))
+    block_r = _block_r(rank)
+    block_n = expand_block_n(block_r, config)
+    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
     if b.stride(1) != 1:
         b = b.contiguous()
     launch(_lora_expand_kernel, grid,
            h, b, rows if rows is not None else row_slots, row_slots,
            slot_ranks if slot_ranks is not None else row_slots, out, offsets, sizes,
-           num_rows, rank, h.stride(0), padded_rank, b.stride(0), out.stride(0),
+           num_rows, rank, h.shape[1], h.stride(0), h.stride(1), padded_rank, b.stride(0), out.stride(0),
            HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
-           BLOCK_R=max(2, triton.next_power_of_2(rank)), BLOCK_N=_BLOCK_N)
+           BLOCK_R=block_r, BLOCK_N=block_n, num_warps=config.num_warps)
+    return out
+
+
+def lora_fused_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                      rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
+                      rank: int, slot_ranks: torch.Tensor | None = None,
+                      config: LoRAKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+    """out[rows, slices] += B @ (A @ x), both halves in one launch."""
+    num_rows = row_slots.shape[0]
+    if num_rows == 0:
+        return out
+    if out.stride(-1) != 1:
+        raise ValueError("lora_fused_triton writes rows of a tensor whose last dim is contiguous")
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    if b.stride(1) != 1:
+        b = b.contiguous()
+    offsets, sizes = _slices(output_sizes, out.device)
+    block_r = _block_r(rank)
+    block_k = shrink_block_k(block_r)
+    block_n = expand_block_n(block_r, config)
+    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
+    launch(_lora_fused_kernel, grid,
+           x, a, b, rows if rows is not None else row_slots, row_slots,
+           slot_ranks if slot_ranks is not None else row_slots, out, offsets, sizes,
+           num_rows, x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2),
+           a.shape[2], b.stride(0), out.stride(0),
+           HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
+           BLOCK_R=block_r, BLOCK_K=block_k, CHUNK=fused_chunk(block_k, config), BLOCK_N=block_n,
+           num_warps=config.num_warps)
     return out
 
 
 def lora_linear_delta_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                              rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
-                             rank: int, slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
-    h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank, slot_ranks)
-    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[2], slot_ranks)
+                             rank: int, slot_ranks: torch.Tensor | None = None,
+                             config: LoRAKernelConfig | None = None) -> torch.Tensor:
+    """out += each adapter row's delta; `config` None: the device's (lora_plan.lora_kernel_config)."""
+    if config is None:
+        config = lora_kernel_config(device_arch(x.device))
+    if config.fused:
+        return lora_fused_triton(x, out, a, b, rows, row_slots, output_sizes, rank, slot_ranks, config)
+    h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank, slot_ranks, config)
+    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[2], slot_ranks, config)

@@ -25,7 +25,6 @@ Kept importable only through `kernels.dispatch` or directly by tests: `triton.ji
 compiled vs interpreted at import time.
 """
 
-import functools
 import os
 
 import torch
@@ -33,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
-from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.launch import device_arch, jit, launch  # noqa: F401  (device_arch: the benches)
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
@@ -150,15 +149,6 @@ def _marlin_dequantize_kernel(
                       GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False, LOP3)
     tl.store(out_ptr + offs_k[:, None] * stride_ok + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
              mask=mask_n[None, :])
-
-
-@functools.cache
-def device_arch(device: torch.device) -> int | None:
-    """The SM version of a CUDA device (90 for sm_90), whose tuned configs apply; None else."""
-    if device.type != "cuda":
-        return None
-    major, minor = torch.cuda.get_device_capability(device)
-    return 10 * major + minor
 
 
 def config_for(m: int, n: int, k: int, group_size: int, device: torch.device) -> MarlinConfig:

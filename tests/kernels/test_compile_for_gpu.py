@@ -57,8 +57,9 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for tag in ("g32", "g64", "g128_sym", "g128_broadcast", "g128_plain"):
             assert f"w4a16_marlin_m16_{dtype}_{tag}_splitk" in aot.VARIANTS
         assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
-        # LoRA's shrink/expand as eager steps launch them and as the adapter decode graphs do.
-        for kernel in ("shrink", "expand"):
+        # LoRA's shrink/expand (and both in one launch) as eager steps launch them and as the
+        # adapter decode graphs do.
+        for kernel in ("shrink", "expand", "fused"):
             for form in ("rows_r16", "graph_r64"):
                 assert f"lora_{kernel}_{dtype}_{form}" in aot.VARIANTS
         # The fused q/k norm + RoPE + KV write: Qwen3's d128 with norms, Llama's without.

@@ -9,6 +9,7 @@ import torch
 from kvdeck.kernels.reference.lora import lora_linear_delta
 from kvdeck.kernels.reference.lora_grouped import group_rows, grouped_weights, lora_grouped_delta
 from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+from kvdeck.kernels.triton.lora_plan import LoRAKernelConfig
 
 
 def _case(seed: int, output_sizes: list[int], dtype=torch.float32, slots: int = 3, padded: int = 8,
@@ -157,3 +158,79 @@ def test_a_large_rank_reads_narrower_k_tiles_with_the_same_sums():
     got = lora_linear_delta_triton(x, out.clone(), a, b, rows, row_slots, output_sizes, rank)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
     assert torch.equal(got[1], out[1])
+
+
+# Launch configs (kernels/triton/lora_plan.py): K split into chunks whose partial sums the
+# expand adds (a ragged last chunk), one program walking all of K, both halves fused in one
+# launch, narrow and wide output blocks: the same sums in every form.
+LAUNCH_CONFIGS = [
+    LoRAKernelConfig(split_k=0, block_n=16),
+    LoRAKernelConfig(split_k=16, block_n=32),
+    LoRAKernelConfig(split_k=32, block_n=128),
+    LoRAKernelConfig(split_k=256, block_n=64, num_warps=2),
+    LoRAKernelConfig(split_k=0, block_n=16, fused=True),
+    LoRAKernelConfig(split_k=64, block_n=128, fused=True),
+]
+
+
+@pytest.mark.parametrize("config", LAUNCH_CONFIGS, ids=lambda c: c.label())
+@pytest.mark.parametrize("form", ["rows", "every_row_with_ranks"])
+def test_every_launch_config_gives_the_same_sums(config, form):
+    output_sizes, padded = [40, 24, 24], 8
+    x, out, a, b = _case(6, output_sizes, slots=3, padded=padded, in_size=100, tokens=6)
+    slot_rank = [8, 3, 5]
+    for slot, rank in enumerate(slot_rank):  # zero past each adapter's rank, as the manager keeps it
+        a[:, slot, rank:] = 0
+        b[:, slot * padded + rank : (slot + 1) * padded] = 0
+    token_slots = [2, -1, 0, 1, -1, 2]
+    expected = _loop(x, out, a, b, token_slots, output_sizes, padded)
+    if form == "rows":
+        rows = torch.tensor([t for t, s in enumerate(token_slots) if s >= 0])
+        row_slots = torch.tensor([s for s in token_slots if s >= 0])
+        got = lora_linear_delta_triton(x, out.clone(), a, b, rows, row_slots, output_sizes, padded,
+                                       config=config)
+    else:
+        got = lora_linear_delta_triton(x, out.clone(), a, b, None, torch.tensor(token_slots), output_sizes,
+                                       padded, torch.tensor(slot_rank, dtype=torch.int32), config=config)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+    base = [t for t, s in enumerate(token_slots) if s < 0]
+    assert torch.equal(got[base], out[base])
+
+
+def test_split_shrink_writes_one_partial_per_chunk():
+    from kvdeck.kernels.triton.lora import lora_shrink_triton
+
+    output_sizes, rank = [16, 16], 4
+    x, _, a, _ = _case(7, output_sizes, slots=2, padded=rank, in_size=100, tokens=3)
+    row_slots = torch.tensor([1, 0, 1])
+    config = LoRAKernelConfig(split_k=32)
+    h = lora_shrink_triton(x, a, None, row_slots, 2, rank, config=config)
+    assert h.shape == (3, 4, 2 * rank) and config.num_splits(100) == 4  # 32 + 32 + 32 + 4 columns
+    for j, slot in enumerate(row_slots.tolist()):
+        for piece in range(2):
+            chunks = [a[piece, slot, :, k : k + 32] @ x[j, k : k + 32] for k in range(0, 100, 32)]
+            torch.testing.assert_close(h[j, :, piece * rank : (piece + 1) * rank], torch.stack(chunks),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_launch_config_parsing_and_the_env_override(monkeypatch):
+    from kvdeck.kernels.triton import lora_plan
+
+    assert lora_plan.parse_config("split_k=64, fused=1") == LoRAKernelConfig(split_k=64, fused=True)
+    assert LoRAKernelConfig(split_k=64).label() == "split_k=64,block_n=128,fused=0,num_warps=4"
+    assert lora_plan.parse_config(LoRAKernelConfig(split_k=0, block_n=32).label()) == LoRAKernelConfig(0, 32)
+    for bad, says in [("split=64", "not one of"), ("block_n=x", "must be an integer"),
+                      ("block_n=48", "power of two"), ("split_k=8", "too small"),
+                      ("num_warps=0", "power of two")]:
+        with pytest.raises(ValueError, match=says):
+            lora_plan.parse_config(bad)
+    assert LoRAKernelConfig(split_k=256).num_splits(3072) == 12
+    assert LoRAKernelConfig(split_k=0).num_splits(3072) == LoRAKernelConfig(fused=True).num_splits(3072) == 1
+    monkeypatch.setattr(lora_plan, "_CHOSEN", {})
+    monkeypatch.setitem(lora_plan.TUNED, 90, {"config": {"split_k": 128, "block_n": 64, "fused": False,
+                                                         "num_warps": 4}, "source": "test"})
+    assert lora_plan.lora_kernel_config(90) == LoRAKernelConfig(split_k=128, block_n=64)
+    assert lora_plan.lora_kernel_config(None) == lora_plan.DEFAULT_CONFIG  # off CUDA: the defaults
+    monkeypatch.setattr(lora_plan, "_CHOSEN", {})
+    monkeypatch.setenv("KVDECK_LORA_KERNEL", "fused=1")
+    assert lora_plan.lora_kernel_config(90) == LoRAKernelConfig(split_k=128, block_n=64, fused=True)

@@ -30,6 +30,7 @@ from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
 from kvdeck.engine.runner.models.linear import Linear
 from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
 from kvdeck.engine.types.stats import LoRASlotStats
+from kvdeck.kernels.dispatch import lora_shrink_splits
 from kvdeck.kernels.reference.lora_grouped import group_rows
 
 
@@ -202,7 +203,9 @@ class LoRAManager:
         layers = {(s.a.shape[-1], tuple(s.output_sizes)): s for s in self.layer_slots[0].values()}
         row = torch.zeros(1, dtype=torch.long, device=self.device)
         runs = 0
-        for rank in warm_up_ranks(self.max_rank, (len(sizes) for _, sizes in layers)):
+        multipliers = [len(sizes) * splits for in_size, sizes in layers
+                       for splits in (1, lora_shrink_splits(in_size, self.device))]
+        for rank in warm_up_ranks(self.max_rank, multipliers):
             for rows in (None, row):
                 self.context.step = LoRAStep(rows, row, rank, 1, self.backend)
                 try:

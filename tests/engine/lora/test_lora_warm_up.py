@@ -33,3 +33,30 @@ def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
         assert runner.lora.warm_up() == 0 and cpu.engine.core.runner.lora.warm_up() == 0  # torch: none
         assert got == [[o.outputs[0].token_ids for o in cpu.generate(prompts, params, lora_request=loras)]
                        for loras in batches]
+
+
+def test_the_warm_up_covers_a_shrink_split_into_chunks(lora_llama, monkeypatch):
+    """With the shrink splitting K into chunks (16 inputs each: 4 chunks of the tiny model's 64,
+    more of its MLP's), the h strides take the splits too: the warm-up's rank classes follow,
+    and serving after it compiles nothing, with the unsplit launch's tokens."""
+    from kvdeck.kernels.compile_counter import kernel_compiles
+    from kvdeck.kernels.triton import lora_plan
+
+    setup = lora_llama
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    prompts = [[(5 * i + j) % 200 + 5 for j in range(5 + i)] for i in range(3)]
+    sql, code = setup.requests["sql"], setup.requests["code"]  # ranks 8 and 4 (4 x 4 chunks: 16)
+    batches = ([sql, None, code], [code, None, code])
+    got = {}
+    for split_k in (0, 16):
+        config = lora_plan.LoRAKernelConfig(split_k=split_k, block_n=16)
+        monkeypatch.setattr(lora_plan, "_CHOSEN", {None: config})
+        with LLM(str(setup.model_dir), attention_backend="triton", kv_cache_memory_gib=0.01, enable_lora=True,
+                 max_loras=2, max_lora_rank=8, max_num_batched_tokens=32, max_model_len=128) as llm:
+            runner = llm.engine.core.runner
+            runner.warm_up(llm.engine.max_model_len)
+            before = kernel_compiles()
+            outputs = [llm.generate(prompts, params, lora_request=loras) for loras in batches]
+            got[split_k] = [[o.outputs[0].token_ids for o in batch] for batch in outputs]
+            assert kernel_compiles() == before
+    assert got[16] == got[0]
