@@ -17,10 +17,14 @@ ratios. Target: <= 1.2. The JSON is rewritten after every run, with how many ada
 replayed the adapter graphs, how many decode steps fell back to the eager forward, and how
 many kernel variants compiled after start-up (the start-up warm-up's LoRA ranks should leave
 none: `kernel_compiles_first_adapter_steps`, `kernel_compiles_after_start`).
+`--config-from SWEEP_JSON` serves the LoRA kernels under the launch config that
+bench_lora_kernels.py found fastest (`benchmarks/run_gpu.sh lora` runs that sweep first), before
+anyone commits it to kernels/triton/lora_tuned.py; the JSON names the config it ran.
 `--smoke`: the tiny model on the CPU, the graphs' static buffers replayed eagerly, tiny sizes.
 """
 
 import argparse
+import json
 import os
 import random
 import statistics
@@ -34,6 +38,8 @@ import torch
 from kvdeck import LLM, LoRARequest, SamplingParams
 from kvdeck.app.bench.compiles import kernel_compiles
 from kvdeck.app.bench.result import build_result, write_json_atomic
+from kvdeck.kernels.triton.launch import device_arch
+from kvdeck.kernels.triton.lora_plan import lora_kernel_config, parse_config, use_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_adapters import write_random_adapter  # noqa: E402
@@ -103,6 +109,9 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--smoke", action="store_true", help="the CPU form: tiny model and sizes, no figure")
     parser.add_argument("--model", default=None, help="--smoke: the tiny model's folder")
+    parser.add_argument("--config-from", type=Path, default=None,
+                        help="a bench_lora_kernels.py JSON: serve its fastest launch config (lora_tune.py's "
+                             "pick) instead of the committed one")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if args.smoke:
@@ -112,11 +121,18 @@ def main() -> int:
     elif not torch.cuda.is_available():
         print("the GPU target needs a CUDA GPU (--smoke runs the CPU form)", file=sys.stderr)
         return 2
+    arch = device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
+    if args.config_from is not None:
+        sweep = json.loads(args.config_from.read_text())
+        if "best" not in sweep:
+            parser.error(f"{args.config_from} names no fastest config (the sweep did not finish)")
+        use_config(arch, parse_config(sweep["best"]))
     model = args.model or str(QWEN3_CONFIG)
     model_dir = Path(model).parent if Path(model).is_file() else Path(model)
     config = {"model": model, "requests": args.requests, "adapters": args.adapters, "rank": args.rank,
               "max_lora_rank": args.max_lora_rank, "prompt_len": args.prompt_len, "steps": args.steps,
-              "max_model_len": args.max_model_len,
+              "max_model_len": args.max_model_len, "lora_kernel_config": lora_kernel_config(arch).label(),
+              "config_from": str(args.config_from) if args.config_from else None,
               "pairs": args.pairs, "smoke": args.smoke, "load_average_before": os.getloadavg(),
               "timing": "median wall time of a decode step (device synchronised), synchronous scheduling"}
     figures: dict = {"step_s": {"base": [], "lora": []}, "lora_over_base_per_pair": []}

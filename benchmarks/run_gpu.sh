@@ -14,13 +14,15 @@
 #   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMMs (AWQ layout, repacked `marlin`) and bf16/fp16
 #                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
-#   benchmarks/run_gpu.sh lora         # decode at 64 requests under 8 rank-16 adapters vs the base alone,
-#                                      # both on CUDA graphs (multi-LoRA's <= 1.2x target)
+#   benchmarks/run_gpu.sh lora         # the LoRA kernels' launch configs swept (lora_tune.py commits the
+#                                      # pick), then decode at 64 requests under 8 rank-16 adapters vs
+#                                      # the base alone, both on CUDA graphs (multi-LoRA's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
-#   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput, decode in one command, each
-#                                      # under a time cap, the caps adding up to 480 s
-#                                      # (benchmarks/gpu_battery.py; baseline, kernels and profile
-#                                      # need their own)
+#   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput in one command, each under a
+#                                      # time cap, the caps adding up to 470 s (benchmarks/gpu_battery.py;
+#                                      # baseline, decode, kernels and profile need their own); on the
+#                                      # device tool (OUT_DIR=$OUT, or BATTERY_ARCHIVE=1) everything
+#                                      # lands in OUT_DIR/battery.tar.gz
 #
 # JSON goes to $2, else $OUT_DIR, else benchmarks/results, named after the GPU (h100, h200,
 # ...); every stage writes its JSON as it goes, and `all` adds OUT_DIR/battery.json and a log
@@ -130,18 +132,30 @@ case $stage in
         --out "$out/profile_decode_qwen3-0.6b_eager_$gpu.json"
     ;;
   lora)
-    $python benchmarks/bench_lora_gpu.py "${smoke[@]}" --out "$out/lora_gpu_$gpu.json"
+    # The kernels' launch configs swept under CUDA graphs (lora_tune.py commits the pick), then
+    # the decode target with the engine serving the sweep's pick.
+    $python benchmarks/bench_lora_kernels.py "${smoke[@]:0:1}" --out "$out/lora_kernels_$gpu.json"
+    $python benchmarks/bench_lora_gpu.py "${smoke[@]}" --config-from "$out/lora_kernels_$gpu.json" \
+        --out "$out/lora_gpu_$gpu.json"
     ;;
   all)
     fake=()
     [ -n "${KVDECK_BATTERY_SMOKE:-}" ] && fake=(--fake-clock)
-    $python benchmarks/gpu_battery.py --script "$repo/benchmarks/run_gpu.sh" --out-dir "$out" "${fake[@]}"
+    # The device tool brings back at most 8 files from its $OUT and the battery writes more: with
+    # BATTERY_ARCHIVE=1, or when OUT_DIR is that $OUT, the stages write into a scratch folder and
+    # OUT_DIR gets one battery.tar.gz of them all, rewritten after every stage.
+    work=$out archive=()
+    if [ "${BATTERY_ARCHIVE:-0}" = 1 ] || { [ -n "${OUT:-}" ] && [ "$(cd "$OUT" 2>/dev/null && pwd)" = "$out" ]; }; then
+        work=$(mktemp -d) archive=(--archive "$out/battery.tar.gz")
+    fi
+    $python benchmarks/gpu_battery.py --script "$repo/benchmarks/run_gpu.sh" --out-dir "$work" "${archive[@]}" \
+        "${fake[@]}"
     ;;
   imports)
     kvdeck --help >/dev/null
     $python -c "import kvdeck.engine.api.llm, kvdeck.kernels.reference.attention, kvdeck.quant.awq_linear"
     for script in bench_w4a16 w4a16_e2e w4a16_tune profile_decode check_cuda_graphs bench_lora_gpu gpu_battery \
-                  awq_config; do
+                  awq_config bench_lora_kernels lora_tune; do
         $python benchmarks/$script.py --help >/dev/null
     done
     echo "imports: the staged package runs"

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -22,10 +23,9 @@ import gpu_battery  # noqa: E402
 STAGE_JSON = {
     "check": ["check_kernels_cpu.json", "cuda_graphs_cpu.json"],
     "w4a16": ["w4a16_cpu.json"],
-    "lora": ["lora_gpu_cpu.json"],
+    "lora": ["lora_gpu_cpu.json", "lora_kernels_cpu.json"],
     "throughput": ["throughput_qwen3-0.6b_cpu.json", "throughput_qwen3-0.6b_awq_marlin_cpu.json",
                    "throughput_qwen3-0.6b_sync_cpu.json", "throughput_qwen3-0.6b_eager_cpu.json"],
-    "decode": ["decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"],
 }
 
 
@@ -37,13 +37,19 @@ def test_the_caps_fit_the_lease():
 @pytest.mark.slow(seconds=120)
 @pytest.mark.timeout(600)
 def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
-    out = tmp_path / "out"
+    # As the device tool runs it (OUT_DIR=$OUT): everything in one archive, the one file there.
+    device_out = tmp_path / "device_out"
     python = f"{sys.executable} {REPO / 'tests' / 'bench' / 'python_on_gpu_image.py'}"
-    env = {**os.environ, "PYTHON": python, "OUT_DIR": str(out), "KVDECK_BATTERY_SMOKE": str(tiny_llama_dir),
-           "KVDECK_BATTERY_CAP_SCALE": "4"}
+    env = {**os.environ, "PYTHON": python, "OUT_DIR": str(device_out), "OUT": str(device_out),
+           "KVDECK_BATTERY_SMOKE": str(tiny_llama_dir), "KVDECK_BATTERY_CAP_SCALE": "4"}
     env.pop("TRITON_INTERPRET", None)  # the script sets it for the smoke run itself
+    env.pop("BATTERY_ARCHIVE", None)
     done = subprocess.run(["bash", str(REPO / "benchmarks" / "run_gpu.sh"), "all"], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=560)
+    assert [p.name for p in device_out.iterdir()] == ["battery.tar.gz"], done.stdout[-2000:]
+    out = tmp_path / "out"
+    with tarfile.open(device_out / "battery.tar.gz") as tar:
+        tar.extractall(out, filter="data")
     logs = {p.name: p.read_text()[-1500:] for p in out.glob("*.log")} if out.exists() else {}
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-2000:], logs)
     summary = json.loads((out / "battery.json").read_text())
@@ -82,11 +88,16 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert lora["adapter_decode_steps_eager"] == 0 and lora["lora_over_base_median"] > 0
     # Whether the start-up warm-up covered the adapters' kernels (nothing compiles on the CPU).
     assert {"kernel_compiles_first_adapter_steps", "kernel_compiles_after_start"} <= set(lora)
+    # The kernel sweep checked each candidate against the reference and named the fastest, which
+    # the decode run then served.
+    sweep = json.loads((out / "lora_kernels_cpu.json").read_text())
+    assert not [row for row in sweep["rows"] if "error" in row] and len(sweep["rows"]) >= 4
+    assert lora["config"]["lora_kernel_config"] == sweep["best"]
     assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stage", ["kernels", "profile"])
+@pytest.mark.parametrize("stage", ["kernels", "profile", "decode"])
 def test_the_stages_out_of_all_run_on_their_own(stage, tiny_llama_dir, tmp_path):
     # Their issues are resolved, so `all` leaves them out, but a lease may run them alone.
     python = f"{sys.executable} {REPO / 'tests' / 'bench' / 'python_on_gpu_image.py'}"
@@ -99,6 +110,9 @@ def test_the_stages_out_of_all_run_on_their_own(stage, tiny_llama_dir, tmp_path)
         kernels = json.loads((tmp_path / "kernels_cpu.json").read_text())
         assert kernels["complete"] and kernels["timing"].startswith("fake clock")
         assert kernels["decode_attention"] and kernels["prefill_attention"] and kernels["elementwise"]
+    elif stage == "decode":
+        for name in ("decode_llama-3.2-1b_cpu.json", "decode_llama-3.2-1b_eager_cpu.json"):
+            assert json.loads((tmp_path / name).read_text())["config"]
     else:
         profile = json.loads((tmp_path / "profile_decode_qwen3-0.6b_cpu.json").read_text())
         phases = profile["batches"]["1"]["step_phases_ms"]
@@ -137,3 +151,27 @@ def test_the_budget_is_never_overrun(tmp_path):
     assert summary["elapsed_s"] == 480
     assert [e.get("json") for e in summary["stages"]] == [["a.json"], ["b.json"], ["c.json"], None]
     assert json.loads((tmp_path / "battery.json").read_text()) == summary
+
+
+def test_the_archive_holds_every_stage_written_so_far(tmp_path):
+    out, archive = tmp_path / "work", tmp_path / "battery.tar.gz"
+    out.mkdir()
+    stages = [("a", 10), ("b", 10)]
+    clock = gpu_battery.FakeClock(stages)
+    packed = []
+
+    def run(stage: str, cap: float) -> int:
+        if archive.exists():  # what the archive held when this stage started
+            with tarfile.open(archive) as tar:
+                packed.append(sorted(tar.getnames()))
+        (out / f"{stage}.json").write_text(f'{{"stage": "{stage}"}}')
+        (out / f"{stage}.log").write_text("log")
+        (out / "scratch.bin").write_text("not packed")
+        return 0
+
+    gpu_battery.run_battery(out, stages, clock.bill(run), clock, archive=archive)
+    assert packed == [["a.json", "a.log", "battery.json"]]
+    with tarfile.open(archive) as tar:
+        assert sorted(tar.getnames()) == ["a.json", "a.log", "b.json", "b.log", "battery.json"]
+        assert json.loads(tar.extractfile("b.json").read()) == {"stage": "b"}
+    assert not list(tmp_path.glob("*.tmp"))

@@ -1,0 +1,198 @@
+"""The LoRA kernels' launch configs on a GPU (kernels/triton/lora_plan.py), at multi-LoRA's decode
+target: what a decode step's adapters cost, every LoRA linear of every layer, per candidate.
+
+    python benchmarks/bench_lora_kernels.py --out benchmarks/results/lora_kernels_<gpu>.json
+    python benchmarks/bench_lora_kernels.py --smoke --out ...   # the CPU form: the interpreter, no figure
+
+Shapes from the Qwen3-0.6B config (benchmarks/configs): each layer's fused q/k/v, o, fused
+gate/up and down, with their own slot weights per layer (28 layers: the weights do not all sit
+in L2, as in the engine); `--rows` decoding rows (64) spread over `--adapters` slots (8) at
+rank 16, launched as the adapter decode graphs launch them (every row, each slot's rank read
+from device memory). One candidate's step, all layers' deltas, is captured in one CUDA graph;
+candidates alternate round by round and each one's figure is its median (w4a16_sweep.py's
+timer). The base step's own GEMMs of those linears (bf16 cuBLAS) are timed the same way for
+scale. Each candidate's output is checked against the torch reference before it is timed.
+The JSON (rewritten as it goes) names the fastest; benchmarks/lora_tune.py writes it into
+kernels/triton/lora_tuned.py. `--smoke`: tiny shapes under TRITON_INTERPRET=1, each
+candidate checked, timings from a fake clock.
+"""
+
+import argparse
+import itertools
+import json
+import os
+import sys
+from pathlib import Path
+
+if "--smoke" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
+from kvdeck.kernels.reference.lora import lora_linear_delta  # noqa: E402
+from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from w4a16_sweep import time_alternating  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
+# The candidates: every split of K (0: one program per row walks it all), expand block and
+# warp count, in two launches and fused.
+SPLIT_K = (0, 128, 256, 512)
+BLOCK_N = (64, 128, 256)
+NUM_WARPS = (2, 4)
+
+
+# The launch the H200 run of 2026-11-29 measured (2.45x the base step): one program per row
+# walking all of K, 64 outputs per expand program.
+FIRST_LAUNCH = LoRAKernelConfig(split_k=0, block_n=64)
+
+
+def candidates(smoke: bool) -> list[LoRAKernelConfig]:
+    if smoke:
+        grid = [(0, 16, 4, False), (16, 32, 4, False), (16, 16, 2, True)]
+    else:
+        grid = list(itertools.product(SPLIT_K, BLOCK_N, NUM_WARPS, (False, True)))
+    configs = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f) for s, n, w, f in grid]
+    return [c for c in (DEFAULT_CONFIG, FIRST_LAUNCH) if c not in configs] + configs
+
+
+def linear_shapes(config_path: Path) -> list[tuple[str, int, list[int]]]:
+    """(name, in_size, output_sizes) of a decoder layer's LoRA linears."""
+    config = json.loads(config_path.read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    return [("qkv", hidden, [q, kv, kv]), ("o", q, [hidden]), ("gate_up", hidden, [inter, inter]),
+            ("down", inter, [hidden])]
+
+
+class Layers:
+    """Every layer's slot weights, inputs and outputs for one step (the graphs' form)."""
+
+    def __init__(self, shapes, layers: int, rows: int, adapters: int, rank: int, dtype, device) -> None:
+        gen = torch.Generator(device="cpu").manual_seed(0)
+
+        def rand(*shape: int, scale: float) -> torch.Tensor:
+            return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
+
+        self.shapes, self.rank = shapes, rank
+        self.weights = [[(rand(len(sizes), adapters, rank, in_size, scale=in_size ** -0.5),
+                          rand(sum(sizes), adapters * rank, scale=rank ** -0.5),
+                          rand(sum(sizes), in_size, scale=in_size ** -0.5))
+                         for _, in_size, sizes in shapes] for _ in range(layers)]
+        self.x = {in_size: rand(rows, in_size, scale=1.0) for _, in_size, _ in shapes}
+        self.out = {name: torch.zeros(rows, sum(sizes), dtype=dtype, device=device)
+                    for name, _, sizes in shapes}
+        self.row_slots = torch.arange(rows, device=device) % adapters  # every row under an adapter
+        self.slot_ranks = torch.full((adapters,), rank, dtype=torch.int32, device=device)
+
+    def lora_step(self, config) -> None:
+        from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+
+        for layer in self.weights:
+            for (name, in_size, sizes), (a, b, _) in zip(self.shapes, layer):
+                lora_linear_delta_triton(self.x[in_size], self.out[name], a, b, None, self.row_slots, sizes,
+                                         self.rank, self.slot_ranks, config)
+
+    def base_step(self) -> None:
+        for layer in self.weights:
+            for (name, in_size, _), (_, _, w) in zip(self.shapes, layer):
+                torch.matmul(self.x[in_size], w.t(), out=self.out[name])
+
+    def check(self, config) -> float:
+        """The largest difference from the torch reference on layer 0 (a fresh output), over
+        the reference's largest magnitude."""
+        from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+
+        worst = 0.0
+        for (_, in_size, sizes), (a, b, _) in zip(self.shapes, self.weights[0]):
+            x = self.x[in_size]
+            start = torch.randn(x.shape[0], sum(sizes), device=x.device).to(x.dtype)
+            got = lora_linear_delta_triton(x, start.clone(), a, b, None, self.row_slots, sizes, self.rank,
+                                           self.slot_ranks, config)
+            want = lora_linear_delta(x.float(), start.float(), a.float(), b.float(), None, self.row_slots,
+                                     sizes, self.rank)
+            worst = max(worst, ((got.float() - want).abs().max() / want.abs().max()).item())
+        return worst
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=64)
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--layers", type=int, default=None, help="default: the config's")
+    parser.add_argument("--model-config", default=str(QWEN3_CONFIG))
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rep-ms", type=float, default=20.0, help="graph length per timing")
+    parser.add_argument("--smoke", action="store_true", help="the CPU form: interpreter, tiny, fake clock")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    from kvdeck.kernels.triton.launch import device_arch
+
+    if args.smoke:
+        device, dtype, mode = torch.device("cpu"), torch.float32, "fake"
+        shapes = [("qkv", 32, [32, 16, 16]), ("o", 32, [32]), ("gate_up", 32, [48, 48]), ("down", 48, [32])]
+        args.rows, args.adapters, args.rank, layers = 5, 2, 4, 2
+    elif torch.cuda.is_available():
+        device, dtype, mode = torch.device("cuda"), torch.bfloat16, "graph"
+        shapes = linear_shapes(Path(args.model_config))
+        layers = args.layers or json.loads(Path(args.model_config).read_text())["num_hidden_layers"]
+    else:
+        print("the sweep needs a CUDA GPU (--smoke runs the CPU form)", file=sys.stderr)
+        return 2
+    config = {"model_config": args.model_config, "rows": args.rows, "adapters": args.adapters,
+              "rank": args.rank, "layers": layers, "shapes": shapes, "dtype": str(dtype),
+              "smoke": args.smoke, "arch": device_arch(device), "load_average_before": os.getloadavg(),
+              "timing": "a step's deltas, all layers, replayed in one CUDA graph; "
+                        "median of alternating rounds"}
+    figures: dict = {"rows": []}
+
+    def save() -> None:
+        figures["load_average_now"] = os.getloadavg()
+        if args.out:
+            write_json_atomic(Path(args.out), build_result("lora_kernels", config, figures))
+
+    step = Layers(shapes, layers, args.rows, args.adapters, args.rank, dtype, device)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 rounding of the output
+    runnable = {}
+    for candidate in candidates(args.smoke):
+        try:
+            error = step.check(candidate)
+        except Exception as exc:  # a config this GPU cannot run: recorded, not timed
+            error_text = f"{type(exc).__name__}: {exc}"[:300]
+        else:
+            error_text = f"off the reference by {error:.3g} of its largest" if error > tolerance else None
+        if error_text:
+            figures["rows"].append({"config": candidate.label(), "error": error_text})
+            continue
+        runnable[candidate.label()] = candidate
+    save()
+    fns = {label: (lambda c=c: step.lora_step(c)) for label, c in runnable.items()}
+    fns["base_gemms"] = step.base_step
+    timed = time_alternating(fns, mode, args.rep_ms, args.rounds)
+    base_ms = timed.pop("base_gemms")
+    for label, ms in sorted(timed.items(), key=lambda item: item[1]):
+        figures["rows"].append({"config": label, "fused": runnable[label].fused, "step_ms": ms,
+                                "over_base_gemms": ms / base_ms})
+    best = min(timed, key=timed.get)
+    first = FIRST_LAUNCH.label()
+    figures.update(base_gemms_step_ms=base_ms, best=best, best_step_ms=timed[best],
+                   default=DEFAULT_CONFIG.label(), default_step_ms=timed.get(DEFAULT_CONFIG.label()),
+                   best_over_default=timed[best] / timed[DEFAULT_CONFIG.label()],
+                   first_launch=first, first_launch_step_ms=timed.get(first),
+                   best_over_first_launch=timed[best] / timed[first])
+    save()
+    for row in figures["rows"][:8]:
+        print(json.dumps(row))
+    print(f"best {best}: {timed[best]:.3f} ms/step of LoRA deltas (default {DEFAULT_CONFIG.label()}: "
+          f"{timed[DEFAULT_CONFIG.label()]:.3f}; the first launch {first}: {timed[first]:.3f}); "
+          f"the base GEMMs of those linears {base_ms:.3f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

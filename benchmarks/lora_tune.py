@@ -1,0 +1,75 @@
+"""The LoRA kernel sweep's JSON -> the per-architecture pick in kernels/triton/lora_tuned.py.
+
+    python benchmarks/lora_tune.py benchmarks/results/lora_kernels_h200.json            # write it
+    python benchmarks/lora_tune.py benchmarks/results/lora_kernels_h200.json --dry-run  # print only
+
+The JSON is bench_lora_kernels.py's (what `benchmarks/run_gpu.sh lora` runs first); commit it
+beside the table this writes. The pick is the candidate whose step of LoRA deltas (every
+layer's, in one CUDA graph) cost least; rows the sweep could not run or check (`error`) are
+left out. A smoke run (`--smoke`, fake timings) is refused.
+"""
+
+import argparse
+import json
+import pprint
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "kernels" / "triton" / "lora_tuned.py"
+
+
+def pick(sweep: dict) -> tuple[int, dict]:
+    """(SM version, its TUNED entry) from a sweep."""
+    from kvdeck.kernels.triton.lora_plan import parse_config
+
+    config = sweep["config"]
+    if config.get("smoke"):
+        raise ValueError("a smoke sweep has no timings to tune from")
+    if config.get("arch") is None:
+        raise ValueError("the sweep names no GPU architecture (it ran off CUDA)")
+    timed = [row for row in sweep["rows"] if "step_ms" in row]
+    if not timed:
+        raise ValueError("the sweep timed no candidate")
+    best = min(timed, key=lambda row: row["step_ms"])
+    chosen = parse_config(best["config"])
+    device = sweep["environment"].get("device")
+    entry = {"config": {name: getattr(chosen, name) for name in ("split_k", "block_n", "fused", "num_warps")},
+             "step_ms": round(best["step_ms"], 4),
+             "source": f"{sweep.get('command', 'bench_lora_kernels.py')} on {device}"}
+    return int(config["arch"]), entry
+
+
+def write_table(table: Path, arch: int, entry: dict) -> dict:
+    """Merge `arch`'s entry into the table file (other architectures kept)."""
+    namespace: dict = {}
+    text = table.read_text()
+    exec(compile(text, str(table), "exec"), namespace)
+    tuned = dict(namespace["TUNED"])
+    tuned[arch] = entry
+    head = text[: text.index("TUNED: dict[int, dict] =")]
+    body = pprint.pformat(tuned, width=100, sort_dicts=True)
+    table.write_text(head + "TUNED: dict[int, dict] = " + body + "\n")
+    return tuned
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path)
+    parser.add_argument("--table", type=Path, default=TABLE)
+    parser.add_argument("--dry-run", action="store_true")
+    args = parser.parse_args()
+    try:
+        arch, entry = pick(json.loads(args.sweep.read_text()))
+    except (ValueError, KeyError) as exc:
+        print(f"lora_tune: {args.sweep}: {exc}", file=sys.stderr)
+        return 1
+    print(f"sm_{arch}: {entry}")
+    if not args.dry_run:
+        write_table(args.table, arch, entry)
+        print(f"wrote {args.table}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
