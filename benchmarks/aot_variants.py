@@ -246,7 +246,7 @@ def _lora_variant(kernel: str, dtype: str, has_rows: bool, has_ranks: bool, rank
         fn = lora_triton._lora_fused_kernel
         pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", **rows, out_ptr=f"*{dtype}",
                         offsets_ptr="*i32", sizes_ptr="*i32")
-        block_k = lora_triton.shrink_block_k(block_r)
+        block_k = lora_triton.fused_block_k(block_r, config)
         flags.update(BLOCK_K=block_k, CHUNK=lora_triton.fused_chunk(block_k, config), BLOCK_N=block_n)
     return Variant(fn, pointers, flags, dict(num_warps=config.num_warps), decode=True)
 

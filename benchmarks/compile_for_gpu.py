@@ -112,6 +112,9 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
     }
     if name.startswith("w4a16") and arch == SASS_ARCH:
         result.update(_k_loop(compiled.asm["cubin"], variant))
+    if name.startswith("lora_shrink") and arch == SASS_ARCH:
+        early, loads = sass_loop.loads_before_first_multiply(compiled.asm["cubin"])
+        result.update(sass_loads=loads, sass_loads_before_first_multiply=early)
     return result, compiled.asm["ptx"]
 
 

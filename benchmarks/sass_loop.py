@@ -41,6 +41,18 @@ def instructions(cubin: bytes) -> tuple[list[str], dict[str, int]]:
     return listing, labels
 
 
+_MULTIPLY = re.compile(r"\b(FFMA|FMUL|HFMA2|HMUL2)\b")
+
+
+def loads_before_first_multiply(cubin: bytes) -> tuple[int, int]:
+    """(global loads issued before the first floating-point multiply, all global loads): a
+    kernel whose tiles' loads all come first has them in flight together."""
+    listing, _ = instructions(cubin)
+    first = next((i for i, instruction in enumerate(listing) if _MULTIPLY.search(instruction)), len(listing))
+    loads = [i for i, instruction in enumerate(listing) if "LDG" in instruction]
+    return sum(1 for i in loads if i < first), len(loads)
+
+
 def largest_loop(cubin: bytes) -> collections.Counter:
     """Opcodes (with modifiers, predicates dropped) of the largest loop's body, by count."""
     listing, labels = instructions(cubin)

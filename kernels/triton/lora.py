@@ -24,15 +24,26 @@ from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig, lo
 
 _BLOCK_K = 64  # input columns a shrink program reads at a time (at ranks up to 32)
 _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLOCK_K
+# ... when it covers a chunk of `split_k` inputs: one tile of a chunk has every load in flight
+# before the first multiply (sm_90 SASS: 36 of 36 at rank 16 and 256 inputs), where four
+# unrolled 64-wide tiles had 11 of 38, the rest waiting on the first tile's sums.
+_CHUNK_TILE = 4096
 _EXPAND_TILE = 4096  # B elements an expand program holds: BLOCK_N x BLOCK_R
 
 
 def shrink_block_k(block_r: int, split_k: int = 0) -> int:
     """The shrink's K tile for a rank block: a 64 x 64 fp32 tile took 205-241 registers (of
-    255) on sm_80-90, so larger ranks read narrower K tiles; whole tiles per chunk of
-    `split_k` inputs (both powers of two)."""
-    block_k = max(16, min(_BLOCK_K, _SHRINK_TILE // block_r))
-    return min(block_k, split_k) if split_k else block_k
+    255) on sm_80-90, so larger ranks read narrower K tiles. With chunks of `split_k` inputs
+    (a power of two), whole tiles per chunk, as wide as _CHUNK_TILE allows."""
+    if split_k:
+        return max(16, min(split_k, _CHUNK_TILE // block_r))
+    return max(16, min(_BLOCK_K, _SHRINK_TILE // block_r))
+
+
+def fused_block_k(block_r: int, config: LoRAKernelConfig) -> int:
+    """The fused kernel's K tile: it holds a B tile beside, so half a chunk's (at rank 64 the
+    chunk's tile spilled 44-344 bytes on sm_80-90; half of it, none)."""
+    return max(16, min(config.split_k or _BLOCK_K, _CHUNK_TILE // 2 // block_r))
 
 
 def expand_block_n(block_r: int, config: LoRAKernelConfig) -> int:
@@ -124,7 +135,9 @@ def _lora_expand_kernel(
     j = tl.program_id(0)
     piece = tl.program_id(1)
     token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
-    if slot < 0:  # a base or padding row: its output stays as it is
+    # A base or padding row (its output stays as it is), or a block past a narrower slice's
+    # outputs (the grid covers the widest: k/v beside q).
+    if slot < 0 or tl.program_id(2) * BLOCK_N >= tl.load(sizes_ptr + piece):
         return
     r = tl.arange(0, BLOCK_R)
     h_row = h_ptr + j.to(tl.int64) * stride_h + piece * rank + r
@@ -148,7 +161,7 @@ def _lora_fused_kernel(
     j = tl.program_id(0)
     piece = tl.program_id(1)
     token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
-    if slot < 0:
+    if slot < 0 or tl.program_id(2) * BLOCK_N >= tl.load(sizes_ptr + piece):  # as the expand's
         return
     r = tl.arange(0, BLOCK_R)
     a_rows = a_ptr + piece * stride_a_piece + slot * stride_a_slot + r.to(tl.int64)[:, None] * stride_a_rank
@@ -243,7 +256,7 @@ def lora_fused_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: to
         b = b.contiguous()
     offsets, sizes = _slices(output_sizes, out.device)
     block_r = _block_r(rank)
-    block_k = shrink_block_k(block_r)
+    block_k = fused_block_k(block_r, config)
     block_n = expand_block_n(block_r, config)
     grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
     launch(_lora_fused_kernel, grid,

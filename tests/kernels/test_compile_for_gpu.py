@@ -131,3 +131,14 @@ def test_marlin_kernels_dequantise_by_lop3_ptx(compiled):
     for r in marlin:
         plain = r["variant"].endswith(("_plain_splitk", "_broadcast_splitk"))
         assert (r["lop3"] == 0) == plain, (r["variant"], r["arch"], r["lop3"])
+
+
+def test_lora_shrink_chunk_has_its_loads_in_flight_together(compiled):
+    # A decode step's LoRA launches are bound by latency (2.45x the base step on the H200 when
+    # one program walked a row's whole K): at the decode target's rank 16 the shrink reads its
+    # chunk of inputs as one tile, so every load is issued before the first multiply waits
+    # on one (four unrolled 64-wide tiles had 11 of 38 loads first).
+    shrink = {r["variant"]: r for r in compiled if "sass_loads" in r}
+    for dtype in ("fp16", "bf16"):
+        row = shrink[f"lora_shrink_{dtype}_rows_r16"]
+        assert row["sass_loads_before_first_multiply"] == row["sass_loads"] >= 16, row

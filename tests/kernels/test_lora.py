@@ -149,6 +149,7 @@ def test_a_large_rank_reads_narrower_k_tiles_with_the_same_sums():
     from kvdeck.kernels.triton.lora import shrink_block_k
 
     assert shrink_block_k(64) == 32 and shrink_block_k(16) == 64 and shrink_block_k(256) == 16
+    assert shrink_block_k(16, 256) == 256 and shrink_block_k(64, 256) == 64 and shrink_block_k(16, 32) == 32
     output_sizes, rank = [24, 40], 40
     x, out, a, b = _case(5, output_sizes, slots=2, padded=48, in_size=100, tokens=4)
     token_slots = [1, -1, 0, 1]
