@@ -10,6 +10,9 @@ The first H100 run (benchmarks/results/gpu_h100_2026-11-28.log) measured a graph
 decode step of Qwen3-0.6B at 1.9 ms for batch 1 and 11 ms for batch 8, and 20 ms eager at
 batch 1: this names the operators and functions behind such figures. Each batch size runs
 three times after a warm-up: timed alone, under cProfile, under torch.profiler.
+`--lora-adapters N` (with `--lora-rank`) serves N random adapters (benchmarks/lora_adapters.py),
+request i under adapter i % N, as multi-LoRA's GPU target does (`run_gpu.sh profile` runs
+8 rank-16 at batch 64): the LoRA kernels' share of a step, by operator.
 """
 
 import argparse
@@ -17,24 +20,29 @@ import cProfile
 import pstats
 import random
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
-from kvdeck import LLM, SamplingParams
+from kvdeck import LLM, LoRARequest, SamplingParams
 from kvdeck.app.bench.result import build_result, write_json_atomic
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lora_adapters import write_random_adapter  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 
 
-def _generate(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> float:
+def _generate(llm: LLM, prompts: list[list[int]], params: SamplingParams,
+              loras: list[LoRARequest] | None = None) -> float:
     """Seconds for one run. No explicit synchronize: every engine step already waits for its
     sampled tokens on the host. The prefix cache is emptied so each run prefills alike."""
     llm.engine.reset_prefix_cache()
     started = time.perf_counter()
-    llm.generate(prompts, params)
+    llm.generate(prompts, params, lora_request=loras)
     return time.perf_counter() - started
 
 
@@ -73,25 +81,27 @@ def _step_phases(timings, elapsed: float, steps: int) -> dict[str, float]:
     return {name: 1e3 * seconds / steps for name, seconds in phases.items()}
 
 
-def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: int) -> dict:
+def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: int,
+                  adapters: list[LoRARequest] | None = None) -> dict:
     rng = random.Random(batch)
     vocab = llm.engine.info.vocab_size
     prompts = [[rng.randrange(vocab) for _ in range(input_len)] for _ in range(batch)]
+    loras = [adapters[i % len(adapters)] for i in range(batch)] if adapters else None
     params = SamplingParams(temperature=0.0, max_tokens=output_len, ignore_eos=True, detokenize=False)
-    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False))
+    llm.generate(prompts, SamplingParams(max_tokens=4, ignore_eos=True, detokenize=False), lora_request=loras)
     steps = output_len  # one prefill step (the prompts fit one) and output_len - 1 decode steps
     llm.engine.reset_timings()
-    elapsed = _generate(llm, prompts, params)
+    elapsed = _generate(llm, prompts, params, loras)
     phases = _step_phases(llm.engine.step_timings(), elapsed, steps)
     python_profile = cProfile.Profile()
     python_profile.enable()
-    _generate(llm, prompts, params)
+    _generate(llm, prompts, params, loras)
     python_profile.disable()
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as torch_profile:
-        _generate(llm, prompts, params)
+        _generate(llm, prompts, params, loras)
     figures = {"ms_per_step": 1e3 * elapsed / steps, "output_tokens_per_s": batch * output_len / elapsed,
                "step_phases_ms": phases,
                "torch_operators": _torch_operators(torch_profile, steps, top),
@@ -122,6 +132,9 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="default: the model's (graphs plan the attention split for it)")
     parser.add_argument("--kv-cache-memory-gib", type=float, default=None)
+    parser.add_argument("--lora-adapters", type=int, default=0,
+                        help="serve this many random adapters, request i under adapter i %% N")
+    parser.add_argument("--lora-rank", type=int, default=16)
     parser.add_argument("--out", default=None, help="write the JSON result here")
     args = parser.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -132,8 +145,19 @@ def main() -> int:
     for name in ("max_model_len", "kv_cache_memory_gib"):
         if getattr(args, name) is not None:
             engine[name] = getattr(args, name)
+    if args.lora_adapters:
+        engine.update(enable_lora=True, max_loras=args.lora_adapters, max_lora_rank=args.lora_rank)
     config = {"model": args.model, "input_len": args.input_len, "output_len": args.output_len,
-              "engine": engine}
+              "engine": engine, "lora_adapters": args.lora_adapters, "lora_rank": args.lora_rank}
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(args.model).parent if Path(args.model).is_file() else Path(args.model)
+        adapters = [LoRARequest(f"adapter{i}", i + 1, str(write_random_adapter(model_dir, Path(tmp) / f"a{i}",
+                                                                             args.lora_rank, i)))
+                    for i in range(args.lora_adapters)]
+        return _profile(args, engine, config, batch_sizes, adapters)
+
+
+def _profile(args, engine: dict, config: dict, batch_sizes: list[int], adapters: list[LoRARequest]) -> int:
     with LLM(args.model, **engine) as llm:
         graphs = llm.engine.info.cuda_graphs
         print(f"{Path(llm.engine.info.model_dir).name} on {llm.engine.info.device} "
@@ -141,7 +165,7 @@ def main() -> int:
         figures = {"cuda_graphs": graphs, "batches": {}}
         for batch in batch_sizes:  # the JSON after each batch size: a run cut short keeps them
             figures["batches"][str(batch)] = profile_batch(llm, batch, args.input_len, args.output_len,
-                                                           args.top)
+                                                           args.top, adapters)
             if args.out:
                 write_json_atomic(Path(args.out), build_result("profile_decode", config, figures))
     if args.out:

@@ -13,7 +13,8 @@
 #   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
 #   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMMs (AWQ layout, repacked `marlin`) and bf16/fp16
 #                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
-#   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager
+#   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager,
+#                                      # and batch 64 under 8 rank-16 adapters
 #   benchmarks/run_gpu.sh lora         # the LoRA kernels' launch configs swept (lora_tune.py commits the
 #                                      # pick), then decode at 64 requests under 8 rank-16 adapters vs
 #                                      # the base alone, both on CUDA graphs (multi-LoRA's <= 1.2x target)
@@ -130,6 +131,9 @@ case $stage in
     $python benchmarks/profile_decode.py "${profile[@]}" --out "$out/profile_decode_qwen3-0.6b_$gpu.json"
     $python benchmarks/profile_decode.py "${profile[@]}" --enforce-eager --batch-sizes 1,8 \
         --out "$out/profile_decode_qwen3-0.6b_eager_$gpu.json"
+    # Multi-LoRA's target shape: 64 requests under 8 rank-16 adapters, graphs (the LoRA kernels' share).
+    $python benchmarks/profile_decode.py "${profile[@]}" --batch-sizes 64 --lora-adapters 8 --lora-rank 16 \
+        --out "$out/profile_decode_qwen3-0.6b_lora_$gpu.json"
     ;;
   lora)
     # The kernels' launch configs swept under CUDA graphs (lora_tune.py commits the pick), then

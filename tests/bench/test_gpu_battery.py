@@ -119,6 +119,9 @@ def test_the_stages_out_of_all_run_on_their_own(stage, tiny_llama_dir, tmp_path)
         assert {"schedule", "prepare_inputs", "model_and_sampling", "update_outputs",
                 "frontend"} <= set(phases)
         assert (tmp_path / "profile_decode_qwen3-0.6b_eager_cpu.json").exists()
+        lora = json.loads((tmp_path / "profile_decode_qwen3-0.6b_lora_cpu.json").read_text())
+        assert lora["config"]["lora_adapters"] == 8 and lora["config"]["engine"]["enable_lora"]
+        assert lora["batches"]["64"]["ms_per_step"] > 0
 
 
 def test_a_stage_past_its_cap_is_killed_with_its_children(tmp_path):
