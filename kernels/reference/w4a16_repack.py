@@ -7,8 +7,13 @@ eight columns it feeds before its nibbles are unpacked. Here an int32 packs eigh
 consecutive *input* rows of one column instead, and the columns come in tiles of TILE_N:
 
     qweight int32 [N_pad/TILE_N, K/8, TILE_N]: element [t, p, c] holds q[8p + j, t*TILE_N + c]
-    at bits 4j (j = 0..7), so `(packed[:, None, :] >> 4 * arange(8)[None, :, None]) & 0xF`
-    (one shift, one mask) is the [K/8, 8, N] block whose reshape is q[K, N];
+    at bits ROW_SHIFTS[j] (j = 0..7), so `(packed[:, None, :] >> ROW_SHIFTS[None, :, None]) & 0xF`
+    (one shift, one mask) is the [K/8, 8, N] block whose reshape is q[K, N]. The rows are
+    interleaved, as Marlin's are: nibbles 0..7 hold rows 0, 2, 4, 6, 1, 3, 5, 7, so the masks
+    0x000f000f and 0x00f000f0 (nibbles i and i + 4) pick rows 2m and 2m + 1, the pair a tensor
+    core's operand register holds: the lop3 dequantisation (kernels/triton/w4a16_lop3.py) then
+    needs no byte permutes to pair them (sm_90's decode loop: 4.59 instructions a weight for
+    bf16 where rows j, j + 4 took 5.11, 32 PRMTs of 327);
     zeros   uint8 [K/G, N_pad] (0..15), or None where every zero point is 8 (GPTQ's
     symmetric checkpoints: the kernel then folds the constant in);
     scales  [K/G, N_pad], the checkpoint's dtype.
@@ -27,9 +32,11 @@ from kvdeck.kernels.ops import PACK_FACTOR
 from kvdeck.kernels.reference.w4a16_gemm import unpack_int4
 
 TILE_N = 64
+# Bit offset of row j's nibble in its int32: row j sits at nibble j // 2 + 4 * (j % 2).
+ROW_SHIFTS = tuple(4 * (j // 2 + 4 * (j % 2)) for j in range(8))  # 0, 16, 4, 20, 8, 24, 12, 28
 SYMMETRIC_ZERO = 8  # GPTQ's symmetric zero point (v1 stores 7; AWQ's layout holds the 8)
 
-__all__ = ["SYMMETRIC_ZERO", "TILE_N", "RepackedW4", "dequantize_repacked", "repack_awq",
+__all__ = ["ROW_SHIFTS", "SYMMETRIC_ZERO", "TILE_N", "RepackedW4", "dequantize_repacked", "repack_awq",
            "unpack_repacked", "w4a16_gemm_repacked_torch"]
 
 
@@ -50,7 +57,7 @@ class RepackedW4:
 def _pack_rows(q: torch.Tensor) -> torch.Tensor:
     """int32 [K, N] of 0..15 -> int32 [N/TILE_N, K/8, TILE_N], rows 8p..8p+7 in one int32."""
     k, n = q.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    shifts = torch.tensor(ROW_SHIFTS, dtype=torch.int32, device=q.device)
     nibbles = q.view(k // PACK_FACTOR, PACK_FACTOR, n) << shifts.view(1, -1, 1)
     packed = nibbles[:, 0]
     for j in range(1, PACK_FACTOR):  # disjoint bits: OR (sum would carry into the sign bit)
@@ -61,7 +68,7 @@ def _pack_rows(q: torch.Tensor) -> torch.Tensor:
 def _unpack_rows(packed: torch.Tensor) -> torch.Tensor:
     """The inverse of `_pack_rows`: int32 [K, N_pad] of 0..15."""
     tiles, packed_k, tile_n = packed.shape
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    shifts = torch.tensor(ROW_SHIFTS, dtype=torch.int32, device=packed.device)
     q = (packed.unsqueeze(2) >> shifts.view(1, 1, -1, 1)) & 0xF  # [T, K/8, 8, TILE_N]
     return q.permute(1, 2, 0, 3).reshape(packed_k * PACK_FACTOR, tiles * tile_n)
 

@@ -2,15 +2,18 @@
 repacked kernel (kernels/triton/w4a16_marlin.py) on CUDA. Never under the interpreter, which
 runs no asm: there the plain-Triton magic-number path serves (the kernel's LOP3 constexpr).
 
-One asm instance takes one packed int32 (rows 8p..8p+7 of one column, row 8p+j at bits 4j)
-and the column's zero-point pairs, and returns the eight values q_j - z exactly (|q - z| <= 15):
-- fp16: lop3 (q & 0x000f000f) | 0x64006400 makes two fp16s 1024 + q (rows j and j+4, bits 0
-  and 16); with mask 0x00f000f0 they are 1024 + 16q. One sub.f16x2 (minus the pair 1024 + z)
-  and one fma.rn.f16x2 (times 1/16, minus the pair 64 + z) finish two rows each; a shift by 8
-  repeats it for rows 2, 3, 6, 7: 4 lop3, 1 shift, 2 sub, 2 fma for eight weights.
-- bf16: its 7 mantissa bits hold no 16q, so each nibble pair is shifted down (0, 4, 8, 12)
-  and lop3'd with 0x43004300 (128 + q); fma.rn.bf16x2 (times 1.0, plus -(128 + z)) subtracts
-  (sm_80 has fma.bf16x2, not sub.bf16x2).
+One asm instance takes one packed int32 (rows 8p..8p+7 of one column, interleaved: nibbles
+0..7 hold rows 0, 2, 4, 6, 1, 3, 5, 7, kernels/reference/w4a16_repack.py's ROW_SHIFTS) and the
+column's zero-point pairs, and returns the eight values q_j - z exactly (|q - z| <= 15), each
+32-bit result holding rows 2m and 2m + 1 as a tensor core's operand register pairs them:
+- fp16: lop3 (q & 0x000f000f) | 0x64006400 makes two fp16s 1024 + q (nibbles i and i + 4,
+  bits 0 and 16: rows 0 and 1); with mask 0x00f000f0 they are 1024 + 16q (rows 2, 3). One
+  sub.f16x2 (minus the pair 1024 + z) and one fma.rn.f16x2 (times 1/16, minus the pair 64 + z)
+  finish two rows each; a shift by 8 repeats it for rows 4-7: 4 lop3, 1 shift, 2 sub, 2 fma
+  for eight weights.
+- bf16: its 7 mantissa bits hold no 16q, so each nibble pair (rows 0-1, 2-3, 4-5, 6-7) is
+  shifted down (0, 4, 8, 12) and lop3'd with 0x43004300 (128 + q); fma.rn.bf16x2 (times 1.0,
+  plus -(128 + z)) subtracts (sm_80 has fma.bf16x2, not sub.bf16x2).
 Results come back as int16 bit patterns (the "h" registers), bitcast in Triton.
 
 FP16_ASM and BF16_ASM are plain strings so tests/kernels/test_w4a16_lop3.py can emulate the
@@ -20,7 +23,8 @@ exact instructions on CPU against the reference dequantisation.
 import triton
 import triton.language as tl
 
-# $0..$7: rows 0..7 of the word (int16 bits); $8: the packed word; $9, $10: zero-point pairs.
+# $0..$7: rows 0..7 of the word (int16 bits; $2m and $2m+1 from one 32-bit register, which
+# the compiler keeps whole); $8: the packed word; $9, $10: zero-point pairs.
 FP16_ASM = """{
 .reg .b32 q, a, b, sixteenth;
 mov.b32 sixteenth, 0x2c002c00;
@@ -28,15 +32,15 @@ lop3.b32 a, $8, 0x000f000f, 0x64006400, 0xea;
 lop3.b32 b, $8, 0x00f000f0, 0x64006400, 0xea;
 sub.f16x2 a, a, $9;
 fma.rn.f16x2 b, b, sixteenth, $10;
-mov.b32 {$0, $4}, a;
-mov.b32 {$1, $5}, b;
+mov.b32 {$0, $1}, a;
+mov.b32 {$2, $3}, b;
 shr.u32 q, $8, 8;
 lop3.b32 a, q, 0x000f000f, 0x64006400, 0xea;
 lop3.b32 b, q, 0x00f000f0, 0x64006400, 0xea;
 sub.f16x2 a, a, $9;
 fma.rn.f16x2 b, b, sixteenth, $10;
-mov.b32 {$2, $6}, a;
-mov.b32 {$3, $7}, b;
+mov.b32 {$4, $5}, a;
+mov.b32 {$6, $7}, b;
 }"""
 
 BF16_ASM = """{
@@ -44,19 +48,19 @@ BF16_ASM = """{
 mov.b32 one, 0x3f803f80;
 lop3.b32 a, $8, 0x000f000f, 0x43004300, 0xea;
 fma.rn.bf16x2 a, a, one, $9;
-mov.b32 {$0, $4}, a;
+mov.b32 {$0, $1}, a;
 shr.u32 q, $8, 4;
 lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
 fma.rn.bf16x2 a, a, one, $9;
-mov.b32 {$1, $5}, a;
+mov.b32 {$2, $3}, a;
 shr.u32 q, $8, 8;
 lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
 fma.rn.bf16x2 a, a, one, $9;
-mov.b32 {$2, $6}, a;
+mov.b32 {$4, $5}, a;
 shr.u32 q, $8, 12;
 lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
 fma.rn.bf16x2 a, a, one, $9;
-mov.b32 {$3, $7}, a;
+mov.b32 {$6, $7}, a;
 }"""
 
 CONSTRAINTS = "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r"
@@ -81,7 +85,7 @@ def zero_pairs(z, DTYPE: tl.constexpr):
 
 @triton.jit
 def dequant_lop3(packed, z, DTYPE: tl.constexpr):
-    """packed int32 [P, N] (rows 8p + j at bits 4j) and the columns' zero points z int32 [N]
+    """packed int32 [P, N] (row 8p + j at bits ROW_SHIFTS[j]) and the columns' zero points z int32 [N]
     -> q - z as DTYPE (fp16 or bf16) [8P, N], exact."""
     P: tl.constexpr = packed.shape[0]
     N: tl.constexpr = packed.shape[1]

@@ -3,7 +3,7 @@ Marlin-class candidate beside the AutoAWQ-layout GEMM of `w4a16_gemm`.
 
 Each program streams one column tile's packed weights as [BLOCK_K/8, BLOCK_N] int32 (rows of
 TILE_N consecutive int32s: 128-bit loads, no copy of an int32 to the eight columns it feeds),
-unpacks them with one shift and one mask into [BLOCK_K/8, 8, BLOCK_N], a reshape of
+unpacks them with one shift and one mask (row j at ROW_SHIFTS[j]) into [BLOCK_K/8, 8, BLOCK_N], a reshape of
 [BLOCK_K, BLOCK_N], and dequantises by the magic-number trick: (q | 0x6400) read as fp16 is
 1024 + q exactly (bf16: 0x4300, 128 + q; fp32 under the interpreter: 2^23 + q), so
 (magic(q) - magic(z)) * s is (q - z) * s with no int->float convert, bit for bit the
@@ -67,6 +67,12 @@ def _magic(q, DTYPE: tl.constexpr):
 
 
 @triton.jit
+def _row_shift(j):
+    """Bit offset of row j (0..7) of a packed int32: the layout's ROW_SHIFTS (interleaved rows)."""
+    return 4 * ((j >> 1) + 4 * (j & 1))
+
+
+@triton.jit
 def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
                   GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr,
@@ -81,13 +87,13 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_z
         offs_k = k0 + tl.arange(0, BLOCK_K)
         packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * TILE + columns[None, :],
                          mask=mask_n[None, :], other=0)
-        q = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        q = (packed >> _row_shift(offs_k % 8)[:, None]) & 0xF
     else:
         offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
         packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :],
                          mask=mask_n[None, :], other=0)
         if not LOP3:
-            shifts = tl.arange(0, 8) * 4
+            shifts = _row_shift(tl.arange(0, 8))
             q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
     group = k0 // GROUP_SIZE
     if HAS_ZEROS:

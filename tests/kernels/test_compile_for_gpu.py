@@ -110,14 +110,16 @@ def test_sm89_ptx_is_the_sm86_ptx(compiled):
 def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instructions(compiled):
     # The W4A16 issue's diagnosis: the AWQ-layout kernel spends its K loop on shifts, masks,
     # converts and multiplies per weight (11.4 instructions per weight per thread on sm_90).
-    # The repacked kernel's lop3 dequantisation must issue under half that: 4.95 (fp16) and
-    # 5.11 (bf16) now, where an H200 streams about 37 weights a cycle per SM against 128
-    # thread instructions (sass_loop.py); 6 is the ceiling for the decode bucket.
+    # The repacked kernel's lop3 dequantisation must issue under half that: 4.38 (fp16) and
+    # 4.59 (bf16) now, where an H200 streams about 37 weights a cycle per SM against 128
+    # thread instructions (sass_loop.py). The interleaved rows of the layout (ROW_SHIFTS: the
+    # lop3 pairs are the MMA's) took 32 byte permutes out of the loop: 4.95 and 5.11 before,
+    # so 4.8 is the ceiling for the decode bucket.
     per_weight = {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
     for dtype in ("fp16", "bf16"):
         marlin = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]
         awq_layout = per_weight[f"w4a16_m16_{dtype}_g128_splitk"]
-        assert marlin <= 0.5 * awq_layout and marlin <= 6.0, (dtype, marlin, awq_layout)
+        assert marlin <= 0.5 * awq_layout and marlin <= 4.8, (dtype, marlin, awq_layout)
         # Symmetric (GPTQ) weights need no zero points: no more than the AWQ form.
         assert per_weight[f"w4a16_marlin_m16_{dtype}_g128_sym_splitk"] <= marlin
 

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4, dequantize_repacked
+from kvdeck.kernels.reference.w4a16_repack import ROW_SHIFTS, TILE_N, RepackedW4, dequantize_repacked
 from kvdeck.kernels.triton import w4a16_lop3
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -116,7 +116,7 @@ def test_asm_gives_q_minus_z_for_every_nibble_and_zero_point(name):
     hi_grid = np.broadcast_to(hi[None, :], w_grid.shape)
     rows = run_asm(asm, {8: w_grid, 9: lo_grid, 10: hi_grid}, outputs=8)
     for j, bits in enumerate(rows):
-        q = (w_grid >> np.uint32(4 * j)) & 0xF
+        q = (w_grid >> np.uint32(ROW_SHIFTS[j])) & 0xF
         expected = q.astype(np.float64) - z[None, :].astype(np.float64)
         got = _halves_to_float(bits, dtype)
         np.testing.assert_array_equal(got, expected, err_msg=f"{name} row {j}")

@@ -12,6 +12,7 @@ from kvdeck.engine.runner.models.linear import Linear, get_linear_method
 from kvdeck.kernels import dispatch
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq, unpack_int4
 from kvdeck.kernels.reference.w4a16_repack import (
+    ROW_SHIFTS,
     TILE_N,
     dequantize_repacked,
     repack_awq,
@@ -74,12 +75,16 @@ def test_repack_round_trip_is_lossless(group, symmetric):
 
 def test_one_shift_and_mask_unpack_a_block():
     # The layout's promise to the kernel: int32 [t, p, c] holds row 8p + j of column
-    # t * TILE_N + c at bits 4j.
+    # t * TILE_N + c at bits ROW_SHIFTS[j], rows interleaved so nibbles i and i + 4 (the lop3
+    # masks' pairs) are rows 2m and 2m + 1, a tensor core operand register's pair.
+    assert ROW_SHIFTS == (0, 16, 4, 20, 8, 24, 12, 28)
     qweight, qzeros, scales = _random_awq(64, 128, 32, torch.float32, 9)
     q = unpack_int4(qweight)
     packed = repack_awq(qweight, qzeros, scales, 32).qweight
-    block = (packed[1, 3][None, :] >> (4 * torch.arange(8, dtype=torch.int32))[:, None]) & 0xF
+    block = (packed[1, 3][None, :] >> torch.tensor(ROW_SHIFTS, dtype=torch.int32)[:, None]) & 0xF
     assert torch.equal(block, q[24:32, TILE_N:2 * TILE_N])
+    nibbles = (packed[1, 3][None, :] >> (4 * torch.arange(8, dtype=torch.int32))[:, None]) & 0xF
+    assert torch.equal(nibbles, q[24:32, TILE_N:2 * TILE_N][[0, 2, 4, 6, 1, 3, 5, 7]])
 
 
 @pytest.mark.parametrize("symmetric", [False, True])
