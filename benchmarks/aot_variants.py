@@ -118,22 +118,25 @@ def w4a16_variant(dtype: str, max_tokens: int, group_size: int, split: bool) -> 
 
 
 def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool,
-                         zeros: bool = True, broadcast: bool = False, lop3: bool = True) -> Variant:
+                         zeros: bool = True, broadcast: bool = False, lop3: bool = True,
+                         swap: bool = False) -> Variant:
     """The repacked-layout GEMM (kernels/triton/w4a16_marlin.py), its bucket's tiles (or the
     broadcast-load unpacking's), dequantising by the lop3 PTX as CUDA launches do (`lop3`
     False: the plain-Triton path the interpreter tests). An arch with a swept table
     (kernels/triton/w4a16_marlin_tuned.py) builds its own tiles where they differ."""
-    args = (dtype, max_tokens, group_size, split, zeros, broadcast, lop3)
+    args = (dtype, max_tokens, group_size, split, zeros, broadcast, lop3, swap)
     default = _w4a16_marlin_variant(*args, arch=None)
     tuned = {arch: own for arch in ARCHS if (own := _w4a16_marlin_variant(*args, arch=arch)) != default}
     return dataclasses.replace(default, on_arch=tuned or None)
 
 
 def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool, zeros: bool,
-                          broadcast: bool, lop3: bool, arch: int | None) -> Variant:
+                          broadcast: bool, lop3: bool, swap: bool, arch: int | None) -> Variant:
     config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132, arch=arch)
     if broadcast:
         config = w4a16_marlin_triton.BROADCAST_CONFIG
+    if swap:
+        config = w4a16_marlin_triton.SWAP_CONFIG
     return Variant(
         w4a16_marlin_triton._w4a16_marlin_kernel,
         dict(x_ptr=f"*{dtype}", qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}",
@@ -141,7 +144,7 @@ def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: b
         dict(GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
              BLOCK_K=config.block_k, TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros,
              HAS_BIAS=True, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load,
-             LOP3=lop3 and not config.broadcast_load, stride_xk=1),
+             LOP3=lop3 and not config.broadcast_load, SWAP_AB=config.swap_ab, stride_xk=1),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         decode=True,
     )
@@ -166,6 +169,8 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
             dtype, 16, 128, True, broadcast=True)
         variants[f"w4a16_marlin_m16_{dtype}_g128_plain_splitk"] = w4a16_marlin_variant(
             dtype, 16, 128, True, lop3=False)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_swap_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, swap=True)
         variants[f"marlin_dequantize_{dtype}"] = Variant(
             w4a16_marlin_triton._marlin_dequantize_kernel,
             dict(qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),

@@ -34,17 +34,21 @@ FAKE_MS = 1.0
 ROUNDS = 7
 # Each at most its bucket's shared memory on sm_90 (the sweep's configs must compile there).
 SMALL_M = (1, 16)
-SMALL_M_CONFIGS = (  # (block_m, block_n, block_k, split_k max, num_warps, num_stages)
+SMALL_M_CONFIGS = (  # (block_m, block_n, block_k, split_k max, num_warps, num_stages[, broadcast_load,
+    # plain_dequant, swap_ab]): MarlinConfig's fields in order
     (16, 64, 128, 16, 4, 4),  # the default
     (16, 64, 128, 16, 4, 6),
     (16, 128, 128, 16, 4, 4),
     (16, 128, 128, 16, 8, 4),
     (16, 64, 64, 32, 4, 5),
     (16, 256, 128, 8, 8, 3),
+    (16, 128, 128, 16, 4, 4, False, False, True),  # swapped: wgmma on sm_90 (SWAP_CONFIG)
+    (16, 64, 128, 16, 4, 4, False, False, True),
 )
 LARGE_M = (32, 64, 256, 512)
 LARGE_M_CONFIGS = {  # bucket limit -> candidates (the first is the default)
-    32: ((32, 64, 128, 8, 4, 4), (32, 128, 128, 8, 4, 4), (32, 128, 64, 8, 8, 4)),
+    32: ((32, 64, 128, 8, 4, 4), (32, 128, 128, 8, 4, 4), (32, 128, 64, 8, 8, 4),
+         (32, 128, 128, 8, 4, 4, False, False, True)),
     64: ((64, 128, 64, 4, 8, 3), (64, 128, 128, 4, 8, 3), (64, 256, 64, 2, 8, 3)),
     # (128, 128, 64, 1, 4, 4) held 255 registers and spilled on sm_90 and sm_80: 8 warps here.
     256: ((128, 128, 64, 2, 8, 3), (128, 256, 64, 2, 8, 3), (128, 128, 64, 1, 8, 4)),

@@ -41,6 +41,7 @@ from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the 
     FUSED_MAX_TOKENS,
     M_BUCKETS,
     PROGRAMS_PER_SM,
+    SWAP_CONFIG,
     MarlinConfig,
     choose_config,
     choose_split,
@@ -115,7 +116,7 @@ def _w4a16_marlin_kernel(
     stride_xm, stride_xk, stride_qwt, stride_zg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
-    SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr,
+    SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr, SWAP_AB: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -125,17 +126,27 @@ def _w4a16_marlin_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
 
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SWAP_AB:  # out^T = W^T x^T: the weights fill the MMA's wide M side (Hopper: wgmma)
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(scalar(k_start), scalar(k_end), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
-                    mask=mask_m[:, None], other=0.0)
         w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg,
                           stride_sg, GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS,
-                          BROADCAST_LOAD, LOP3).to(x.dtype)
-        acc = tl.dot(x, w, acc)
+                          BROADCAST_LOAD, LOP3)
+        if SWAP_AB:
+            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk,
+                         mask=mask_m[None, :], other=0.0)
+            acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
+        else:
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
+                        mask=mask_m[:, None], other=0.0)
+            acc = tl.dot(x, w.to(x.dtype), acc)
+    if SWAP_AB:
+        acc = tl.trans(acc)
 
     _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
                  stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K)
@@ -206,7 +217,7 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
            BLOCK_K=config.block_k, TILE=TILE_N, HAS_ZEROS=w.zeros is not None,
            HAS_BIAS=bias is not None, SPLIT_K=split_k > 1, BROADCAST_LOAD=config.broadcast_load,
            LOP3=not config.broadcast_load and uses_lop3(x.device, w.scales.dtype, config.plain_dequant),
-           num_warps=config.num_warps, num_stages=config.num_stages)
+           SWAP_AB=config.swap_ab, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 

@@ -33,6 +33,11 @@ class MarlinConfig:
     num_stages: int
     broadcast_load: bool = False
     plain_dequant: bool = False  # the plain-Triton magic numbers on CUDA too, not the lop3 PTX
+    # out^T = W^T x^T: the weight tile is the MMA's M side (BLOCK_N wide), the few tokens its N
+    # side, as CUTLASS's swap-AB does for small M. On sm_90 at BLOCK_N 128 Triton then issues
+    # Hopper's wgmma with the weights through shared memory: 3.70 instructions a weight in the
+    # K loop against 3.87 unswapped (no activation-fragment moves). A sweep candidate.
+    swap_ab: bool = False
 
 
 # (largest M of the bucket, its config). The limits are the AWQ-layout kernel's (the engine's
@@ -50,6 +55,10 @@ FUSED_MAX_TOKENS = M_BUCKETS[-1][0]
 # memory (8x the packed tile), so its K tile is halved to fit sm_86/sm_89's 99 KiB.
 BROADCAST_CONFIG = MarlinConfig(block_m=16, block_n=64, block_k=64, split_k=16, num_warps=4,
                                 num_stages=3, broadcast_load=True)
+# The swapped product at decode sizes (MarlinConfig.swap_ab), 128 weight columns a tile: the
+# AOT matrix builds it for every arch, the sweep times it beside the default.
+SWAP_CONFIG = MarlinConfig(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4,
+                           num_stages=4, swap_ab=True)
 MIN_K_TILES_PER_SPLIT = 2
 # Programs an SM runs at once in the wave model (small tiles, few warps); a sweep may tune it.
 PROGRAMS_PER_SM = 2

@@ -4,6 +4,7 @@ set by tests/conftest.py before triton loads) matches dequantise-then-matmul for
 bucket, group size, AWQ zero points and GPTQ's symmetric ones, with and without act-order."""
 
 import os
+from dataclasses import replace
 
 import pytest
 import torch
@@ -121,6 +122,19 @@ def test_broadcast_load_unpacking_matches(marlin, symmetric):
     out = marlin.w4a16_matmul_marlin(x, repack_awq(qweight, qzeros, scales, 64),
                                      config=marlin.BROADCAST_CONFIG)
     _assert_matches(out, x, dequantize_awq(qweight, qzeros, scales, 64))
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("m", [1, 5, 16, 23])
+def test_swapped_product_matches(marlin, m, symmetric):
+    # out^T = W^T x^T (MarlinConfig.swap_ab): the weights as the MMA's M side; token counts
+    # below, at and past one 16-row tile, split-K (each program's transposed tile summed).
+    qweight, qzeros, scales = _random_awq(512, 200, 64, torch.float32, m, symmetric)
+    x = torch.randn(m, 512, generator=torch.Generator().manual_seed(m))
+    config = replace(marlin.SWAP_CONFIG, block_k=64, split_k=4)
+    out = marlin.w4a16_matmul_marlin(x, repack_awq(qweight, qzeros, scales, 64), config=config)
+    _assert_matches(out, x, dequantize_awq(qweight, qzeros, scales, 64))
+    assert marlin.SWAP_CONFIG.swap_ab and not marlin.M_BUCKETS[0][1].swap_ab
 
 
 def test_split_k_is_deterministic_and_resets_its_counters(marlin):
