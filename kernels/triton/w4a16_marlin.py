@@ -134,17 +134,19 @@ def _w4a16_marlin_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in range(scalar(k_start), scalar(k_end), BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg,
-                          stride_sg, GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS,
-                          BROADCAST_LOAD, LOP3)
         if SWAP_AB:
-            xt = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk,
-                         mask=mask_m[None, :], other=0.0)
-            acc = tl.dot(tl.trans(w.to(xt.dtype)), xt, acc)
+            x = tl.load(x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None] * stride_xk,
+                        mask=mask_m[None, :], other=0.0)  # x^T [BLOCK_K, BLOCK_M]
         else:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                         mask=mask_m[:, None], other=0.0)
-            acc = tl.dot(x, w.to(x.dtype), acc)
+        w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg,
+                          stride_sg, GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS,
+                          BROADCAST_LOAD, LOP3).to(x.dtype)
+        if SWAP_AB:
+            acc = tl.dot(tl.trans(w), x, acc)
+        else:
+            acc = tl.dot(x, w, acc)
     if SWAP_AB:
         acc = tl.trans(acc)
 
