@@ -122,17 +122,21 @@ def main() -> int:
         print("the GPU target needs a CUDA GPU (--smoke runs the CPU form)", file=sys.stderr)
         return 2
     arch = device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
-    if args.config_from is not None:
-        sweep = json.loads(args.config_from.read_text())
-        if "best" not in sweep:
-            parser.error(f"{args.config_from} names no fastest config (the sweep did not finish)")
-        use_config(arch, parse_config(sweep["best"]))
+    config_note = None
+    if args.config_from is not None:  # a sweep cut short or failed: the committed config serves
+        sweep = json.loads(args.config_from.read_text()) if args.config_from.exists() else {}
+        if "best" in sweep:
+            use_config(arch, parse_config(sweep["best"]))
+        else:
+            config_note = f"{args.config_from} names no fastest config: the committed one served"
+            print(config_note, file=sys.stderr)
     model = args.model or str(QWEN3_CONFIG)
     model_dir = Path(model).parent if Path(model).is_file() else Path(model)
     config = {"model": model, "requests": args.requests, "adapters": args.adapters, "rank": args.rank,
               "max_lora_rank": args.max_lora_rank, "prompt_len": args.prompt_len, "steps": args.steps,
               "max_model_len": args.max_model_len, "lora_kernel_config": lora_kernel_config(arch).label(),
-              "config_from": str(args.config_from) if args.config_from else None,
+              "config_from": str(args.config_from) if args.config_from and not config_note else None,
+              "config_note": config_note,
               "pairs": args.pairs, "smoke": args.smoke, "load_average_before": os.getloadavg(),
               "timing": "median wall time of a decode step (device synchronised), synchronous scheduling"}
     figures: dict = {"step_s": {"base": [], "lora": []}, "lora_over_base_per_pair": []}

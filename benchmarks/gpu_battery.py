@@ -32,11 +32,12 @@ from pathlib import Path
 # and 40 s); the H200 lease of 2026-11-29 set these: check 110 (cut off after its checks had
 # written), w4a16 133 (the table, the sweep its tuned configs come from, the table's marlin
 # path again under the sweep's pick, e2e's engines; three swapped candidates joined the sweep
-# since), lora 34 before its kernel sweep (about 40 s more) joined it, throughput cut off at 110 after three of its four runs (bf16, AWQ INT4,
-# sync). The open issues' figures come first after the correctness checks. Decode (its issue
-# resolved, its figures on record from the H100) was cut off at 30 s with nothing written: it
-# now needs a command of its own, as the attention tile sweep (`kernels`) and `profile` do.
-# Every script writes its JSON as it goes, so a stage cut at its cap keeps its rows.
+# since), lora 34 before its kernel sweep (about 40 s more) joined it, throughput cut off at
+# 110 after three of its four runs (bf16, AWQ INT4, sync). The open issues' figures come
+# first after the correctness checks. Decode (its issue resolved, its figures on record from
+# the H100) was cut off at 30 s with nothing written: it now needs a command of its own, as
+# the attention tile sweep (`kernels`) and `profile` do. Every script writes its JSON as it
+# goes, so a stage cut at its cap keeps its rows.
 STAGES = [("check", 110), ("w4a16", 160), ("lora", 90), ("throughput", 110)]
 BUDGET_S = 480
 MIN_STAGE_S = 20

@@ -61,3 +61,16 @@ def test_the_sweep_shapes_are_qwen3_linears():
     assert bench_lora_kernels.linear_shapes(bench_lora_kernels.QWEN3_CONFIG) == [
         ("qkv", 1024, [2048, 1024, 1024]), ("o", 2048, [1024]), ("gate_up", 1024, [3072, 3072]),
         ("down", 3072, [1024])]
+
+
+def test_the_decode_target_runs_under_the_committed_config_without_a_pick(tiny_llama_dir, tmp_path):
+    # run_gpu.sh lora goes on after a failed sweep: bench_lora_gpu.py then serves the committed
+    # config and says so in its JSON.
+    out = tmp_path / "lora.json"
+    command = [sys.executable, str(REPO / "benchmarks" / "bench_lora_gpu.py"), "--smoke", "--model",
+               str(tiny_llama_dir), "--config-from", str(tmp_path / "missing.json"), "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["config"]["config_from"] is None and "committed" in result["config"]["config_note"]
+    assert result["config"]["lora_kernel_config"] == "split_k=256,block_n=128,fused=0,num_warps=4"
