@@ -57,8 +57,9 @@ def _block_r(rank: int) -> int:
 
 @triton.jit
 def _a_chunk_dot(x_row, a_rows, k_start, in_size, row_rank, r, CHUNK: tl.constexpr, BLOCK_K: tl.constexpr):
-    """sum over k in [k_start, k_start + CHUNK) of A[r, k] * x[k], in fp32: the chunk's tiles
-    unrolled, so their loads are in flight together."""
+    """sum over k in [k_start, k_start + CHUNK) of A[r, k] * x[k], in fp32, its tiles unrolled
+    (one tile a chunk where shrink_block_k allows: only then are all its loads issued before
+    the first multiply waits)."""
     acc = tl.zeros(r.shape, dtype=tl.float32)
     for kk in tl.static_range(0, CHUNK, BLOCK_K):
         k = k_start + kk + tl.arange(0, BLOCK_K)
