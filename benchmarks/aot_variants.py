@@ -246,7 +246,8 @@ def _lora_variant(kernel: str, dtype: str, has_rows: bool, has_ranks: bool, rank
         fn = lora_triton._lora_expand_kernel
         pointers = dict(h_ptr="*fp32", b_ptr=f"*{dtype}", **rows, out_ptr=f"*{dtype}", offsets_ptr="*i32",
                         sizes_ptr="*i32")
-        flags.update(BLOCK_N=block_n)
+        # The partials of a 4096-input row (Llama-3-8B's hidden size) under the arch's split.
+        flags.update(BLOCK_N=block_n, SPLITS=triton.next_power_of_2(config.num_splits(4096)))
     else:
         fn = lora_triton._lora_fused_kernel
         pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", **rows, out_ptr=f"*{dtype}",

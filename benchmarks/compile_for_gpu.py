@@ -112,9 +112,10 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
     }
     if name.startswith("w4a16") and arch == SASS_ARCH:
         result.update(_k_loop(compiled.asm["cubin"], variant))
-    if name.startswith("lora_shrink") and arch == SASS_ARCH:
+    if name.startswith(("lora_shrink", "lora_expand")) and arch == SASS_ARCH:
         early, loads = sass_loop.loads_before_first_multiply(compiled.asm["cubin"])
-        result.update(sass_loads=loads, sass_loads_before_first_multiply=early)
+        result.update(sass_loads=loads, sass_loads_before_first_multiply=early,
+                      sass_loop_instructions=sum(sass_loop.largest_loop(compiled.asm["cubin"]).values()))
     return result, compiled.asm["ptx"]
 
 

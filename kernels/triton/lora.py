@@ -132,6 +132,7 @@ def _lora_expand_kernel(
     h_ptr, b_ptr, rows_ptr, slots_ptr, ranks_ptr, out_ptr, offsets_ptr, sizes_ptr,
     num_rows, rank, num_splits, stride_h, stride_split, stride_b_slot, stride_b_out, stride_out,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
+    SPLITS: tl.constexpr,
 ):
     j = tl.program_id(0)
     piece = tl.program_id(1)
@@ -141,10 +142,13 @@ def _lora_expand_kernel(
     if slot < 0 or tl.program_id(2) * BLOCK_N >= tl.load(sizes_ptr + piece):
         return
     r = tl.arange(0, BLOCK_R)
-    h_row = h_ptr + j.to(tl.int64) * stride_h + piece * rank + r
-    hv = tl.zeros((BLOCK_R,), dtype=tl.float32)
-    for split in range(0, scalar(num_splits)):  # the shrink's partial sums, one per chunk of K
-        hv += tl.load(h_row + split * stride_split, mask=r < row_rank, other=0.0)
+    # The shrink's partial sums, one per chunk of K, in one load (a loop over them waited on
+    # each in turn): SPLITS is their count's power of two.
+    split = tl.arange(0, SPLITS)
+    h_row = h_ptr + j.to(tl.int64) * stride_h + piece * rank
+    partials = tl.load(h_row + split[:, None] * stride_split + r[None, :],
+                       mask=(split[:, None] < num_splits) & (r[None, :] < row_rank), other=0.0)
+    hv = tl.sum(partials, axis=0)
     _add_expanded(hv, b_ptr, out_ptr, token, slot, piece, row_rank, r, offsets_ptr, sizes_ptr,
                   stride_b_slot, stride_b_out, stride_out, BLOCK_N)
 
@@ -237,7 +241,8 @@ def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows
            slot_ranks if slot_ranks is not None else row_slots, out, offsets, sizes,
            num_rows, rank, h.shape[1], h.stride(0), h.stride(1), padded_rank, b.stride(0), out.stride(0),
            HAS_ROWS=rows is not None, HAS_RANKS=slot_ranks is not None,
-           BLOCK_R=block_r, BLOCK_N=block_n, num_warps=config.num_warps)
+           BLOCK_R=block_r, BLOCK_N=block_n, SPLITS=triton.next_power_of_2(h.shape[1]),
+           num_warps=config.num_warps)
     return out
 
 

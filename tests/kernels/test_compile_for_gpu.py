@@ -140,7 +140,13 @@ def test_lora_shrink_chunk_has_its_loads_in_flight_together(compiled):
     # one program walked a row's whole K): at the decode target's rank 16 the shrink reads its
     # chunk of inputs as one tile, so every load is issued before the first multiply waits
     # on one (four unrolled 64-wide tiles had 11 of 38 loads first).
-    shrink = {r["variant"]: r for r in compiled if "sass_loads" in r}
+    lora = {r["variant"]: r for r in compiled if "sass_loads" in r}
     for dtype in ("fp16", "bf16"):
-        row = shrink[f"lora_shrink_{dtype}_rows_r16"]
+        row = lora[f"lora_shrink_{dtype}_rows_r16"]
         assert row["sass_loads_before_first_multiply"] == row["sass_loads"] >= 16, row
+        # Under the default split neither kernel loops: the shrink's chunk is straight-line code
+        # and the expand reads its row's partial sums in one load (a loop over them waited on
+        # each in turn); the largest "loop" left is the exit's self-branch.
+        for kernel in ("shrink", "expand"):
+            for form in ("rows_r16", "graph_r64"):
+                assert lora[f"lora_{kernel}_{dtype}_{form}"]["sass_loop_instructions"] <= 2, (kernel, form)
