@@ -153,6 +153,7 @@ case $stage in
     work=$out archive=()
     if [ "${BATTERY_ARCHIVE:-0}" = 1 ] || { [ -n "${OUT:-}" ] && [ "$(cd "$OUT" 2>/dev/null && pwd)" = "$out" ]; }; then
         work=$(mktemp -d) archive=(--archive "$out/battery.tar.gz")
+        echo "battery: the stages write into $work, packed into $out/battery.tar.gz after each"
     fi
     $python benchmarks/gpu_battery.py --script "$repo/benchmarks/run_gpu.sh" --out-dir "$work" "${archive[@]}" \
         "${fake[@]}"
