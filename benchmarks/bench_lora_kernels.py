@@ -34,6 +34,7 @@ from kvdeck.kernels.reference.lora import lora_linear_delta  # noqa: E402
 from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lora_adapters import projection_shapes  # noqa: E402
 from w4a16_sweep import time_alternating  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,14 +60,15 @@ def candidates(smoke: bool) -> list[LoRAKernelConfig]:
     return [c for c in (DEFAULT_CONFIG, FIRST_LAUNCH) if c not in configs] + configs
 
 
+# A decoder layer's LoRA linears as the engine fuses them: (name, its projections).
+FUSED_LINEARS = (("qkv", ("q_proj", "k_proj", "v_proj")), ("o", ("o_proj",)),
+                 ("gate_up", ("gate_proj", "up_proj")), ("down", ("down_proj",)))
+
+
 def linear_shapes(config_path: Path) -> list[tuple[str, int, list[int]]]:
     """(name, in_size, output_sizes) of a decoder layer's LoRA linears."""
-    config = json.loads(config_path.read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
-    q, kv = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
-    return [("qkv", hidden, [q, kv, kv]), ("o", q, [hidden]), ("gate_up", hidden, [inter, inter]),
-            ("down", inter, [hidden])]
+    shapes = projection_shapes(json.loads(config_path.read_text()))
+    return [(name, shapes[parts[0]][0], [shapes[part][1] for part in parts]) for name, parts in FUSED_LINEARS]
 
 
 class Layers:

@@ -144,13 +144,14 @@ def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True
     """One table row: every candidate checked, then (`timing`: cuda_graph, eager or fake)
     timed side by side with fp16 and bf16 cuBLAS, alternating."""
     from kvdeck.kernels.triton import w4a16_marlin as marlin
+    from kvdeck.kernels.triton.launch import device_arch
     from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
 
     k, n, qweight, qzeros, scales, repacked = (problem.k, problem.n, problem.qweight, problem.qzeros,
                                                problem.scales, problem.repacked)
     x, reference = problem.input(m)
     config = marlin.config_for(m, n, k, GROUP, x.device)
-    fused_max = marlin.tuning(marlin.device_arch(x.device)).fused_max_tokens
+    fused_max = marlin.tuning(device_arch(x.device)).fused_max_tokens
     candidates = {
         "triton": lambda: w4a16_matmul_triton(x, qweight, qzeros, scales, GROUP),
         "dequant": lambda: x @ awq_dequantize_triton(qweight, qzeros, scales, GROUP, x.dtype),
@@ -317,10 +318,11 @@ def main(argv: list[str] | None = None) -> int:
         # The sweep's pick, installed in this process (and e2e's marlin engine), the table's
         # marlin path timed again under it: the targets' figures from this lease.
         from kvdeck.kernels.triton import w4a16_marlin as marlin
+        from kvdeck.kernels.triton.launch import device_arch
 
         tuned["entry"] = w4a16_tune.entry_from_sweep(
             summary["tuned"], f"this run's sweep ({device}, {git_commit()[:12]}), not committed")
-        marlin.use_tuning(marlin.device_arch(torch.device(device)), tuned["entry"])
+        marlin.use_tuning(device_arch(torch.device(device)), tuned["entry"])
         for key, problem in problems.items():
             tuned["rows"] += w4a16_sweep.tuned_rows({key: problem}, tokens, timer, checker())
             summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)

@@ -11,9 +11,11 @@ left out. A smoke run (`--smoke`, fake timings) is refused.
 
 import argparse
 import json
-import pprint
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tuned_table import read_tuned, write_tuned  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "kernels" / "triton" / "lora_tuned.py"
@@ -40,19 +42,6 @@ def pick(sweep: dict) -> tuple[int, dict]:
     return int(config["arch"]), entry
 
 
-def write_table(table: Path, arch: int, entry: dict) -> dict:
-    """Merge `arch`'s entry into the table file (other architectures kept)."""
-    namespace: dict = {}
-    text = table.read_text()
-    exec(compile(text, str(table), "exec"), namespace)
-    tuned = dict(namespace["TUNED"])
-    tuned[arch] = entry
-    head = text[: text.index("TUNED: dict[int, dict] =")]
-    body = pprint.pformat(tuned, width=100, sort_dicts=True)
-    table.write_text(head + "TUNED: dict[int, dict] = " + body + "\n")
-    return tuned
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sweep", type=Path)
@@ -66,7 +55,7 @@ def main() -> int:
         return 1
     print(f"sm_{arch}: {entry}")
     if not args.dry_run:
-        write_table(args.table, arch, entry)
+        write_tuned({**read_tuned(args.table), arch: entry}, args.table)
         print(f"wrote {args.table}")
     return 0
 

@@ -91,7 +91,7 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
 def _arch() -> int | None:
     import torch
 
-    from kvdeck.kernels.triton.w4a16_marlin import device_arch
+    from kvdeck.kernels.triton.launch import device_arch
 
     return device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
 

@@ -218,6 +218,7 @@ def tuned_rows(problems: dict, tokens: tuple[int, ...], timer, check) -> list[di
     dequantise + cuBLAS) again, under the tuning `use_tuning` installed, each (shape, M)
     timed together with bf16 cuBLAS: the speed-ups the sweep's pick gives."""
     from kvdeck.kernels.triton import w4a16_marlin as marlin
+    from kvdeck.kernels.triton.launch import device_arch
 
     rows = []
     for problem in problems.values():
@@ -229,7 +230,7 @@ def tuned_rows(problems: dict, tokens: tuple[int, ...], timer, check) -> list[di
                    "marlin": lambda x=x, repacked=repacked: marlin.w4a16_gemm_marlin(x, repacked)}
             check(f"tuned marlin m={m} k={k} n={n}", fns["marlin"](), reference)
             ms = timer(fns)
-            arch_tuning = marlin.tuning(marlin.device_arch(x.device))
+            arch_tuning = marlin.tuning(device_arch(x.device))
             rows.append({"m": m, "k": k, "n": n, "fused": m <= arch_tuning.fused_max_tokens,
                          "config": asdict(marlin.config_for(m, n, k, problem.group, x.device)),
                          "bf16_ms": ms["bf16"], "marlin_ms": ms["marlin"],

@@ -31,6 +31,9 @@ import re
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tuned_table import read_tuned, write_tuned  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 TABLE = REPO / "kernels" / "triton" / "w4a16_marlin_tuned.py"
 CHOICE = REPO / "kernels" / "w4a16_choice.py"  # W4A16_AUTO: what KVDECK_W4A16_KERNEL=auto runs
@@ -210,12 +213,6 @@ def write_auto(kernel: str, path: Path = CHOICE) -> bool:
     return True
 
 
-def write_table(table: dict[int, dict], path: Path = TABLE) -> None:
-    header = path.read_text().split("\nTUNED", 1)[0] if path.exists() else '"""Tuned W4A16 configs."""\n'
-    body = pprint.pformat(table, width=100, sort_dicts=True)
-    path.write_text(f"{header}\nTUNED: dict[int, dict] = {body}\n")
-
-
 def report(summary: dict) -> list[str]:
     lines = []
     for m, entry in summary.get("winners_by_m", {}).items():
@@ -251,13 +248,10 @@ def main(argv: list[str] | None = None) -> int:
     for line in report(summary):
         print(line)
     arch, entry = tuned_entry(result, args.result.name)
-    namespace: dict = {}
-    if args.table.exists():
-        exec(compile(args.table.read_text(), str(args.table), "exec"), namespace)
-    table = {**namespace.get("TUNED", {}), arch: entry}
+    table = {**read_tuned(args.table), arch: entry}
     print(f"sm_{arch}: {pprint.pformat(entry, width=100)}")
     if not args.dry_run:
-        write_table(table, args.table)
+        write_tuned(table, args.table)
         print(f"wrote {args.table}; the AOT matrix compiles its tiles for sm_{arch} (no spill, "
               "shared memory that fits): python -m pytest tests/kernels/test_compile_for_gpu.py")
         if summary.get("w4a16_auto"):

@@ -190,6 +190,17 @@ def _slices(output_sizes: list[int], device: torch.device) -> tuple[torch.Tensor
     return _SLICES[key]
 
 
+def _output_blocks(out: torch.Tensor, output_sizes: list[int], num_rows: int, block_r: int,
+                   config: LoRAKernelConfig) -> tuple[torch.Tensor, torch.Tensor, int, tuple[int, int, int]]:
+    """What the expand and fused launches share: the slices' offsets and sizes, the output
+    block, and the grid (row, slice, block of the widest slice)."""
+    if out.stride(-1) != 1:
+        raise ValueError("the LoRA kernels write rows of a tensor whose last dim is contiguous")
+    offsets, sizes = _slices(output_sizes, out.device)
+    block_n = expand_block_n(block_r, config)
+    return offsets, sizes, block_n, (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
+
+
 def fused_chunk(block_k: int, config: LoRAKernelConfig) -> int:
     """Input columns the fused kernel covers per unrolled step (whole tiles)."""
     return max(block_k, config.split_k)
@@ -228,12 +239,8 @@ def lora_expand_triton(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, rows
     num_rows = row_slots.shape[0]
     if num_rows == 0:
         return out
-    if out.stride(-1) != 1:
-        raise ValueError("lora_expand_triton writes rows of a tensor whose last dim is contiguous")
-    offsets, sizes = _slices(output_sizes, out.device)
     block_r = _block_r(rank)
-    block_n = expand_block_n(block_r, config)
-    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
+    offsets, sizes, block_n, grid = _output_blocks(out, output_sizes, num_rows, block_r, config)
     if b.stride(1) != 1:
         b = b.contiguous()
     launch(_lora_expand_kernel, grid,
@@ -254,17 +261,13 @@ def lora_fused_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: to
     num_rows = row_slots.shape[0]
     if num_rows == 0:
         return out
-    if out.stride(-1) != 1:
-        raise ValueError("lora_fused_triton writes rows of a tensor whose last dim is contiguous")
+    block_r = _block_r(rank)
+    offsets, sizes, block_n, grid = _output_blocks(out, output_sizes, num_rows, block_r, config)
     if x.stride(-1) != 1:
         x = x.contiguous()
     if b.stride(1) != 1:
         b = b.contiguous()
-    offsets, sizes = _slices(output_sizes, out.device)
-    block_r = _block_r(rank)
     block_k = fused_block_k(block_r, config)
-    block_n = expand_block_n(block_r, config)
-    grid = (num_rows, len(output_sizes), triton.cdiv(max(output_sizes), block_n))
     launch(_lora_fused_kernel, grid,
            x, a, b, rows if rows is not None else row_slots, row_slots,
            slot_ranks if slot_ranks is not None else row_slots, out, offsets, sizes,

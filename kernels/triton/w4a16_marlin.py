@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
-from kvdeck.kernels.triton.launch import device_arch, jit, launch  # noqa: F401  (device_arch: the benches)
+from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
