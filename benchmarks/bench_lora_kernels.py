@@ -8,10 +8,13 @@ Shapes from the Qwen3-0.6B config (benchmarks/configs): each layer's fused q/k/v
 gate/up and down, with their own slot weights per layer (28 layers: the weights do not all sit
 in L2, as in the engine); `--rows` decoding rows (64) spread over `--adapters` slots (8) at
 rank 16, launched as the adapter decode graphs launch them (every row, each slot's rank read
-from device memory). One candidate's step, all layers' deltas, is captured in one CUDA graph;
+from device memory). One candidate's step, every layer's linears with their
+deltas (the base GEMM, bf16 cuBLAS, and the LoRA launches, as `Linear.forward` runs them: an
+`overlap` candidate's shrink beside the GEMM on a side stream), is captured in one CUDA graph;
 candidates alternate round by round and each one's figure is its median (w4a16_sweep.py's
-timer). The base step's own GEMMs of those linears (bf16 cuBLAS) are timed the same way for
-scale. Each candidate's output is checked against the torch reference before it is timed.
+timer). The same linears without adapters (the GEMMs alone) are timed the same way: a row's
+`over_base_gemms` is what adapters cost those linears. Each candidate's output is checked
+against the torch reference before it is timed.
 The JSON (rewritten as it goes) names the fastest; benchmarks/lora_tune.py writes it into
 kernels/triton/lora_tuned.py. `--smoke`: tiny shapes under TRITON_INTERPRET=1, each
 candidate checked, timings from a fake clock.
@@ -22,6 +25,7 @@ import itertools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 if "--smoke" in sys.argv:
@@ -40,10 +44,12 @@ from w4a16_sweep import time_alternating  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 # The candidates: every split of K (0: one program per row walks it all), expand block and
-# warp count, in two launches and fused.
-SPLIT_K = (0, 128, 256, 512)
-BLOCK_N = (64, 128, 256)
-NUM_WARPS = (2, 4)
+# warp count, in two launches (the shrink in line or beside the base GEMM) and fused.
+# In the order they are tried (a budget cuts the tail): the likelier picks first.
+SPLIT_K = (256, 128, 512, 0)
+BLOCK_N = (128, 64, 256)
+NUM_WARPS = (4, 2)
+CHECK_SHARE = 0.6  # of --budget-s for checking (and compiling) candidates; the rest times them
 
 
 # The launch the H200 run of 2026-11-29 measured (2.45x the base step): one program per row
@@ -53,11 +59,14 @@ FIRST_LAUNCH = LoRAKernelConfig(split_k=0, block_n=64)
 
 def candidates(smoke: bool) -> list[LoRAKernelConfig]:
     if smoke:
-        grid = [(0, 16, 4, False), (16, 32, 4, False), (16, 16, 2, True)]
+        grid = [(0, 16, 4, False, False), (16, 32, 4, False, True), (16, 16, 2, True, False)]
     else:
-        grid = list(itertools.product(SPLIT_K, BLOCK_N, NUM_WARPS, (False, True)))
-    configs = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f) for s, n, w, f in grid]
-    return [c for c in (DEFAULT_CONFIG, FIRST_LAUNCH) if c not in configs] + configs
+        forms = ((False, False), (False, True), (True, False))  # (fused, overlap)
+        grid = [(s, n, w, *form) for s, n, w, form in itertools.product(SPLIT_K, BLOCK_N, NUM_WARPS, forms)]
+    configs = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f, overlap=o)
+               for s, n, w, f, o in grid]
+    first = [DEFAULT_CONFIG, FIRST_LAUNCH]  # the two every figure is compared with
+    return first + [c for c in configs if c not in first]
 
 
 # A decoder layer's LoRA linears as the engine fuses them: (name, its projections).
@@ -92,12 +101,15 @@ class Layers:
         self.slot_ranks = torch.full((adapters,), rank, dtype=torch.int32, device=device)
 
     def lora_step(self, config) -> None:
-        from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+        """Every layer's linears with their adapters' deltas."""
+        from kvdeck.kernels.triton.lora import lora_linear_triton
 
         for layer in self.weights:
-            for (name, in_size, sizes), (a, b, _) in zip(self.shapes, layer):
-                lora_linear_delta_triton(self.x[in_size], self.out[name], a, b, None, self.row_slots, sizes,
-                                         self.rank, self.slot_ranks, config)
+            for (name, in_size, sizes), (a, b, w) in zip(self.shapes, layer):
+                def base(x, w=w, out=self.out[name]):
+                    return torch.matmul(x, w.t(), out=out)
+                lora_linear_triton(self.x[in_size], base, a, b, None, self.row_slots, sizes, self.rank,
+                                   self.slot_ranks, config)
 
     def base_step(self) -> None:
         for layer in self.weights:
@@ -106,15 +118,29 @@ class Layers:
 
     def check(self, config) -> float:
         """The largest difference from the torch reference on layer 0 (a fresh output), over
-        the reference's largest magnitude."""
-        from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+        the reference's largest magnitude; on CUDA from a replay of the launches captured in a
+        graph, as they are timed (an overlapped shrink's branch included)."""
+        from kvdeck.kernels.triton.lora import lora_linear_triton
 
         worst = 0.0
         for (_, in_size, sizes), (a, b, _) in zip(self.shapes, self.weights[0]):
             x = self.x[in_size]
             start = torch.randn(x.shape[0], sum(sizes), device=x.device).to(x.dtype)
-            got = lora_linear_delta_triton(x, start.clone(), a, b, None, self.row_slots, sizes, self.rank,
-                                           self.slot_ranks, config)
+            out = torch.empty_like(start)
+
+            def run(a=a, b=b, sizes=sizes, x=x, start=start, out=out) -> torch.Tensor:
+                return lora_linear_triton(x, lambda _: out.copy_(start), a, b, None, self.row_slots, sizes,
+                                          self.rank, self.slot_ranks, config)
+
+            got = run()  # compiles the variants before any capture
+            if x.is_cuda:
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    got = run()
+                out.fill_(float("nan"))
+                graph.replay()
+                torch.cuda.synchronize()
             want = lora_linear_delta(x.float(), start.float(), a.float(), b.float(), None, self.row_slots,
                                      sizes, self.rank)
             worst = max(worst, ((got.float() - want).abs().max() / want.abs().max()).item())
@@ -130,6 +156,9 @@ def main() -> int:
     parser.add_argument("--model-config", default=str(QWEN3_CONFIG))
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--rep-ms", type=float, default=20.0, help="graph length per timing")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="stop checking new candidates after this share of it (%.0f%%%%) and time "
+                             "those checked (the battery's stage cap)" % (CHECK_SHARE * 100))
     parser.add_argument("--smoke", action="store_true", help="the CPU form: interpreter, tiny, fake clock")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
@@ -149,8 +178,8 @@ def main() -> int:
     config = {"model_config": args.model_config, "rows": args.rows, "adapters": args.adapters,
               "rank": args.rank, "layers": layers, "shapes": shapes, "dtype": str(dtype),
               "smoke": args.smoke, "arch": device_arch(device), "load_average_before": os.getloadavg(),
-              "timing": "a step's deltas, all layers, replayed in one CUDA graph; "
-                        "median of alternating rounds"}
+              "timing": "a step's LoRA linears (base GEMMs and deltas), all layers, replayed in one "
+                        "CUDA graph; median of alternating rounds"}
     figures: dict = {"rows": []}
 
     def save() -> None:
@@ -161,7 +190,11 @@ def main() -> int:
     step = Layers(shapes, layers, args.rows, args.adapters, args.rank, dtype, device)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16 rounding of the output
     runnable = {}
+    check_until = time.monotonic() + args.budget_s * CHECK_SHARE if args.budget_s else None
     for candidate in candidates(args.smoke):
+        if check_until is not None and time.monotonic() > check_until and len(runnable) >= 2:
+            figures["rows"].append({"config": candidate.label(), "skipped": "past the sweep's budget"})
+            continue
         try:
             error = step.check(candidate)
         except Exception as exc:  # a config this GPU cannot run: recorded, not timed
@@ -173,26 +206,32 @@ def main() -> int:
             continue
         runnable[candidate.label()] = candidate
     save()
+    if not runnable:
+        print("no candidate ran and matched the reference: nothing to time", file=sys.stderr)
+        return 1
     fns = {label: (lambda c=c: step.lora_step(c)) for label, c in runnable.items()}
     fns["base_gemms"] = step.base_step
     timed = time_alternating(fns, mode, args.rep_ms, args.rounds)
     base_ms = timed.pop("base_gemms")
     for label, ms in sorted(timed.items(), key=lambda item: item[1]):
-        figures["rows"].append({"config": label, "fused": runnable[label].fused, "step_ms": ms,
-                                "over_base_gemms": ms / base_ms})
+        figures["rows"].append({"config": label, "fused": runnable[label].fused,
+                                "overlap": runnable[label].overlap, "step_ms": ms,
+                                "lora_ms": ms - base_ms, "over_base_gemms": ms / base_ms})
     best = min(timed, key=timed.get)
     first = FIRST_LAUNCH.label()
+    default = DEFAULT_CONFIG.label()
     figures.update(base_gemms_step_ms=base_ms, best=best, best_step_ms=timed[best],
-                   default=DEFAULT_CONFIG.label(), default_step_ms=timed.get(DEFAULT_CONFIG.label()),
-                   best_over_default=timed[best] / timed[DEFAULT_CONFIG.label()],
+                   default=default, default_step_ms=timed.get(default),
+                   best_over_default=timed[best] / timed[default] if default in timed else None,
                    first_launch=first, first_launch_step_ms=timed.get(first),
-                   best_over_first_launch=timed[best] / timed[first])
+                   best_over_first_launch=timed[best] / timed[first] if first in timed else None)
     save()
     for row in figures["rows"][:8]:
         print(json.dumps(row))
-    print(f"best {best}: {timed[best]:.3f} ms/step of LoRA deltas (default {DEFAULT_CONFIG.label()}: "
-          f"{timed[DEFAULT_CONFIG.label()]:.3f}; the first launch {first}: {timed[first]:.3f}); "
-          f"the base GEMMs of those linears {base_ms:.3f} ms")
+    print(f"best {best}: {timed[best]:.3f} ms/step of LoRA linears (default {default}: "
+          f"{timed.get(default, float('nan')):.3f}; the first launch {first}: "
+          f"{timed.get(first, float('nan')):.3f}); the same linears without adapters {base_ms:.3f} ms "
+          f"({timed[best] / base_ms:.2f}x at best)")
     return 0
 
 

@@ -4,14 +4,16 @@
     python benchmarks/lora_tune.py benchmarks/results/lora_kernels_h200.json --dry-run  # print only
 
 The JSON is bench_lora_kernels.py's (what `benchmarks/run_gpu.sh lora` runs first); commit it
-beside the table this writes. The pick is the candidate whose step of LoRA deltas (every
-layer's, in one CUDA graph) cost least; rows the sweep could not run or check (`error`) are
-left out. A smoke run (`--smoke`, fake timings) is refused.
+beside the table this writes. The pick is the candidate whose step of LoRA linears (every
+layer's base GEMMs and deltas, in one CUDA graph) cost least; rows the sweep could not run
+or check (`error`) or did not reach (`skipped`) are left out. A smoke run (`--smoke`, fake
+timings) is refused.
 """
 
 import argparse
 import json
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -36,7 +38,7 @@ def pick(sweep: dict) -> tuple[int, dict]:
     best = min(timed, key=lambda row: row["step_ms"])
     chosen = parse_config(best["config"])
     device = sweep["environment"].get("device")
-    entry = {"config": {name: getattr(chosen, name) for name in ("split_k", "block_n", "fused", "num_warps")},
+    entry = {"config": {field.name: getattr(chosen, field.name) for field in fields(chosen)},
              "step_ms": round(best["step_ms"], 4),
              "source": f"{sweep.get('command', 'bench_lora_kernels.py')} on {device}"}
     return int(config["arch"]), entry

@@ -10,6 +10,7 @@ interpreted when a kernel module is first imported (TRITON_INTERPRET=1 must be s
 """
 
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -20,7 +21,7 @@ from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
-__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear_delta", "lora_shrink_splits",
+__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear", "lora_shrink_splits",
            "select_ops", "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
 
 
@@ -78,19 +79,20 @@ def w4a16_gemm_repacked(x: torch.Tensor, weight: RepackedW4, bias: torch.Tensor 
     return w4a16_gemm_marlin(x, weight, bias)
 
 
-def lora_linear_delta(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
-                      rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
-                      rank: int, num_slots: int | None = None, backend: str = "auto",
-                      slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
-    """out += each adapter row's LoRA delta (shrink, then expand; contract
+def lora_linear(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
+                b: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
+                rank: int, num_slots: int | None = None, backend: str = "auto",
+                slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
+    """base(x) plus each adapter row's LoRA delta (shrink, then expand; contract
     kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere.
     `slot_ranks` (int32 [slots]): each slot's own rank, which the Triton pair reads so a row
-    loads only its adapter's ranks (the zero padding past them adds nothing either way)."""
+    loads only its adapter's ranks (the zero padding past them adds nothing either way). The
+    Triton pair may run its shrink beside `base` (its launch config's `overlap`)."""
     if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
-        return lora_linear_delta_torch(x, out, a, b, rows, row_slots, output_sizes, rank, num_slots)
-    from kvdeck.kernels.triton.lora import lora_linear_delta_triton
+        return lora_linear_delta_torch(x, base(x), a, b, rows, row_slots, output_sizes, rank, num_slots)
+    from kvdeck.kernels.triton.lora import lora_linear_triton
 
-    return lora_linear_delta_triton(x, out, a, b, rows, row_slots, output_sizes, rank, slot_ranks)
+    return lora_linear_triton(x, base, a, b, rows, row_slots, output_sizes, rank, slot_ranks)
 
 
 def lora_shrink_splits(in_size: int, device: torch.device) -> int:

@@ -11,8 +11,12 @@ bound, and the slot's zero padding past its rank is never loaded.
 How they launch (lora_plan.py's LoRAKernelConfig): the shrink splits a row's input columns
 into `split_k` chunks, one program each, and writes each chunk's partial h; the expand adds
 the partials as it reads them. `fused` runs one kernel that does both per output block.
-Import through `kernels.dispatch.lora_linear_delta`.
+`overlap` launches the shrink on a side stream while the layer's base GEMM runs (it reads
+only x), joining before the expand: in a captured graph the two are parallel branches.
+Import through `kernels.dispatch.lora_linear`.
 """
+
+from collections.abc import Callable
 
 import torch
 import triton
@@ -206,15 +210,24 @@ def fused_chunk(block_k: int, config: LoRAKernelConfig) -> int:
     return max(block_k, config.split_k)
 
 
+def shrink_partials(x: torch.Tensor, num_rows: int, num_slices: int, rank: int,
+                    config: LoRAKernelConfig) -> torch.Tensor:
+    """The shrink's output buffer h [L, splits, n * rank], fp32 (uninitialised)."""
+    splits = config.num_splits(x.shape[1])
+    return torch.empty(num_rows, splits, num_slices * rank, dtype=torch.float32, device=x.device)
+
+
 def lora_shrink_triton(x: torch.Tensor, a: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor,
                        num_slices: int, rank: int, slot_ranks: torch.Tensor | None = None,
-                       config: LoRAKernelConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                       config: LoRAKernelConfig = DEFAULT_CONFIG,
+                       h: torch.Tensor | None = None) -> torch.Tensor:
     """h [L, splits, n * rank] in fp32, each split's partial sums (their total:
     h[j, :, i*rank : (i+1)*rank].sum(1) = A_i[row_slots[j], :rank] @ x[rows[j]]); a row of a
-    negative slot is left unwritten."""
+    negative slot is left unwritten. `h`: shrink_partials' buffer to write (None: a new one)."""
     num_rows = row_slots.shape[0]
-    splits = config.num_splits(x.shape[1])
-    h = torch.empty(num_rows, splits, num_slices * rank, dtype=torch.float32, device=x.device)
+    if h is None:
+        h = shrink_partials(x, num_rows, num_slices, rank, config)
+    splits = h.shape[1]
     if num_rows == 0:
         return h
     if x.stride(-1) != 1:
@@ -283,10 +296,58 @@ def lora_linear_delta_triton(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor
                              rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
                              rank: int, slot_ranks: torch.Tensor | None = None,
                              config: LoRAKernelConfig | None = None) -> torch.Tensor:
-    """out += each adapter row's delta; `config` None: the device's (lora_plan.lora_kernel_config)."""
+    """out += each adapter row's delta, on the current stream; `config` None: the device's
+    (lora_plan.lora_kernel_config)."""
     if config is None:
         config = lora_kernel_config(device_arch(x.device))
     if config.fused:
         return lora_fused_triton(x, out, a, b, rows, row_slots, output_sizes, rank, slot_ranks, config)
     h = lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank, slot_ranks, config)
     return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[2], slot_ranks, config)
+
+
+_SIDE_STREAMS: dict[torch.device, "torch.cuda.Stream"] = {}
+
+
+def side_stream(device: torch.device) -> "torch.cuda.Stream":
+    """The stream the overlapped shrinks run on (one per device, high priority: the expand
+    waits on the shrink, the base GEMM beside it does not)."""
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device, priority=-1)
+    return _SIDE_STREAMS[device]
+
+
+def lora_linear_triton(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
+                       b: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor,
+                       output_sizes: list[int], rank: int, slot_ranks: torch.Tensor | None = None,
+                       config: LoRAKernelConfig | None = None) -> torch.Tensor:
+    """base(x) plus each adapter row's delta. Under `config.overlap` on CUDA the shrink runs
+    on a side stream while `base` runs on the current one (fork after x is written, join
+    before the expand); a captured graph holds them as parallel branches."""
+    if config is None:
+        config = lora_kernel_config(device_arch(x.device))
+    streams = overlap_streams(x, config) if row_slots.shape[0] else None
+    if streams is None:
+        return lora_linear_delta_triton(x, base(x), a, b, rows, row_slots, output_sizes, rank, slot_ranks,
+                                        config)
+    main, side = streams
+    if x.stride(-1) != 1:  # copied here, on the main stream, not inside the side's launch
+        x = x.contiguous()
+    # Allocated on the main stream, which reads it after the join: no cross-stream frees.
+    h = shrink_partials(x, row_slots.shape[0], len(output_sizes), rank, config)
+    side.wait_stream(main)
+    with stream_context(side):
+        lora_shrink_triton(x, a, rows, row_slots, len(output_sizes), rank, slot_ranks, config, h)
+    out = base(x)
+    main.wait_stream(side)
+    return lora_expand_triton(out, h, b, rows, row_slots, output_sizes, rank, a.shape[2], slot_ranks, config)
+
+
+def overlap_streams(x: torch.Tensor, config: LoRAKernelConfig) -> tuple | None:
+    """(current stream, side stream) when `config` overlaps the shrink and x is on CUDA."""
+    if not (config.overlap and x.is_cuda):
+        return None
+    return torch.cuda.current_stream(x.device), side_stream(x.device)
+
+
+stream_context = torch.cuda.stream  # the launches inside run on the given stream

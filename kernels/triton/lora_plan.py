@@ -8,9 +8,12 @@ input columns in one program (48 dependent tile loads for down_proj's 3072) with
 unrolled so their loads issue together; the expand sums the chunks' partial products as it
 reads them (no atomics, no zeroing launch). `fused` puts both halves in one launch: each expand
 program computes its row's shrink itself, redundant work for half the launches. `block_n` is
-the expand's outputs per program. Which wins is a GPU's to say: benchmarks/bench_lora_kernels.py
-times them under CUDA graphs and benchmarks/lora_tune.py writes the pick per architecture into
-lora_tuned.py. KVDECK_LORA_KERNEL (`split_k=256,block_n=128,fused=0,num_warps=4`, any subset)
+the expand's outputs per program. `overlap` (two launches only) runs the shrink on a side
+stream beside the layer's base GEMM, which does not need its result: the pair's critical path
+is then the expand alone (kernels/triton/lora.py, lora_linear_triton). Which wins is a GPU's
+to say: benchmarks/bench_lora_kernels.py times them under CUDA graphs and
+benchmarks/lora_tune.py writes the pick per architecture into lora_tuned.py.
+KVDECK_LORA_KERNEL (`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0`, any subset)
 overrides the pick in a process.
 """
 
@@ -26,6 +29,7 @@ class LoRAKernelConfig:
     block_n: int = 128  # output columns per expand program
     fused: bool = False  # one launch: each expand program computes its row's shrink
     num_warps: int = 4
+    overlap: bool = False  # the shrink on a side stream, beside the base GEMM (two launches only)
 
     def __post_init__(self) -> None:
         for name in ("split_k", "block_n", "num_warps"):
@@ -34,6 +38,9 @@ class LoRAKernelConfig:
                 raise ValueError(f"LoRA kernel {name} must be a power of two, got {value}")
         if 0 < self.split_k < 16 or self.block_n < 16:
             raise ValueError(f"LoRA kernel split_k (0 or >= 16) and block_n (>= 16) too small: {self}")
+        if self.overlap and self.fused:
+            raise ValueError("LoRA kernel overlap runs the shrink beside the base GEMM: "
+                             "it needs the two-launch form (fused=0)")
 
     def num_splits(self, in_size: int) -> int:
         """How many shrink programs share one row's input columns (the expand's partials)."""
@@ -50,7 +57,7 @@ ENV = "KVDECK_LORA_KERNEL"
 
 
 def parse_config(text: str, base: LoRAKernelConfig = DEFAULT_CONFIG) -> LoRAKernelConfig:
-    """`split_k=256,block_n=128,fused=0,num_warps=4` (any subset, over `base`)."""
+    """`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0` (any subset, over `base`)."""
     names = {f.name for f in fields(LoRAKernelConfig)}
     values: dict = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -62,7 +69,7 @@ def parse_config(text: str, base: LoRAKernelConfig = DEFAULT_CONFIG) -> LoRAKern
             number = int(value)
         except ValueError:
             raise ValueError(f"{ENV}: {name} must be an integer, got {value!r}") from None
-        values[name] = bool(number) if name == "fused" else number
+        values[name] = bool(number) if name in ("fused", "overlap") else number
     return replace(base, **values)
 
 

@@ -18,7 +18,8 @@ import lora_tune  # noqa: E402
 def _sweep(arch=90, smoke=False) -> dict:
     rows = [{"config": "split_k=0,block_n=32,fused=1,num_warps=2", "error": "OutOfResources: shared memory"},
             {"config": "split_k=256,block_n=128,fused=0,num_warps=4", "step_ms": 0.61},
-            {"config": "split_k=128,block_n=256,fused=1,num_warps=4", "step_ms": 0.42},
+            {"config": "split_k=128,block_n=256,fused=1,num_warps=4,overlap=0", "step_ms": 0.42},
+            {"config": "split_k=256,block_n=64,fused=0,num_warps=4,overlap=1", "step_ms": 0.40},
             {"config": "split_k=0,block_n=64,fused=0,num_warps=4", "step_ms": 2.9}]
     return {"config": {"arch": arch, "smoke": smoke}, "rows": rows, "command": "python bench_lora_kernels.py",
             "environment": {"device": "NVIDIA H200"}}
@@ -38,14 +39,14 @@ def test_the_fastest_runnable_candidate_is_written_for_its_arch(tmp_path, monkey
     exec(table.read_text(), namespace)
     assert namespace["TUNED"][80] == {"config": {}}  # another arch's entry kept
     entry = namespace["TUNED"][90]
-    assert entry["config"] == {"split_k": 128, "block_n": 256, "fused": True, "num_warps": 4}
-    assert "H200" in entry["source"] and entry["step_ms"] == 0.42
+    assert entry["config"] == {"split_k": 256, "block_n": 64, "fused": False, "num_warps": 4, "overlap": True}
+    assert "H200" in entry["source"] and entry["step_ms"] == 0.4
     from kvdeck.kernels.triton import lora_plan
 
     monkeypatch.setattr(lora_plan, "_CHOSEN", {})
     monkeypatch.setattr(lora_plan, "TUNED", namespace["TUNED"])
     monkeypatch.delenv("KVDECK_LORA_KERNEL", raising=False)
-    assert lora_plan.lora_kernel_config(90) == lora_plan.LoRAKernelConfig(128, 256, True, 4)
+    assert lora_plan.lora_kernel_config(90) == lora_plan.LoRAKernelConfig(256, 64, False, 4, overlap=True)
 
 
 @pytest.mark.parametrize("sweep, says", [(_sweep(smoke=True), "smoke"), (_sweep(arch=None), "architecture"),
@@ -73,4 +74,4 @@ def test_the_decode_target_runs_under_the_committed_config_without_a_pick(tiny_l
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["config"]["config_from"] is None and "committed" in result["config"]["config_note"]
-    assert result["config"]["lora_kernel_config"] == "split_k=256,block_n=128,fused=0,num_warps=4"
+    assert result["config"]["lora_kernel_config"] == "split_k=256,block_n=128,fused=0,num_warps=4,overlap=0"

@@ -218,11 +218,12 @@ def test_launch_config_parsing_and_the_env_override(monkeypatch):
     from kvdeck.kernels.triton import lora_plan
 
     assert lora_plan.parse_config("split_k=64, fused=1") == LoRAKernelConfig(split_k=64, fused=True)
-    assert LoRAKernelConfig(split_k=64).label() == "split_k=64,block_n=128,fused=0,num_warps=4"
+    assert LoRAKernelConfig(split_k=64).label() == "split_k=64,block_n=128,fused=0,num_warps=4,overlap=0"
+    assert lora_plan.parse_config("overlap=1") == LoRAKernelConfig(overlap=True)
     assert lora_plan.parse_config(LoRAKernelConfig(split_k=0, block_n=32).label()) == LoRAKernelConfig(0, 32)
     for bad, says in [("split=64", "not one of"), ("block_n=x", "must be an integer"),
                       ("block_n=48", "power of two"), ("split_k=8", "too small"),
-                      ("num_warps=0", "power of two")]:
+                      ("num_warps=0", "power of two"), ("fused=1,overlap=1", "two-launch form")]:
         with pytest.raises(ValueError, match=says):
             lora_plan.parse_config(bad)
     assert LoRAKernelConfig(split_k=256).num_splits(3072) == 12
@@ -235,3 +236,62 @@ def test_launch_config_parsing_and_the_env_override(monkeypatch):
     monkeypatch.setattr(lora_plan, "_CHOSEN", {})
     monkeypatch.setenv("KVDECK_LORA_KERNEL", "fused=1")
     assert lora_plan.lora_kernel_config(90) == LoRAKernelConfig(split_k=128, block_n=64, fused=True)
+
+
+class _FakeStream:
+    """Records what the overlapped launch asks of its streams (the CPU has none)."""
+
+    current = "main"
+
+    def __init__(self, name: str, log: list[str]) -> None:
+        self.name, self.log = name, log
+
+    def wait_stream(self, other: "_FakeStream") -> None:
+        self.log.append(f"{self.name} waits for {other.name}")
+
+
+def test_overlap_runs_the_shrink_beside_the_base_and_joins_before_the_expand(monkeypatch):
+    """Under `overlap` the shrink is launched on the side stream after it waits for the main
+    one (x written), the base product on the main stream meanwhile, and the expand only after
+    the main stream waits for the side: the same sums as one stream."""
+    import contextlib
+
+    from kvdeck.kernels.triton import lora
+
+    log: list[str] = []
+    main, side = _FakeStream("main", log), _FakeStream("side", log)
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        before, _FakeStream.current = _FakeStream.current, stream.name
+        try:
+            yield
+        finally:
+            _FakeStream.current = before
+
+    def logged(name, fn):
+        def run(*args, **kwargs):
+            log.append(f"{name} on {_FakeStream.current}")
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(lora, "overlap_streams", lambda x, config: (main, side) if config.overlap else None)
+    monkeypatch.setattr(lora, "stream_context", on_stream)
+    monkeypatch.setattr(lora, "lora_shrink_triton", logged("shrink", lora.lora_shrink_triton))
+    monkeypatch.setattr(lora, "lora_expand_triton", logged("expand", lora.lora_expand_triton))
+    output_sizes, padded = [40, 24], 8
+    x, out, a, b = _case(8, output_sizes, slots=3, padded=padded, in_size=100, tokens=5)
+    token_slots = [2, -1, 0, 1, 2]
+    expected = _loop(x, out, a, b, token_slots, output_sizes, padded)
+    base = logged("base", lambda inputs: out.clone())
+    config = LoRAKernelConfig(split_k=32, overlap=True)
+    got = lora.lora_linear_triton(x, base, a, b, None, torch.tensor(token_slots), output_sizes, padded,
+                                  config=config)
+    assert log == ["side waits for main", "shrink on side", "base on main", "main waits for side",
+                   "expand on main"]
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-4)
+    log.clear()
+    one_stream = lora.lora_linear_triton(x, base, a, b, None, torch.tensor(token_slots), output_sizes,
+                                         padded, config=LoRAKernelConfig(split_k=32))
+    assert log == ["base on main", "shrink on main", "expand on main"]
+    assert torch.equal(one_stream, got)

@@ -211,7 +211,8 @@ class LoRAManager:
                 try:
                     for (in_size, sizes), slots in layers.items():
                         x = torch.zeros(1, in_size, dtype=self.dtype, device=self.device)
-                        slots.apply(x, torch.zeros(1, sum(sizes), dtype=self.dtype, device=self.device))
+                        out = torch.zeros(1, sum(sizes), dtype=self.dtype, device=self.device)
+                        slots.apply(x, lambda _, out=out: out)
                         runs += 1
                 finally:
                     self.context.step = None

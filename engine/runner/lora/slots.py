@@ -1,7 +1,8 @@
 """The device slots of one linear layer: every loaded adapter's A and B for its fused slices,
 in tensors of fixed shape, and the step's delta added to the layer's output.
 
-`Linear.forward` calls `apply(x, out)` when the layer has slots (`Linear.lora`). The step
+`Linear.forward` calls `apply(x, base)` when the layer has slots (`Linear.lora`), `base` its
+own product without adapters. The step
 (which rows use which slot) is the manager's `LoRAContext`, shared by every layer; outside
 a step with adapter rows it is None and the layer costs one attribute read. On the torch path
 the step's rows come grouped by adapter (kernels/reference/lora_grouped.py) and each layer
@@ -9,11 +10,12 @@ keeps its slots in that layout too, rebuilt only when a slot is loaded or the st
 adapters or rank change.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from kvdeck.kernels.dispatch import lora_linear_delta
+from kvdeck.kernels.dispatch import lora_linear
 from kvdeck.kernels.reference.lora_grouped import RowGroups, grouped_weights, lora_grouped_delta
 
 
@@ -66,15 +68,17 @@ class LinearSlots:
         column = slot * self.max_rank
         self.b[offset : offset + self.output_sizes[index], column : column + rank].copy_(b, non_blocking=True)
 
-    def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def apply(self, x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """base(x) plus the step's adapter rows' deltas (the kernels may run part of them
+        beside `base`: kernels/dispatch.lora_linear)."""
         step = self.context.step
         if step is None:
-            return out
+            return base(x)
         if step.groups is not None:
             key = (step.rank, step.groups.slots)
             if key != self._grouped_key:
                 self._grouped = grouped_weights(self.a, self.b, self.output_sizes, *key)
                 self._grouped_key = key
-            return lora_grouped_delta(x, out, *self._grouped, step.groups)
-        return lora_linear_delta(x, out, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
-                                 step.rank, step.num_slots, step.backend, step.slot_ranks)
+            return lora_grouped_delta(x, base(x), *self._grouped, step.groups)
+        return lora_linear(x, base, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
+                           step.rank, step.num_slots, step.backend, step.slot_ranks)

@@ -66,7 +66,11 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.lora is not None:  # the step's adapter rows add their deltas
-            return self.lora.apply(x, self.method.apply(self, x))
+            return self.lora.apply(x, self.base_forward)
+        return self.method.apply(self, x)
+
+    def base_forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The product without adapters."""
         return self.method.apply(self, x)
 
 
