@@ -203,7 +203,8 @@ class _SplitCounters:
     The kernel sets every counter it used back to 0, so a buffer is zeroed once, when it is
     made, and reused by every launch after it (no memset per call). Captured graphs keep
     the address of the buffer they used, so a buffer that is outgrown is kept, not freed.
-    Launches on one device must run in stream order (kvdeck uses one stream).
+    Launches on one device must run in stream order (the step's stream: only the LoRA shrink
+    may run beside it, kernels/triton/lora.py).
     """
 
     def __init__(self) -> None:
