@@ -2,9 +2,9 @@
 in tensors of fixed shape, and the step's delta added to the layer's output.
 
 `Linear.forward` calls `apply(x, base)` when the layer has slots (`Linear.lora`), `base` its
-own product without adapters. The step
-(which rows use which slot) is the manager's `LoRAContext`, shared by every layer; outside
-a step with adapter rows it is None and the layer costs one attribute read. On the torch path
+own product without adapters (the Triton pair may run its shrink beside it). The step (which
+rows use which slot) is the manager's `LoRAContext`, shared by every layer; outside a step
+with adapter rows it is None and the layer costs one attribute read and a call. On the torch path
 the step's rows come grouped by adapter (kernels/reference/lora_grouped.py) and each layer
 keeps its slots in that layout too, rebuilt only when a slot is loaded or the step's
 adapters or rank change.
