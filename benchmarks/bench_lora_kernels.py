@@ -45,7 +45,8 @@ REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 # The candidates: every split of K (0: one program per row walks it all), expand block and
 # warp count, in two launches (the shrink in line or beside the base GEMM) and fused.
-# In the order they are tried (a budget cuts the tail): the likelier picks first.
+# Tried in order of (warps, block_n, split_k), each in its three forms, the values below in
+# the order given (a budget cuts the tail): every split at 4 warps and 128 outputs first.
 SPLIT_K = (256, 128, 512, 0)
 BLOCK_N = (128, 64, 256)
 NUM_WARPS = (4, 2)
@@ -64,7 +65,7 @@ def candidates(smoke: bool) -> list[LoRAKernelConfig]:
         grid = [(0, 16, 4, False, False), (16, 32, 4, False, True), (16, 16, 2, True, False)]
     else:
         forms = ((False, False), (False, True), (True, False))  # (fused, overlap)
-        grid = [(s, n, w, *form) for s, n, w, form in itertools.product(SPLIT_K, BLOCK_N, NUM_WARPS, forms)]
+        grid = [(s, n, w, *form) for w, n, s, form in itertools.product(NUM_WARPS, BLOCK_N, SPLIT_K, forms)]
     configs = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f, overlap=o)
                for s, n, w, f, o in grid]
     first = [DEFAULT_CONFIG, FIRST_LAUNCH]  # the two every figure is compared with
