@@ -139,8 +139,8 @@ case $stage in
     # The kernels' launch configs swept under CUDA graphs (lora_tune.py commits the pick), then
     # the decode target with the engine serving the sweep's pick.
     # A sweep that fails still leaves the decode target to run, under the committed config.
-    # --budget-s: the sweep leaves the stage's cap (gpu_battery.py: 90 s) ~40 s for the target.
-    $python benchmarks/bench_lora_kernels.py "${smoke[@]:0:1}" --budget-s 45 --out "$out/lora_kernels_$gpu.json" \
+    # --budget-s: the sweep leaves the stage's cap (gpu_battery.py: 90 s) ~45 s for the target.
+    $python benchmarks/bench_lora_kernels.py "${smoke[@]:0:1}" --budget-s 40 --out "$out/lora_kernels_$gpu.json" \
         || echo "lora: the kernel sweep failed (exit $?); the target runs under the committed config" >&2
     $python benchmarks/bench_lora_gpu.py "${smoke[@]}" --config-from "$out/lora_kernels_$gpu.json" \
         --out "$out/lora_gpu_$gpu.json"
