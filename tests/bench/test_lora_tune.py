@@ -75,3 +75,24 @@ def test_the_decode_target_runs_under_the_committed_config_without_a_pick(tiny_l
     result = json.loads(out.read_text())
     assert result["config"]["config_from"] is None and "committed" in result["config"]["config_note"]
     assert result["config"]["lora_kernel_config"] == "split_k=256,block_n=128,fused=0,num_warps=4,overlap=0"
+
+
+def test_the_sweep_tries_every_form_and_stops_checking_past_its_budget(tmp_path):
+    import bench_lora_kernels
+
+    full = bench_lora_kernels.candidates(smoke=False)
+    assert len(full) == len(set(full)) == 72  # 4 splits x 3 blocks x 2 warp counts x 3 forms
+    assert full[:2] == [bench_lora_kernels.DEFAULT_CONFIG, bench_lora_kernels.FIRST_LAUNCH]
+    assert {(c.fused, c.overlap) for c in full[2:4]} == {(False, True), (True, False)}  # the default's forms
+    # A budget already spent: the two every figure compares with are checked and timed, the
+    # rest recorded as skipped, none of them lost.
+    out = tmp_path / "sweep.json"
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_lora_kernels.py"), "--smoke",
+                           "--budget-s", "0.001", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    timed = [row["config"] for row in rows if "step_ms" in row]
+    skipped = [row["config"] for row in rows if row.get("skipped")]
+    assert timed == [c.label() for c in bench_lora_kernels.candidates(smoke=True)[:2]]
+    assert len(skipped) == len(bench_lora_kernels.candidates(smoke=True)) - 2
