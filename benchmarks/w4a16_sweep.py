@@ -53,8 +53,9 @@ LARGE_M_CONFIGS = {  # bucket limit -> candidates (the first is the default)
     # memory, each K step waiting for its wgmma (WARPGROUP.DEPBAR.LE gsb0, 0x0) behind three
     # barriers; 32-row tiles (two programs along M, each dequantising) use mma.sync from
     # registers, as the 32 bucket does (0.80-1.10x at M = 32 against 0.46-0.78x at M = 64).
+    # Swapped, the dequantised weights are wgmma's register operand (HGMMA.64x64x16 R, gdesc).
     64: ((64, 128, 64, 4, 8, 3), (64, 128, 128, 4, 8, 3), (64, 256, 64, 2, 8, 3),
-         (32, 64, 128, 8, 4, 4), (32, 128, 128, 4, 4, 4)),
+         (32, 64, 128, 8, 4, 4), (32, 128, 128, 4, 4, 4), (64, 128, 64, 4, 4, 3, False, False, True)),
     # (128, 128, 64, 1, 4, 4) held 255 registers and spilled on sm_90 and sm_80: 8 warps here.
     256: ((128, 128, 64, 2, 8, 3), (128, 256, 64, 2, 8, 3), (128, 128, 64, 1, 8, 4)),
 }
