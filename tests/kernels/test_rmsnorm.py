@@ -37,13 +37,18 @@ def test_matches_reference(tile_budget, dtype, shape, with_residual):
 
 def test_non_contiguous_rows_and_fp32_weight(tile_budget):
     # Per-head q norm (Qwen3) on a view of a fused qkv buffer, with an fp32 weight.
-    qkv = torch.randn(4, 3 * 8 * 16).half()
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(4, 3 * 8 * 16, generator=gen).half()
     q = qkv[:, : 8 * 16].view(4, 8, 16)
-    weight = torch.rand(16) + 0.5
+    weight = torch.rand(16, generator=gen) + 0.5
     expected = rms_norm_torch(q, weight, 1e-5)
     got = rms_norm_triton(q, weight, 1e-5)
     assert got.dtype == expected.dtype == torch.float32
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    # Both round the normalised value to fp16 before the fp32 weight; their sums of squares
+    # may differ in the last fp32 bit (reduction order), which can move that rounding by one
+    # fp16 ulp (5e-4 relative): fp16's tolerance, as in test_matches_reference.
+    tol = TOLERANCE[torch.float16]
+    torch.testing.assert_close(got, expected, atol=tol, rtol=tol)
 
 
 def test_rejects_wrong_weight():
