@@ -24,10 +24,14 @@ counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_
 (`marlin_tuned`), and `summary.targets` / `summary.targets_tuned` judge the W4A16 targets
 on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16, AWQ on
 the repacked marlin kernel (under the sweep's pick when it ran) and AWQ on the AWQ layout.
+--anatomy last: at M = 1 on each shape, the marlin kernel beside part-kernels on its grid
+(launch only; its loads; its loads and split-K epilogue) in graphs, where a decode-size
+launch's time goes (benchmarks/w4a16_anatomy.py).
 
     python benchmarks/bench_w4a16.py                 # H100/H200: writes benchmarks/results/
     python benchmarks/bench_w4a16.py --cuda-graph    # time inside CUDA graphs (no launch cost)
-    python benchmarks/bench_w4a16.py --cuda-graph --no-sweep --marlin-sweep --e2e   # the battery's stage
+    python benchmarks/bench_w4a16.py --cuda-graph --no-sweep --marlin-sweep --e2e --anatomy
+                                                     # the battery's stage
     python benchmarks/bench_w4a16.py --e2e           # + decode tokens/s, Llama-3.2-1B shapes,
                                                      #   dummy AWQ INT4 vs dummy bf16 weights
     python benchmarks/bench_w4a16.py --check-graphs  # capture + replay at every decode bucket
@@ -53,6 +57,7 @@ from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import w4a16_anatomy  # noqa: E402
 import w4a16_e2e  # noqa: E402
 import w4a16_sweep  # noqa: E402
 import w4a16_tune  # noqa: E402
@@ -263,6 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--marlin-sweep", action="store_true",
                         help="after the table: the repacked kernel's config sweep (w4a16_sweep.py), "
                              "which benchmarks/w4a16_tune.py turns into the per-arch table")
+    parser.add_argument("--anatomy", action="store_true",
+                        help="last: the marlin kernel at M = 1 beside part-kernels of its launch "
+                             "(w4a16_anatomy.py), where its time goes")
     parser.add_argument("--check-graphs", action="store_true",
                         help="only check CUDA graph capture at every decode batch size")
     parser.add_argument("--out", default=None, help="result JSON (default: benchmarks/results/)")
@@ -293,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     sweep_rows: list[dict] = []
     summary: dict = {}
     tuned: dict = {"entry": None, "rows": []}  # the sweep's pick and the table's marlin under it
-    save = (_writer(args, device, dtype, rows, e2e, sweep_rows, summary, tuned) if not args.smoke or args.out
+    anatomy: list[dict] = []
+    save = (_writer(args, device, dtype, rows, e2e, sweep_rows, summary, tuned, anatomy)
+            if not args.smoke or args.out
             else lambda complete=False: None)
     problems = {}
     # The table first (every shape), then the sweep and the marlin path under its pick, then
@@ -347,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
         verdicts = {key: value for key, value in summary.items() if key.startswith("targets")}
         for line in w4a16_tune.report(verdicts):
             print(line, flush=True)
+    if args.anatomy:  # under the sweep's pick when it ran (installed above)
+        timer = lambda fns: w4a16_sweep.time_alternating(fns, timing, REP_MS)  # noqa: E731
+        for key, problem in problems.items():
+            anatomy += w4a16_anatomy.anatomy_rows({key: problem}, torch.device(device), timer, checker())
+            save()
+            print(w4a16_anatomy.describe(anatomy[-1]), flush=True)
     save(complete=True)
     return 0
 
@@ -369,7 +385,7 @@ def _print_row(row: dict, timing: str) -> None:
 
 
 def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: list[dict],
-            e2e: list[dict], sweep_rows: list[dict], summary: dict, tuned: dict):
+            e2e: list[dict], sweep_rows: list[dict], summary: dict, tuned: dict, anatomy: list[dict]):
     """What writes the result JSON, called after every row (a run cut short keeps its rows)."""
     import triton
 
@@ -402,6 +418,7 @@ def _writer(args: argparse.Namespace, device: str, dtype: torch.dtype, rows: lis
         "marlin_tuned": tuned["rows"],
         "marlin_tuned_entry": None,
         "e2e_decode": e2e,
+        "anatomy": anatomy,  # --anatomy: w4a16_anatomy.anatomy_rows
         "complete": False,
     }
     out = Path(args.out) if args.out else (

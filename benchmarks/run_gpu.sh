@@ -12,7 +12,8 @@
 #   benchmarks/run_gpu.sh decode       # batch-1 Llama-3.2-1B against the bandwidth roofline
 #   benchmarks/run_gpu.sh kernels      # attention tile sweep (the kernels' check is in `check`)
 #   benchmarks/run_gpu.sh w4a16        # the W4A16 GEMMs (AWQ layout, repacked `marlin`) and bf16/fp16
-#                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each
+#                                      # cuBLAS inside CUDA graphs, then AWQ e2e decode with each,
+#                                      # then the decode-size launch taken apart (w4a16_anatomy.py)
 #   benchmarks/run_gpu.sh profile      # where a decode step's time goes, batch 1/8/64, graphs and eager,
 #                                      # and batch 64 under 8 rank-16 adapters
 #   benchmarks/run_gpu.sh lora         # the LoRA kernels' launch configs swept (lora_tune.py commits the
@@ -20,7 +21,7 @@
 #                                      # the base alone, both on CUDA graphs (multi-LoRA's <= 1.2x target)
 #   benchmarks/run_gpu.sh imports      # only that the staged package runs (no GPU needed; tested)
 #   benchmarks/run_gpu.sh all          # check, w4a16, lora, throughput in one command, each under a
-#                                      # time cap, the caps adding up to 470 s (benchmarks/gpu_battery.py;
+#                                      # time cap, the caps adding up to 480 s (benchmarks/gpu_battery.py;
 #                                      # baseline, decode, kernels and profile need their own); on the
 #                                      # device tool (OUT_DIR=$OUT, or BATTERY_ARCHIVE=1) everything
 #                                      # lands in OUT_DIR/battery.tar.gz
@@ -123,9 +124,10 @@ case $stage in
     ;;
   w4a16)
     # The table (every kernel beside bf16/fp16 cuBLAS, no per-row config sweep), then the
-    # marlin config sweep the tuned table comes from (w4a16_tune.py), then e2e.
+    # marlin config sweep the tuned table comes from (w4a16_tune.py), then e2e, then where a
+    # decode-size launch's time goes (w4a16_anatomy.py; last, a diagnosis).
     $python benchmarks/bench_w4a16.py "${smoke[@]:0:1}" --cuda-graph --no-sweep --marlin-sweep --e2e \
-        --out "$out/w4a16_$gpu.json"
+        --anatomy --out "$out/w4a16_$gpu.json"
     ;;
   profile)
     $python benchmarks/profile_decode.py "${profile[@]}" --out "$out/profile_decode_qwen3-0.6b_$gpu.json"

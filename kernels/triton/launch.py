@@ -38,12 +38,13 @@ def device_arch(device: torch.device) -> int | None:
     return 10 * major + minor
 
 
-def launch(kernel, grid, *args, **kwargs) -> None:
+def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs): positional args are the kernel's runtime arguments,
-    keywords its constexprs and launch options."""
+    keywords its constexprs and launch options. Returns what Triton's launch does (on a GPU
+    the compiled kernel: its registers and shared memory)."""
     if INTERPRETING:
         COMPILES.launched(kernel.fn.__name__, specialisation(kernel, args, kwargs))
-    kernel[grid](*args, **kwargs)
+    return kernel[grid](*args, **kwargs)
 
 
 def specialisation(kernel, args: tuple, kwargs: dict) -> tuple:

@@ -79,6 +79,9 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
         assert verdicts["gemm every M up to 512 >= 1.0x bf16"]["rows"] == len(w4a16["results"])
         assert verdicts["e2e batch-1 decode awq_marlin >= 2.0x bf16"]["ratio"] > 0
     assert all(row["marlin_max_abs_err"] < 1e-3 for row in w4a16["results"])  # both kernels checked
+    # The anatomy ran last, one row per shape, every part checked and timed.
+    assert [(row["k"], row["n"]) for row in w4a16["anatomy"]] == [(256, 128), (128, 256)]
+    assert all("error" not in row and len(row["ms"]) == 6 for row in w4a16["anatomy"])
     graphs = json.loads((out / "cuda_graphs_cpu.json").read_text())
     assert graphs["greedy_sequences_equal"] == graphs["greedy_sequences"]
     assert graphs["lora_greedy_sequences_equal"] == graphs["greedy_sequences"]
