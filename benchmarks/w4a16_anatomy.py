@@ -6,10 +6,10 @@ side by side in CUDA graphs (w4a16_sweep.time_alternating) with bf16 cuBLAS:
 
   launch        the grid's programs start and return: the launch and scheduling floor
   stream        each program loads its x, packed-weight, zero and scale tiles as the kernel
-                does (the same addresses and masks, pipelined num_stages deep), multiplies
-                an eighth as many folded weights and stores its product: the memory floor
-                of this decomposition (its K step is about half the kernel's instructions
-                on sm_90, 146 against 294, the address arithmetic and copies being common)
+                does (the same addresses and masks, pipelined num_stages deep) and folds
+                them with an instruction or two an element: the memory floor of this
+                decomposition (its K step is about 110 instructions a thread on sm_90
+                against the kernel's 294, the address arithmetic and copies being common)
   stream_deep   the same, 8 stages deep: whether more loads in flight lower that floor
   stream_fixup  stream, then the kernel's own split-K epilogue (w4a16_gemm._finish_tile:
                 partials, arrival counter, the last program's sum): what the split costs
@@ -21,9 +21,11 @@ stream_fixup - stream the split's epilogue, stream - launch the streaming. Each 
 registers, shared memory and the programs an SM holds of it ride along: one may fit more
 programs on an SM than the kernel does (the kernel's own usage is the AOT table's,
 benchmarks/compile_for_gpu.py: sm_90, M <= 16, fp16 or bf16: 88 registers, 25 KB). Every
-part-kernel's result is checked against the same product in torch before it is timed (to
-fp32's and the activations' rounding), so a wrong one fails.
+part-kernel's result is checked against the same fold in torch before it is timed (exact in
+its bits, to fp32's rounding in its sums), so a wrong one fails.
 """
+
+import itertools
 
 import torch
 import triton
@@ -50,14 +52,13 @@ def _stream_kernel(
     M, N, K, k_per_split, split_k,
     stride_xm, stride_xk, stride_qwt, stride_zg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    TILE: tl.constexpr, SPLIT_K: tl.constexpr, FIXUP: tl.constexpr,
+    TILE: tl.constexpr, SPLIT_K: tl.constexpr, FIXUP: tl.constexpr, STAGES: tl.constexpr,
 ):
-    """The repacked kernel's loads (its grid, tiles and addresses) with an eighth of its math:
-    each packed word XOR its column's zero, times the scale, is one weight of a [BLOCK_K / 8,
-    BLOCK_N] tile that multiplies x summed over each 8 of its columns (a tile feeds a dot, so
-    Triton pipelines its loads as it does the kernel's). The product goes to the program's
-    slot of `partial` (FIXUP: through the kernel's split-K epilogue into `out`)."""
-    tl.static_assert(BLOCK_K >= 128, "the folded tile's K (BLOCK_K / 8) must be at least 16 for tl.dot")
+    """The repacked kernel's loads (its grid, tiles and addresses), folded with one or two
+    instructions an element: packed words and zeros XORed, x and scales summed. The loop asks
+    for STAGES stages itself (`tl.range`): Triton pipelines a loop's loads through cp.async
+    unasked only when they feed a dot. Each program's fold, as an fp32 value, goes to every
+    element of its slot of `partial` (FIXUP: through the kernel's split-K epilogue into `out`)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -66,10 +67,13 @@ def _stream_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    words = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.int32)
+    zero_bits = tl.zeros((BLOCK_N,), dtype=tl.int32)
+    x_sum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    scale_sum = tl.zeros((BLOCK_N,), dtype=tl.float32)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    for k0 in range(scalar(k_start), scalar(k_end), BLOCK_K):
+    for k0 in tl.range(scalar(k_start), scalar(k_end), BLOCK_K, num_stages=STAGES):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=mask_m[:, None], other=0.0)
@@ -78,9 +82,14 @@ def _stream_kernel(
         group = k0 // GROUP_SIZE
         z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0)
         scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)
-        folded_x = tl.sum(tl.reshape(x.to(tl.float32), (BLOCK_M, BLOCK_K // 8, 8)), axis=2).to(x.dtype)
-        folded_w = ((packed ^ z.to(tl.int32)[None, :]) & 0xFF).to(x.dtype) * scale[None, :].to(x.dtype)
-        acc = tl.dot(folded_x, folded_w, acc)
+        words ^= packed
+        zero_bits ^= z.to(tl.int32)
+        x_sum += x.to(tl.float32)
+        scale_sum += scale.to(tl.float32)
+    # 8 bits of the XORs, so the fold is an fp32 integer plus the sums, exact enough to check.
+    word = tl.xor_sum(tl.xor_sum(words, axis=1), axis=0) ^ tl.xor_sum(zero_bits, axis=0)
+    fold = (word & 0xFF).to(tl.float32) + tl.sum(tl.sum(x_sum, axis=1), axis=0) + tl.sum(scale_sum, axis=0)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + fold
     if FIXUP:
         _finish_tile(acc, out_ptr, out_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m,
                      mask_n, stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, False, SPLIT_K)
@@ -122,8 +131,8 @@ class Launches:
             x.stride(0), x.stride(1), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0),
             self.out.stride(0),
             GROUP_SIZE=w.group_size, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            TILE=TILE_N, SPLIT_K=self.split_k > 1, FIXUP=fixup, num_warps=cfg.num_warps,
-            num_stages=num_stages or cfg.num_stages)
+            TILE=TILE_N, SPLIT_K=self.split_k > 1, FIXUP=fixup, STAGES=num_stages or cfg.num_stages,
+            num_warps=cfg.num_warps)
         name = "stream_fixup" if fixup else "stream" if num_stages is None else "stream_deep"
         self._record(name, compiled)
         return self.out if fixup else self.partial
@@ -133,33 +142,57 @@ class Launches:
             self.usage[name] = {"registers": compiled.n_regs, "shared_bytes": compiled.metadata.shared}
 
 
-def folded_products(launches: Launches) -> torch.Tensor:
-    """What `_stream_kernel` computes, in torch: [split, M, N] fp32, each split's product of x
-    summed over 8-column groups and the folded weights ((word ^ zero) & 0xFF) * scale."""
-    x, w = launches.x, launches.w
-    m, k = x.shape
-    n_pad = w.qweight.shape[0] * TILE_N
-    words = w.qweight.permute(1, 0, 2).reshape(k // 8, n_pad)[:, :w.n]  # word (p, n)
-    groups = torch.arange(k // 8, device=x.device) * 8 // w.group_size
-    zeros, scales = w.zeros[groups, :w.n].to(torch.int32), w.scales[groups, :w.n]
-    folded_w = ((words ^ zeros) & 0xFF).to(x.dtype) * scales.to(x.dtype)
-    folded_x = x.float().view(m, k // 8, 8).sum(dim=2).to(x.dtype)
-    per_split = launches.k_per_split // 8
-    return torch.stack([folded_x[:, p:p + per_split].float() @ folded_w[p:p + per_split].float()
-                        for p in range(0, k // 8, per_split)])
+def _xor_all(values: torch.Tensor) -> int:
+    """The XOR of every element (int32), by halving."""
+    values = values.flatten()
+    while values.numel() > 1:
+        if values.numel() % 2:
+            values = torch.cat([values, values.new_zeros(1)])
+        values = values[0::2] ^ values[1::2]
+    return int(values[0]) if values.numel() else 0
+
+
+def folds(launches: Launches) -> torch.Tensor:
+    """What `_stream_kernel` folds per program, in torch: [grid_m, grid_n, split] float64, the
+    low 8 bits of its packed words' and zeros' XOR plus the sum of its x and scale tiles."""
+    x, w, cfg = launches.x, launches.w, launches.config
+    (grid_m, grid_n, splits), m, k = launches.grid, x.shape[0], x.shape[1]
+    words = w.qweight.permute(1, 0, 2).reshape(k // 8, -1).cpu()  # word (p, n), padded columns
+    zeros, scales, xs = w.zeros.cpu().to(torch.int32), w.scales.double().cpu(), x.double().cpu()
+    result = torch.zeros(grid_m, grid_n, splits, dtype=torch.float64)
+    for pid_m, pid_n, pid_k in itertools.product(range(grid_m), range(grid_n), range(splits)):
+        rows = slice(pid_m * cfg.block_m, min(m, (pid_m + 1) * cfg.block_m))
+        cols = slice(pid_n * cfg.block_n, min(w.n, (pid_n + 1) * cfg.block_n))
+        bits, total = 0, 0.0
+        k_end = min(k, (pid_k + 1) * launches.k_per_split)
+        for k0 in range(pid_k * launches.k_per_split, k_end, cfg.block_k):
+            group = k0 // w.group_size
+            bits ^= _xor_all(words[k0 // 8:(k0 + cfg.block_k) // 8, cols]) ^ _xor_all(zeros[group, cols])
+            total += float(xs[rows, k0:k0 + cfg.block_k].sum()) + float(scales[group, cols].sum())
+        result[pid_m, pid_n, pid_k] = (bits & 0xFF) + total
+    return result
 
 
 def check_launches(launches: Launches) -> None:
-    """Raise unless the part-kernels wrote what torch says they should (each split's product;
-    through the epilogue, their sum in split order)."""
-    want = folded_products(launches)
-    tolerance = 1e-2 * float(want.abs().max()) + 1e-3
-    got = launches.stream().clone()
-    if float((got - want).abs().max()) > tolerance:
-        raise AssertionError(f"the stream kernel's products are off by {float((got - want).abs().max())}")
-    got = launches.stream(fixup=True).clone()
-    if float((got - want.sum(dim=0)).abs().max()) > tolerance * launches.split_k:
-        raise AssertionError(f"stream_fixup's output is off by {float((got - want.sum(dim=0)).abs().max())}")
+    """Raise unless the part-kernels wrote what torch says they should: each program's fold in
+    its output tile (through the epilogue, a tile's folds summed over its splits)."""
+    cfg, splits = launches.config, launches.split_k
+    m, n = launches.x.shape[0], launches.w.n
+    want = folds(launches)
+    tolerance = 1e-3 * float(want.abs().max()) + 1e-3
+
+    def tiles(per_tile: torch.Tensor) -> torch.Tensor:  # [grid_m, grid_n] -> [M, N]
+        return per_tile.repeat_interleave(cfg.block_m, 0).repeat_interleave(cfg.block_n, 1)[:m, :n]
+
+    got = launches.stream().double().cpu()
+    for split in range(splits):
+        error = float((got[split] - tiles(want[:, :, split])).abs().max())
+        if error > tolerance:
+            raise AssertionError(f"the stream kernel's fold is off by {error} in split {split}")
+    got = launches.stream(fixup=True).double().cpu()
+    error = float((got - tiles(want.sum(dim=2))).abs().max())
+    if error > tolerance * splits:
+        raise AssertionError(f"stream_fixup's output is off by {error}")
 
 
 def resident_programs(usage: dict, num_warps: int, device: torch.device) -> int | None:

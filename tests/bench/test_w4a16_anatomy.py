@@ -25,30 +25,40 @@ def problem():
     return bench_w4a16.Problem.make(512, 192, "cpu", torch.float32)
 
 
+@pytest.mark.parametrize("block_k", [64, 128])
 @pytest.mark.parametrize("split", [1, 2, 4])
 @pytest.mark.parametrize("m", [1, 3])
-def test_the_stream_kernel_and_its_split_epilogue_compute_the_folded_product(problem, split, m):
+def test_the_stream_kernel_and_its_split_epilogue_fold_what_torch_folds(problem, split, m, block_k):
     x, _ = problem.input(m)
-    launches = w4a16_anatomy.Launches(x, problem.repacked, marlin.MarlinConfig(16, 64, 128, split, 4, 2))
+    config = marlin.MarlinConfig(16, 64, block_k, split, 4, 2)
+    launches = w4a16_anatomy.Launches(x, problem.repacked, config)
     assert launches.grid == (1, 3, split)
-    want = w4a16_anatomy.folded_products(launches)
-    assert want.shape == (split, m, 192) and want.abs().max() > 0
-    torch.testing.assert_close(launches.stream().clone(), want, rtol=1e-4, atol=1e-3)
-    torch.testing.assert_close(launches.stream(fixup=True).clone(), want.sum(dim=0), rtol=1e-4, atol=1e-3)
+    want = w4a16_anatomy.folds(launches)  # [1, 3, split]
+    assert want.shape == (1, 3, split) and len(set(want.flatten().tolist())) == 3 * split
+    partial = launches.stream().clone()
+    for split_index in range(split):
+        for tile in range(3):  # every element of a program's tile holds its fold
+            block = partial[split_index, :, tile * 64:(tile + 1) * 64].double()
+            torch.testing.assert_close(block, torch.full_like(block, want[0, tile, split_index]),
+                                       rtol=1e-5, atol=1e-4)
+    out = launches.stream(fixup=True).clone()
+    for tile in range(3):
+        block = out[:, tile * 64:(tile + 1) * 64].double()
+        torch.testing.assert_close(block, torch.full_like(block, want[0, tile].sum()), rtol=1e-5, atol=1e-4)
     w4a16_anatomy.check_launches(launches)
     launches.empty()  # the launch floor's kernel runs on the same grid
 
 
-def test_the_check_fails_on_a_wrong_product(problem, monkeypatch):
+def test_the_check_fails_on_a_wrong_fold(problem, monkeypatch):
     x, _ = problem.input(1)
     launches = w4a16_anatomy.Launches(x, problem.repacked, marlin.MarlinConfig(16, 64, 128, 2, 4, 2))
-    right = w4a16_anatomy.folded_products
-    monkeypatch.setattr(w4a16_anatomy, "folded_products", lambda parts: right(parts) + 1.0)
-    with pytest.raises(AssertionError, match="stream kernel's products"):
+    right = w4a16_anatomy.folds
+    monkeypatch.setattr(w4a16_anatomy, "folds", lambda parts: right(parts) + 1.0)
+    with pytest.raises(AssertionError, match="stream kernel's fold is off"):
         w4a16_anatomy.check_launches(launches)
 
 
-def test_a_row_per_shape_with_every_part_timed_and_an_error_row_for_a_launch_it_cannot_take(
+def test_a_row_per_shape_with_every_part_timed_and_an_error_row_for_a_wrong_part(
         problem, monkeypatch):
     timer = lambda fns: w4a16_sweep.time_alternating(fns, "fake", 1.0)  # noqa: E731
     cpu, check = torch.device("cpu"), bench_w4a16.checker()
@@ -59,10 +69,10 @@ def test_a_row_per_shape_with_every_part_timed_and_an_error_row_for_a_launch_it_
     w = problem.repacked
     assert row["weight_bytes"] == sum(t.numel() * t.element_size() for t in (w.qweight, w.scales, w.zeros))
     assert w4a16_anatomy.describe(row).startswith("anatomy M=1 K=512 N=192 split")
-    # A K tile of 64 folds to 8 rows, too few for tl.dot: that shape's row says so, no raise.
-    monkeypatch.setattr(marlin, "config_for", lambda *args: marlin.MarlinConfig(16, 64, 64, 1, 4, 2))
+    # A part-kernel that goes wrong leaves that shape's row saying so, and no raise.
+    monkeypatch.setattr(w4a16_anatomy, "folds", lambda parts: torch.zeros(parts.grid, dtype=torch.float64))
     (row,) = w4a16_anatomy.anatomy_rows({(512, 192): problem}, cpu, timer, check)
-    assert "must be at least 16 for tl.dot" in row["error"]
+    assert row["error"].startswith("AssertionError: the stream kernel's fold is off")
     assert "ms" not in row and "anatomy M=1 K=512 N=192: " in w4a16_anatomy.describe(row)
 
 
