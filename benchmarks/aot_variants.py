@@ -24,6 +24,7 @@ from kvdeck.kernels.triton import qk_norm_rope_kv as qk_norm_rope_kv_triton  # n
 from kvdeck.kernels.triton import rmsnorm as rmsnorm_triton  # noqa: E402
 from kvdeck.kernels.triton import rope as rope_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
+from kvdeck.kernels.triton import w4a16_gemv as w4a16_gemv_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_marlin as w4a16_marlin_triton  # noqa: E402
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
 from kvdeck.kernels.triton.lora_plan import LoRAKernelConfig, lora_kernel_config  # noqa: E402
@@ -150,6 +151,27 @@ def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: b
     )
 
 
+def w4a16_gemv_variant(dtype: str, group_size: int, split: bool, zeros: bool = True,
+                       lop3: bool = True) -> Variant:
+    """The GEMV form (kernels/triton/w4a16_gemv.py) under its default config (GEMV_CONFIG)
+    fitted to the group; a tuned table's own GEMV config where it differs."""
+    def build(arch: int | None) -> Variant:
+        config = w4a16_marlin_triton.tuning(arch).gemv
+        return Variant(
+            w4a16_gemv_triton._w4a16_gemv_kernel,
+            dict(x_ptr=f"*{dtype}", qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}",
+                 bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
+            dict(GROUP_SIZE=group_size, BLOCK_N=config.block_n, BLOCK_K=min(config.block_k, group_size),
+                 TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split,
+                 LOP3=lop3, STAGES=config.num_stages),
+            dict(num_warps=config.num_warps),
+            decode=True,
+        )
+    default = build(None)
+    tuned = {arch: own for arch in ARCHS if (own := build(arch)) != default}
+    return dataclasses.replace(default, on_arch=tuned or None)
+
+
 def w4a16_marlin_variants() -> dict[str, Variant]:
     """Every M bucket at group 128 (split and not, AWQ zeros), GPTQ's symmetric form and
     groups of 32 and 64 at the decode bucket, the broadcast-load unpacking, the dequantise; all
@@ -171,6 +193,11 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
             dtype, 16, 128, True, lop3=False)
         variants[f"w4a16_marlin_m16_{dtype}_g128_swap_splitk"] = w4a16_marlin_variant(
             dtype, 16, 128, True, swap=True)
+        # The GEMV form for the smallest batches: AWQ at groups 128 and 32, GPTQ's symmetric.
+        variants[f"w4a16_marlin_gemv_{dtype}_g128_splitk"] = w4a16_gemv_variant(dtype, 128, True)
+        variants[f"w4a16_marlin_gemv_{dtype}_g32_splitk"] = w4a16_gemv_variant(dtype, 32, True)
+        variants[f"w4a16_marlin_gemv_{dtype}_g128_sym_splitk"] = w4a16_gemv_variant(dtype, 128, True,
+                                                                                     zeros=False)
         variants[f"marlin_dequantize_{dtype}"] = Variant(
             w4a16_marlin_triton._marlin_dequantize_kernel,
             dict(qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),

@@ -251,6 +251,36 @@ def check_graphs(smoke: bool = False) -> None:
         print(f"graph M={m:4d}: max |replay - eager| {diff:.3g}", flush=True)
         if diff > 1e-2 * float(eager.abs().max()):
             raise AssertionError(f"CUDA graph replay differs from eager at M={m}: {diff}")
+    if w4a16_kernel() == "marlin":  # the GEMV form too, before any tuned table serves it
+        _check_gemv_graphs(repacked, dequantize_awq(qweight, qzeros, scales, GROUP), smoke)
+
+
+def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
+    """The repacked kernel's GEMV form (its inline PTX on a GPU) at M = 1, 2 and 4: captured,
+    replayed on new inputs, equal to eager calls and to the dense product."""
+    from dataclasses import replace
+
+    from kvdeck.kernels.triton import w4a16_marlin as marlin
+
+    config = replace(marlin.GEMV_CONFIG, block_k=min(marlin.GEMV_CONFIG.block_k, GROUP), split_k=4)
+    check = checker()
+    for m in (1, 2, 4):
+        x = torch.randn(m, dense.shape[0], device=dense.device, dtype=dense.dtype)
+        gemv = lambda x=x: marlin.w4a16_matmul_marlin(x, repacked, config=config)  # noqa: E731
+        gemv()  # compiles outside the capture
+        if smoke:
+            captured = gemv()
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = gemv()
+            x.normal_()
+            graph.replay()
+        eager = gemv()
+        if not torch.equal(captured, eager):
+            raise AssertionError(f"the GEMV form's graph replay differs from eager at M={m}")
+        error = check(f"gemv M={m}", eager, (x.float() @ dense.float()).to(x.dtype))
+        print(f"graph gemv M={m}: replay == eager, max |out - dense product| {error:.3g}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ run) calls each once and reads FAKE_MS.
 
 The sweep, per weight shape (Llama-3-8B's), each group timed together with bf16 cuBLAS:
   config  M <= 16 (M = 1 and 16): MarlinConfig candidates for the decode bucket
+  gemv    M = 1, in the same rounds: the GEMV form's candidates (GEMV_CONFIGS)
   split   M = 1 and 16, the bucket's config: every split count a launch can run, with the wave
           efficiency `choose_split`'s model gives each for 1..8 programs per SM
   large   M = 32, 64, 256, 512: fused configs of the 32, 64 and 256 buckets (at each M those of
@@ -45,6 +46,17 @@ SMALL_M_CONFIGS = (  # (block_m, block_n, block_k, split_k max, num_warps, num_s
     (16, 128, 128, 16, 4, 4, False, False, True),  # swapped: wgmma on sm_90 (SWAP_CONFIG)
     (16, 64, 128, 16, 4, 4, False, False, True),
 )
+# The GEMV form (kernels/triton/w4a16_gemv.py: no tensor cores, one row a program) at M = 1,
+# timed in the decode bucket's group: w4a16_tune serves it to batch 1 where it beats the bucket's
+# pick there. MarlinConfig's fields in order, `gemv` last; the first is GEMV_CONFIG.
+GEMV_CONFIGS = tuple((*values, False, False, False, True) for values in (
+    (1, 128, 128, 16, 4, 4),  # the default (sm_90: 3.11 / 3.28 instructions a weight, 71-79 registers)
+    (1, 64, 128, 16, 4, 4),
+    (1, 256, 128, 16, 4, 3),  # 2.77 a weight, 128 registers
+    (1, 128, 128, 16, 8, 4),
+    (1, 128, 64, 32, 4, 6),
+))
+GEMV_M = 1
 LARGE_M = (32, 64, 256, 512)
 LARGE_M_CONFIGS = {  # bucket limit -> candidates (the first is the default)
     32: ((32, 64, 128, 8, 4, 4), (32, 128, 128, 8, 4, 4), (32, 128, 64, 8, 8, 4),
@@ -149,6 +161,11 @@ def _small_m_rows(problem, m: int, num_sms: int, timer, check) -> list[dict]:
         name = f"config{len(configs)}"
         configs[name] = (values, cfg)
         fns[name] = lambda cfg=cfg: marlin.w4a16_matmul_marlin(x, problem.repacked, config=cfg)
+    gemvs = {}
+    for values in GEMV_CONFIGS if m == GEMV_M else ():
+        cfg = _fitted(values, m, n, k, group, num_sms)
+        gemvs[name := f"gemv{len(gemvs)}"] = (values, cfg)
+        fns[name] = lambda cfg=cfg: marlin.w4a16_matmul_marlin(x, problem.repacked, config=cfg)
     # Every split count the decode bucket's config can run, the model's efficiency for each.
     base = _config(SMALL_M_CONFIGS[0], block_k=min(SMALL_M_CONFIGS[0][2], group))
     tiles, k_tiles = -(-m // base.block_m) * -(-n // base.block_n), k // base.block_k
@@ -161,6 +178,8 @@ def _small_m_rows(problem, m: int, num_sms: int, timer, check) -> list[dict]:
     ms = timer(fns)
     rows += [{"kind": "config", "m": m, "k": k, "n": n, "values": list(values), "config": asdict(cfg),
               "ms": ms[name], "bf16_ms": ms["bf16"]} for name, (values, cfg) in configs.items() if name in ms]
+    rows += [{"kind": "gemv", "m": m, "k": k, "n": n, "values": list(values), "config": asdict(cfg),
+              "ms": ms[name], "bf16_ms": ms["bf16"]} for name, (values, cfg) in gemvs.items() if name in ms]
     for split in (split for split in splits if f"split{split}" in ms):
         efficiency = {str(p): round(wave_efficiency(tiles, k_tiles, split, p * num_sms), 4)
                       for p in PROGRAMS_PER_SM_CHOICES}

@@ -14,6 +14,8 @@ shapes of speed-ups against bf16 cuBLAS timed in the same rounds:
   buckets 32, 64 and 256   the sweep's best fused config at M = 32, 64 and 256
   fused_max_tokens         the largest bucket limit up to which the fused kernel beats
                            dequantise + cuBLAS at every measured M
+  gemv, gemv_max_tokens    the sweep's best `gemv` row (M = 1), served to batch 1 (1) when
+                           it beats the decode bucket's pick timed in the same rounds, else 0
 Candidates the sweep could not run (its `error` rows) are left out; a config counts only
 where it ran at every shape.
 The summary also names, per M of the table, the fastest of marlin (under the sweep's pick,
@@ -130,6 +132,14 @@ def summarise_sweep(sweep_rows: list[dict], table_rows: list[dict]) -> dict:
         if best:
             buckets.append([limit, best[0]])
             out[f"bucket{limit}_speedup_vs_bf16"] = round(best[1], 4)
+    gemv = _best_config([r for r in sweep_rows if r["kind"] == "gemv"])
+    if gemv:
+        out["gemv"], out["gemv_speedup_vs_bf16"] = gemv[0], round(gemv[1], 4)
+        gemv_m = {r["m"] for r in sweep_rows if r["kind"] == "gemv"}
+        fused = [r["bf16_ms"] / r["ms"] for r in sweep_rows
+                 if r["kind"] == "config" and r["m"] in gemv_m and small and r["values"] == small[0]]
+        out["bucket16_at_gemv_m_speedup_vs_bf16"] = round(_geomean(fused), 4) if fused else None
+        out["gemv_max_tokens"] = max(gemv_m) if fused and gemv[1] > _geomean(fused) else 0
     picked = _programs_per_sm([r for r in sweep_rows if r["kind"] == "split"])
     if picked:
         out["programs_per_sm"], out["split_pick_loss"] = picked
@@ -186,6 +196,9 @@ def entry_from_sweep(tuned: dict, source: str) -> dict:
         "fused_max_tokens": tuned["fused_max_tokens"],
         "buckets": tuple((limit, dict(zip(CONFIG_FIELDS, values))) for limit, values in tuned["buckets"]),
     }
+    if tuned.get("gemv"):
+        entry["gemv_max_tokens"] = tuned.get("gemv_max_tokens", 0)
+        entry["gemv"] = dict(zip(CONFIG_FIELDS, tuned["gemv"]))
     tuning_from_table(entry)  # the kernel's own check of what it will read
     return entry
 

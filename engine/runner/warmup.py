@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 # Token counts of a step that land in each W4A16 tile bucket (kernels/triton/w4a16_gemm.py's
 # M_BUCKETS: 1-16, 17-32, 33-64, 65-256; a test keeps them in step) and above it (the
-# dequantise + cuBLAS path). Written out: importing the kernel module here would build it.
-W4A16_STEP_TOKENS = (16, 32, 64, 256, 257)
+# dequantise + cuBLAS path), after one token: the repacked kernel's GEMV form, which a GPU's
+# tuned table may serve the smallest batches (w4a16_marlin_plan.ArchTuning.gemv_max_tokens).
+# Written out: importing the kernel module here would build it.
+W4A16_STEP_TOKENS = (1, 16, 32, 64, 256, 257)
 # choose_num_segments' split counts: powers of two up to MAX_SEGMENTS.
 SPLIT_COUNTS = tuple(1 << i for i in range(MAX_SEGMENTS.bit_length()))
 

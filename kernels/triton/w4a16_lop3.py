@@ -65,9 +65,69 @@ mov.b32 {$6, $7}, a;
 
 CONSTRAINTS = "=h,=h,=h,=h,=h,=h,=h,=h,r,r,r"
 
+# The decode-size GEMV (kernels/triton/w4a16_gemv.py): one word's eight q - z (as above) times
+# the eight activations of its rows, summed: $0 the fp32 sum; $1 the packed word; $2, $3 the
+# zero-point pairs; $4..$7 the activation pairs (rows 2m, 2m + 1 as one 32-bit register, as
+# two consecutive 16-bit activations load). The products and the sums of four pairs are
+# 16-bit (mul/fma .f16x2 or .bf16x2, each rounding once), the two halves' sum fp32.
+FP16_DOT_ASM = """{
+.reg .b32 q, a, b, acc, sixteenth;
+.reg .b16 lo, hi;
+.reg .f32 flo, fhi;
+mov.b32 sixteenth, 0x2c002c00;
+lop3.b32 a, $1, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 b, $1, 0x00f000f0, 0x64006400, 0xea;
+sub.f16x2 a, a, $2;
+fma.rn.f16x2 b, b, sixteenth, $3;
+mul.rn.f16x2 acc, a, $4;
+fma.rn.f16x2 acc, b, $5, acc;
+shr.u32 q, $1, 8;
+lop3.b32 a, q, 0x000f000f, 0x64006400, 0xea;
+lop3.b32 b, q, 0x00f000f0, 0x64006400, 0xea;
+sub.f16x2 a, a, $2;
+fma.rn.f16x2 b, b, sixteenth, $3;
+fma.rn.f16x2 acc, a, $6, acc;
+fma.rn.f16x2 acc, b, $7, acc;
+mov.b32 {lo, hi}, acc;
+cvt.f32.f16 flo, lo;
+cvt.f32.f16 fhi, hi;
+add.f32 $0, flo, fhi;
+}"""
+
+# bf16: sm_80 has no mul.bf16x2, so the first product is an fma plus -0.0 (exact); a bf16
+# half is the top of an fp32, so the halves widen by a shift and a mask.
+BF16_DOT_ASM = """{
+.reg .b32 q, a, acc, one, negzero, flo, fhi;
+mov.b32 one, 0x3f803f80;
+mov.b32 negzero, 0x80008000;
+lop3.b32 a, $1, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $2;
+fma.rn.bf16x2 acc, a, $4, negzero;
+shr.u32 q, $1, 4;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $2;
+fma.rn.bf16x2 acc, a, $5, acc;
+shr.u32 q, $1, 8;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $2;
+fma.rn.bf16x2 acc, a, $6, acc;
+shr.u32 q, $1, 12;
+lop3.b32 a, q, 0x000f000f, 0x43004300, 0xea;
+fma.rn.bf16x2 a, a, one, $2;
+fma.rn.bf16x2 acc, a, $7, acc;
+shl.b32 flo, acc, 16;
+and.b32 fhi, acc, 0xffff0000;
+add.f32 $0, flo, fhi;
+}"""
+
+DOT_CONSTRAINTS = "=f,r,r,r,r,r,r,r"
+
 _FP16_ASM = tl.constexpr(FP16_ASM)
 _BF16_ASM = tl.constexpr(BF16_ASM)
 _CONSTRAINTS = tl.constexpr(CONSTRAINTS)
+_FP16_DOT_ASM = tl.constexpr(FP16_DOT_ASM)
+_BF16_DOT_ASM = tl.constexpr(BF16_DOT_ASM)
+_DOT_CONSTRAINTS = tl.constexpr(DOT_CONSTRAINTS)
 
 
 @triton.jit
@@ -111,3 +171,16 @@ def rows_in_order(r0, r1, r2, r3, r4, r5, r6, r7):
     rows = tl.join(tl.join(tl.join(r0, r4), tl.join(r2, r6)), tl.join(tl.join(r1, r5), tl.join(r3, r7)))
     rows = tl.permute(tl.reshape(rows, (P, N, 8)), (0, 2, 1))
     return tl.reshape(rows, (P * 8, N))
+
+
+@triton.jit
+def dot_word_lop3(packed, lo, hi, x0, x1, x2, x3, DTYPE: tl.constexpr):
+    """sum_j (q_j - z) * x_j over each packed word's eight rows, fp32, by the inline PTX above:
+    packed int32, the zero pairs lo/hi (`zero_pairs`) and the activation pairs x0..x3 (int32,
+    rows 2m and 2m + 1 of the word), all broadcast to one shape."""
+    if DTYPE == tl.float16:
+        return tl.inline_asm_elementwise(_FP16_DOT_ASM, _DOT_CONSTRAINTS, [packed, lo, hi, x0, x1, x2, x3],
+                                         dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        return tl.inline_asm_elementwise(_BF16_DOT_ASM, _DOT_CONSTRAINTS, [packed, lo, hi, x0, x1, x2, x3],
+                                         dtype=tl.float32, is_pure=True, pack=1)

@@ -35,10 +35,12 @@ from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
+from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
 from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the tests and benches use)
     BROADCAST_CONFIG,
     FUSED_MAX_TOKENS,
+    GEMV_CONFIG,
     M_BUCKETS,
     PROGRAMS_PER_SM,
     SWAP_CONFIG,
@@ -198,6 +200,9 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
         config = config_for(m, w.n, k, w.group_size, x.device)
     if w.group_size % config.block_k or config.block_k % 16:
         raise ValueError(f"block_k {config.block_k} must be a multiple of 16 dividing the group")
+    if config.gemv:
+        lop3 = uses_lop3(x.device, w.scales.dtype, config.plain_dequant)
+        return w4a16_matmul_gemv(x, w, bias, config, lop3)
     out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out

@@ -38,6 +38,9 @@ class MarlinConfig:
     # Hopper's wgmma with the weights through shared memory: 3.70 instructions a weight in the
     # K loop against 3.87 unswapped (no activation-fragment moves). A sweep candidate.
     swap_ab: bool = False
+    # The GEMV form (kernels/triton/w4a16_gemv.py): no tensor cores, one activation row a
+    # program (block_m 1), each packed word dotted with its eight activations in inline PTX.
+    gemv: bool = False
 
 
 # (largest M of the bucket, its config). The limits are the AWQ-layout kernel's (the engine's
@@ -59,6 +62,11 @@ BROADCAST_CONFIG = MarlinConfig(block_m=16, block_n=64, block_k=64, split_k=16, 
 # AOT matrix builds it for every arch, the sweep times it beside the default.
 SWAP_CONFIG = MarlinConfig(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4,
                            num_stages=4, swap_ab=True)
+# The GEMV form's default (sm_90: 3.11 instructions a weight in its K loop for fp16, 3.28 for
+# bf16, against the fused kernel's 4.38 and 4.59; 71-79 registers, 25 KB); served to
+# the smallest batches only where a GPU sweep measured it faster (ArchTuning.gemv_max_tokens).
+GEMV_CONFIG = MarlinConfig(block_m=1, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4,
+                           gemv=True)
 MIN_K_TILES_PER_SPLIT = 2
 # Programs an SM runs at once in the wave model (small tiles, few warps); a sweep may tune it.
 PROGRAMS_PER_SM = 2
@@ -70,6 +78,9 @@ class ArchTuning:
     buckets: tuple[tuple[int, MarlinConfig], ...] = M_BUCKETS
     programs_per_sm: int = PROGRAMS_PER_SM
     fused_max_tokens: int = FUSED_MAX_TOKENS
+    # Up to this many rows the GEMV form serves (`gemv`); 0: never (untuned).
+    gemv_max_tokens: int = 0
+    gemv: MarlinConfig = GEMV_CONFIG
     source: str = "defaults (no GPU sweep)"
 
 
@@ -90,9 +101,16 @@ def tuning_from_table(entry: dict) -> ArchTuning:
     programs = int(entry.get("programs_per_sm", PROGRAMS_PER_SM))
     if programs < 1:
         raise ValueError(f"programs_per_sm must be >= 1, got {programs}")
+    gemv_max = int(entry.get("gemv_max_tokens", 0))
+    if not 0 <= gemv_max <= BUCKET_LIMITS[0]:
+        raise ValueError(f"gemv_max_tokens {gemv_max} must be 0..{BUCKET_LIMITS[0]} (the first bucket)")
+    gemv = MarlinConfig(**entry["gemv"]) if "gemv" in entry else GEMV_CONFIG
+    if not gemv.gemv or gemv.block_m != 1 or gemv.swap_ab or gemv.broadcast_load:
+        raise ValueError(f"the gemv config must be the GEMV form (gemv, block_m 1, no swap or "
+                         f"broadcast load), got {gemv}")
     return ArchTuning(buckets=tuple((limit, given.get(limit, cfg)) for limit, cfg in M_BUCKETS),
-                      programs_per_sm=programs, fused_max_tokens=fused,
-                      source=str(entry.get("source", "tuned")))
+                      programs_per_sm=programs, fused_max_tokens=fused, gemv_max_tokens=gemv_max,
+                      gemv=gemv, source=str(entry.get("source", "tuned")))
 
 
 # SM version -> its tuning; `use_tuning` may add one, None (off CUDA) included.
@@ -154,6 +172,8 @@ def bucket_config(m: int, arch: int | None = None) -> MarlinConfig:
 
 
 def _bucket(arch_tuning: ArchTuning, m: int) -> MarlinConfig:
+    if m <= arch_tuning.gemv_max_tokens:
+        return arch_tuning.gemv
     buckets = arch_tuning.buckets
     return next((cfg for limit, cfg in buckets if m <= limit), buckets[-1][1])
 

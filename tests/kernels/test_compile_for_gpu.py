@@ -57,6 +57,8 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for tag in ("g32", "g64", "g128_sym", "g128_broadcast", "g128_plain"):
             assert f"w4a16_marlin_m16_{dtype}_{tag}_splitk" in aot.VARIANTS
         assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
+        for tag in ("g128", "g32", "g128_sym"):  # the GEMV form for the smallest batches
+            assert f"w4a16_marlin_gemv_{dtype}_{tag}_splitk" in aot.VARIANTS
         # LoRA's shrink/expand (and both in one launch) as eager steps launch them and as the
         # adapter decode graphs do.
         for kernel in ("shrink", "expand", "fused"):
@@ -122,6 +124,18 @@ def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instruction
         assert marlin <= 0.5 * awq_layout and marlin <= 4.8, (dtype, marlin, awq_layout)
         # Symmetric (GPTQ) weights need no zero points: no more than the AWQ form.
         assert per_weight[f"w4a16_marlin_m16_{dtype}_g128_sym_splitk"] <= marlin
+
+
+def test_gemv_form_loop_issues_fewer_instructions_a_weight_than_the_fused_decode_kernel(compiled):
+    # The GEMV form (kernels/triton/w4a16_gemv.py) dots each packed word with its activations
+    # in one PTX block, no padded 16-row MMA operand to assemble (49 register moves of the
+    # fused kernel's 294 a K step on sm_90): 3.11 (fp16) and 3.28 (bf16) a weight against
+    # 4.38 and 4.59, the sweep's reason to time it at M = 1.
+    per_weight = {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
+    for dtype in ("fp16", "bf16"):
+        gemv = per_weight[f"w4a16_marlin_gemv_{dtype}_g128_splitk"]
+        fused = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]
+        assert gemv <= 0.8 * fused and gemv <= 3.5, (dtype, gemv, fused)
 
 
 def test_marlin_kernels_dequantise_by_lop3_ptx(compiled):

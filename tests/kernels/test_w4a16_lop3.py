@@ -37,6 +37,8 @@ def _pair_op(op: str, args: list[np.ndarray]) -> np.ndarray:
             exact = vals[0] - vals[1]
         elif op.startswith("fma.rn."):
             exact = vals[0] * vals[1] + vals[2]
+        elif op.startswith("mul.rn."):
+            exact = vals[0] * vals[1]
         else:
             raise AssertionError(f"no emulation for {op}")
         result |= _float_to_halves(exact, dtype) << shift
@@ -80,6 +82,14 @@ def run_asm(asm: str, inputs: dict[int, np.ndarray], outputs: int) -> list[np.nd
             regs[dst] = _lop3(value(args[0]), value(args[1]), value(args[2]), int(args[3], 0))
         elif op == "shr.u32":
             regs[dst] = value(args[0]) >> np.uint32(int(args[1], 0))
+        elif op == "shl.b32":
+            regs[dst] = (value(args[0]).astype(np.uint64) << np.uint64(int(args[1], 0))).astype(np.uint32)
+        elif op == "and.b32":
+            regs[dst] = value(args[0]) & value(args[1])
+        elif op == "cvt.f32.f16":  # a 16-bit register's fp16 -> fp32 bits (exact)
+            regs[dst] = _halves_to_float(value(args[0]), torch.float16).astype(np.float32).view(np.uint32)
+        elif op == "add.f32":  # one fp32 rounding
+            regs[dst] = (value(args[0]).view(np.float32) + value(args[1]).view(np.float32)).view(np.uint32)
         else:
             regs[dst] = _pair_op(op, [value(a) for a in args])
     return [regs[f"${i}"] for i in range(outputs)]
@@ -160,3 +170,46 @@ def test_rows_come_back_in_k_order():
     k = torch.arange(p * 8)[:, None]
     expected = (k // 8) * 1000 + torch.arange(n)[None, :] + (k % 8) * 100000
     assert torch.equal(out, expected.to(torch.int32))
+
+
+def _rounded(values: np.ndarray, dtype: torch.dtype) -> np.ndarray:
+    return torch.from_numpy(values).to(dtype).double().numpy()
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_dot_asm_sums_a_words_eight_products_as_documented(name):
+    # The GEMV form's PTX (w4a16_lop3.FP16_DOT_ASM / BF16_DOT_ASM): rows 2m, 2m + 1 of the word
+    # times the activation pair m, each product and each running sum of the four pairs rounded
+    # once to the 16-bit type (the first a product alone, then fused multiply-adds), the two
+    # halves' sums added in fp32. Emulated instruction by instruction on every nibble in every
+    # position and every zero point, against that arithmetic done here independently.
+    dtype = DTYPES[name]
+    asm = w4a16_lop3.FP16_DOT_ASM if name == "fp16" else w4a16_lop3.BF16_DOT_ASM
+    gen = np.random.default_rng(3)
+    words = np.concatenate([np.arange(16, dtype=np.uint64) * 0x11111111,
+                            gen.integers(0, 2**32, 112, dtype=np.uint64)]).astype(np.uint32)
+    z = np.arange(16, dtype=np.uint32)
+    lo, hi = _zero_pairs_numpy(z, name)
+    w_grid, lo_grid = np.meshgrid(words, lo, indexing="ij")
+    hi_grid = np.broadcast_to(hi[None, :], w_grid.shape)
+    x = torch.randn((*w_grid.shape, 8), generator=torch.Generator().manual_seed(4)).to(dtype)
+    x_bits = x.view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
+    pairs = {4 + m: x_bits[..., 2 * m] | (x_bits[..., 2 * m + 1] << 16) for m in range(4)}
+    (got,) = run_asm(asm, {1: w_grid, 2: lo_grid, 3: hi_grid, **pairs}, outputs=1)
+    got = got.view(np.float32).astype(np.float64)
+
+    q_minus_z = np.stack([((w_grid >> np.uint32(ROW_SHIFTS[j])) & 0xF).astype(np.float64) - z[None, :]
+                          for j in range(8)], axis=-1)
+    xs = x.double().numpy()
+    halves = []
+    for half in (0, 1):  # rows 2m (the low halves) and 2m + 1 (the high)
+        running = _rounded(q_minus_z[..., half] * xs[..., half], dtype)
+        for m in range(1, 4):
+            running = _rounded(q_minus_z[..., 2 * m + half] * xs[..., 2 * m + half] + running, dtype)
+        halves.append(running)
+    expected = (halves[0].astype(np.float32) + halves[1].astype(np.float32)).astype(np.float64)
+    np.testing.assert_array_equal(got, expected)
+    # And close to the exact dot product: a 16-bit rounding or two of its size.
+    exact = (q_minus_z * xs).sum(axis=-1)
+    scale = np.abs(q_minus_z * xs).sum(axis=-1) + 1e-3
+    assert np.max(np.abs(got - exact) / scale) < (8e-3 if name == "fp16" else 3e-2)

@@ -137,6 +137,57 @@ def test_swapped_product_matches(marlin, m, symmetric):
     assert marlin.SWAP_CONFIG.swap_ab and not marlin.M_BUCKETS[0][1].swap_ab
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("group", GROUP_SIZES)
+@pytest.mark.parametrize("m", [1, 3])
+def test_gemv_form_matches(marlin, m, group, symmetric, dtype):
+    # The GEMV form (kernels/triton/w4a16_gemv.py, no tensor cores, one row a program): every
+    # group, AWQ and GPTQ's symmetric zeros, a bias, N past a whole column tile, split-K.
+    k, n = 4 * group, 200
+    qweight, qzeros, scales = _random_awq(k, n, group, dtype, m * group, symmetric)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m)).to(dtype)
+    bias = torch.randn(n).to(dtype)
+    repacked = repack_awq(qweight, qzeros, scales, group)
+    for split in (1, 4):
+        config = replace(marlin.GEMV_CONFIG, block_n=64, block_k=min(64, group), split_k=split)
+        out = marlin.w4a16_matmul_marlin(x, repacked, bias, config=config)
+        _assert_matches(out, x, dequantize_awq(qweight, qzeros, scales, group), bias)
+
+
+def test_gemv_form_takes_activations_at_any_offset_and_stride(marlin):
+    # Its activation pairs load as int32 on CUDA: a view that starts mid-pair or strides
+    # oddly is copied first, the same product either way.
+    qweight, qzeros, scales = _random_awq(128, 64, 64, torch.float32, 9)
+    repacked = repack_awq(qweight, qzeros, scales, 64)
+    base = torch.randn(3, 129)
+    x = base[:, 1:]  # offset by one element, row stride 129
+    config = replace(marlin.GEMV_CONFIG, block_n=64, block_k=64, split_k=2)
+    out = marlin.w4a16_matmul_marlin(x, repacked, config=config)
+    _assert_matches(out, x, dequantize_awq(qweight, qzeros, scales, 64))
+    assert torch.equal(out, marlin.w4a16_matmul_marlin(x.contiguous(), repacked, config=config))
+    with pytest.raises(ValueError, match="not a GEMV-form config"):
+        from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
+
+        w4a16_matmul_gemv(x, repacked, None, replace(config, block_m=16), lop3=False)
+
+
+def test_tuned_gemv_serves_the_smallest_batches_only(marlin):
+    from kvdeck.kernels.triton import w4a16_marlin_plan as plan
+
+    fields = {f: getattr(plan.GEMV_CONFIG, f) for f in plan.CONFIG_FIELDS}
+    tuned = plan.tuning_from_table({"gemv_max_tokens": 2, "gemv": {**fields, "block_n": 256}})
+    for m in (1, 2):
+        config = plan._fitted_config(m, 4096, 4096, 128, 132, tuned)
+        assert config.gemv and config.block_n == 256 and config.block_m == 1
+    assert not plan._fitted_config(3, 4096, 4096, 128, 132, tuned).gemv
+    assert not plan._fitted_config(1, 4096, 4096, 128, 132, plan.DEFAULT_TUNING).gemv  # off untuned
+    with pytest.raises(ValueError, match="gemv_max_tokens 17"):
+        plan.tuning_from_table({"gemv_max_tokens": 17})
+    with pytest.raises(ValueError, match="the GEMV form"):
+        plan.tuning_from_table({"gemv_max_tokens": 1, "gemv": {**fields, "gemv": False}})
+
+
 def test_split_k_is_deterministic_and_resets_its_counters(marlin):
     qweight, qzeros, scales = _random_awq(512, 64, 64, torch.float32, 3)
     repacked = repack_awq(qweight, qzeros, scales, 64)

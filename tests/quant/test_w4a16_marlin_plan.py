@@ -149,6 +149,25 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
         w4a16_tune.main([str(path), "--table", str(table), "--dry-run"])
 
 
+@pytest.mark.parametrize("gemv_ms", [0.5, 1.5])
+def test_tune_serves_batch_1_the_gemv_form_only_where_it_beat_the_bucket(gemv_ms):
+    import w4a16_sweep
+
+    result = _sweep_result()
+    gemv_default, gemv_other = (list(v) for v in w4a16_sweep.GEMV_CONFIGS[:2])
+    for k, n in LLAMA_8B_SHAPES:  # timed at M = 1 beside the bucket's configs (whose best ran 1.0)
+        for values, ms in ((gemv_default, 3.0), (gemv_other, gemv_ms)):
+            result["marlin_sweep"].append({"kind": "gemv", "m": 1, "k": k, "n": n, "values": values,
+                                           "ms": ms, "bf16_ms": 4.0})
+    tuned = w4a16_tune.summarise_sweep(result["marlin_sweep"], result["results"])["tuned"]
+    assert tuned["gemv"] == gemv_other and tuned["bucket16_at_gemv_m_speedup_vs_bf16"] == 4.0
+    assert tuned["gemv_max_tokens"] == (1 if gemv_ms < 1.0 else 0)
+    tuning = plan.tuning_from_table(w4a16_tune.entry_from_sweep(tuned, "test"))
+    assert tuning.gemv == plan.MarlinConfig(*gemv_other) and tuning.gemv.gemv
+    assert plan._fitted_config(1, 4096, 4096, 128, 132, tuning).gemv == (gemv_ms < 1.0)
+    assert not plan._fitted_config(2, 4096, 4096, 128, 132, tuning).gemv
+
+
 def test_a_sweep_candidate_that_fails_leaves_an_error_row_and_the_rest_run():
     import w4a16_sweep
 
