@@ -53,7 +53,7 @@ GEMV_CONFIGS = tuple((*values, False, False, False, True) for values in (
     (1, 128, 128, 16, 4, 4),  # the default (sm_90: 3.11 / 3.28 instructions a weight, 71-79 registers)
     (1, 64, 128, 16, 4, 4),
     (1, 256, 128, 16, 4, 3),  # 2.77 a weight, 128 registers
-    (1, 128, 128, 16, 8, 4),
+    (1, 256, 128, 16, 8, 3),  # 3.06, 80 registers
     (1, 128, 64, 32, 4, 6),
 ))
 GEMV_M = 1
