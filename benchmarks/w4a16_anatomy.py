@@ -34,7 +34,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
-from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters
+from kvdeck.kernels.triton.w4a16_gemm import SplitLaunch, _finish_tile
 
 M = 1
 DEEP_STAGES = 8
@@ -105,11 +105,12 @@ class Launches:
     def __init__(self, x: torch.Tensor, w: RepackedW4, config) -> None:
         self.x, self.w, self.config = x, w, config
         m, k = x.shape
-        self.k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-        self.split_k = triton.cdiv(k, self.k_per_split)
-        self.grid = (triton.cdiv(m, config.block_m), triton.cdiv(w.n, config.block_n), self.split_k)
-        self.partial = torch.empty((self.split_k, m, w.n), dtype=torch.float32, device=x.device)
         self.out = torch.empty((m, w.n), dtype=torch.float32, device=x.device)
+        self.split = split = SplitLaunch.make(self.out, k, config.block_m, config.block_n, config.block_k,
+                                              config.split_k)
+        self.k_per_split, self.split_k, self.grid = split.k_per_split, split.split_k, split.grid
+        # `stream` writes every split's fold here (no epilogue): its own buffer, never the counters'.
+        self.partial = torch.empty((self.split_k, m, w.n), dtype=torch.float32, device=x.device)
         self.usage: dict[str, dict] = {}
 
     def empty(self) -> None:
@@ -119,14 +120,13 @@ class Launches:
         """The loads and folded product: each split's product in `partial` [split, M, N], or
         (fixup) their sum through the split-K epilogue in `out` [M, N]."""
         x, w, cfg = self.x, self.w, self.config
-        counters = (_split_counters.get(x.device, self.grid[0] * self.grid[1])
-                    if fixup and self.split_k > 1 else self.out)  # else an unused placeholder
         if w.zeros is None:
             raise ValueError("the anatomy streams an asymmetric (AWQ) weight: it has zeros")
         zeros = w.zeros
         compiled = launch(
             _stream_kernel, self.grid,
-            x, w.qweight, zeros, w.scales, self.out, self.partial, counters,
+            x, w.qweight, zeros, w.scales, self.out,
+            self.split.partial if fixup else self.partial, self.split.counters,
             x.shape[0], w.n, w.k, self.k_per_split, self.split_k,
             x.stride(0), x.stride(1), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0),
             self.out.stride(0),

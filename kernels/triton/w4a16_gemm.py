@@ -229,6 +229,30 @@ class _SplitCounters:
 _split_counters = _SplitCounters()
 
 
+@dataclass(slots=True)
+class SplitLaunch:
+    """How a split-K GEMM launch of [m, k] x [k, n] is shaped: each split covers a whole number
+    of BLOCK_K tiles (no tile straddles two), and with more than one split the fp32 partials
+    and the arrival counters `_finish_tile` sums through (else `out`, an unused placeholder)."""
+    k_per_split: int
+    split_k: int
+    grid: tuple[int, int, int]
+    partial: torch.Tensor
+    counters: torch.Tensor
+
+    @classmethod
+    def make(cls, out: torch.Tensor, k: int, block_m: int, block_n: int, block_k: int,
+             split_k: int) -> "SplitLaunch":
+        m, n = out.shape
+        k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
+        split_k = triton.cdiv(k, k_per_split)
+        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split_k)
+        if split_k == 1:
+            return cls(k_per_split, 1, grid, out, out)
+        partial = torch.empty((split_k, m, n), dtype=torch.float32, device=out.device)
+        return cls(k_per_split, split_k, grid, partial, _split_counters.get(out.device, grid[0] * grid[1]))
+
+
 def _check_awq_tensors(x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
                        scales: torch.Tensor, group_size: int) -> None:
     m, k = x.shape
@@ -266,22 +290,14 @@ def w4a16_matmul_triton(
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    # Each split covers a whole number of BLOCK_K tiles, so no tile straddles two splits.
-    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    split_k = triton.cdiv(k, k_per_split)
-    grid = (triton.cdiv(m, config.block_m), triton.cdiv(n, config.block_n), split_k)
-    if split_k > 1:
-        partial = torch.empty((split_k, m, n), dtype=torch.float32, device=x.device)
-        counters = _split_counters.get(x.device, grid[0] * grid[1])
-    else:
-        partial = counters = out  # unused placeholders
-    launch(_w4a16_gemm_kernel, grid,
-        x, qweight, qzeros, scales, out if bias is None else bias, out, partial, counters,
-        m, n, k, k_per_split, split_k,
+    split = SplitLaunch.make(out, k, config.block_m, config.block_n, config.block_k, config.split_k)
+    launch(_w4a16_gemm_kernel, split.grid,
+        x, qweight, qzeros, scales, out if bias is None else bias, out, split.partial, split.counters,
+        m, n, k, split.k_per_split, split.split_k,
         x.stride(0), x.stride(1), qweight.stride(0), qzeros.stride(0), scales.stride(0),
         out.stride(0),
         GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, HAS_BIAS=bias is not None, SPLIT_K=split_k > 1,
+        BLOCK_K=config.block_k, HAS_BIAS=bias is not None, SPLIT_K=split.split_k > 1,
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -29,7 +29,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
-from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters
+from kvdeck.kernels.triton.w4a16_gemm import SplitLaunch, _finish_tile
 from kvdeck.kernels.triton.w4a16_lop3 import dot_word_lop3, zero_pairs
 
 
@@ -116,20 +116,13 @@ def w4a16_matmul_gemv(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None,
     out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    split_k = triton.cdiv(k, k_per_split)
-    grid = (m, triton.cdiv(w.n, config.block_n), split_k)
-    if split_k > 1:
-        partial = torch.empty((split_k, m, w.n), dtype=torch.float32, device=x.device)
-        counters = _split_counters.get(x.device, grid[0] * grid[1])
-    else:
-        partial = counters = out  # unused placeholders
+    split = SplitLaunch.make(out, k, 1, config.block_n, config.block_k, config.split_k)
     zeros = w.zeros if w.zeros is not None else w.scales  # unused placeholder when symmetric
-    launch(_w4a16_gemv_kernel, grid,
-           x, w.qweight, zeros, w.scales, out if bias is None else bias, out, partial, counters,
-           m, w.n, k, k_per_split, split_k,
+    launch(_w4a16_gemv_kernel, split.grid,
+           x, w.qweight, zeros, w.scales, out if bias is None else bias, out, split.partial, split.counters,
+           m, w.n, k, split.k_per_split, split.split_k,
            x.stride(0), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0), out.stride(0),
            GROUP_SIZE=w.group_size, BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILE=TILE_N,
-           HAS_ZEROS=w.zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split_k > 1, LOP3=lop3,
+           HAS_ZEROS=w.zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split.split_k > 1, LOP3=lop3,
            STAGES=config.num_stages, num_warps=config.num_warps)
     return out

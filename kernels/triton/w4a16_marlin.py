@@ -34,7 +34,12 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
-from kvdeck.kernels.triton.w4a16_gemm import _finish_tile, _split_counters, streaming_multiprocessors
+from kvdeck.kernels.triton.w4a16_gemm import (
+    SplitLaunch,
+    _finish_tile,
+    _split_counters,  # noqa: F401  (the tests read the counters)
+    streaming_multiprocessors,
+)
 from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
 from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the tests and benches use)
@@ -206,23 +211,16 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
     out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
-    split_k = triton.cdiv(k, k_per_split)
-    grid = (triton.cdiv(m, config.block_m), triton.cdiv(w.n, config.block_n), split_k)
-    if split_k > 1:
-        partial = torch.empty((split_k, m, w.n), dtype=torch.float32, device=x.device)
-        counters = _split_counters.get(x.device, grid[0] * grid[1])
-    else:
-        partial = counters = out  # unused placeholders
+    split = SplitLaunch.make(out, k, config.block_m, config.block_n, config.block_k, config.split_k)
     zeros = w.zeros if w.zeros is not None else w.scales  # unused placeholder when symmetric
-    launch(_w4a16_marlin_kernel, grid,
-           x, w.qweight, zeros, w.scales, out if bias is None else bias, out, partial, counters,
-           m, w.n, k, k_per_split, split_k,
+    launch(_w4a16_marlin_kernel, split.grid,
+           x, w.qweight, zeros, w.scales, out if bias is None else bias, out, split.partial, split.counters,
+           m, w.n, k, split.k_per_split, split.split_k,
            x.stride(0), x.stride(1), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0),
            out.stride(0),
            GROUP_SIZE=w.group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
            BLOCK_K=config.block_k, TILE=TILE_N, HAS_ZEROS=w.zeros is not None,
-           HAS_BIAS=bias is not None, SPLIT_K=split_k > 1, BROADCAST_LOAD=config.broadcast_load,
+           HAS_BIAS=bias is not None, SPLIT_K=split.split_k > 1, BROADCAST_LOAD=config.broadcast_load,
            LOP3=not config.broadcast_load and uses_lop3(x.device, w.scales.dtype, config.plain_dequant),
            SWAP_AB=config.swap_ab, num_warps=config.num_warps, num_stages=config.num_stages)
     return out
