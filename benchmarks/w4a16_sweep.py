@@ -50,7 +50,7 @@ SMALL_M_CONFIGS = (  # (block_m, block_n, block_k, split_k max, num_warps, num_s
 # timed in the decode bucket's group: w4a16_tune serves it to batch 1 where it beats the bucket's
 # pick there. MarlinConfig's fields in order, `gemv` last; the first is GEMV_CONFIG.
 GEMV_CONFIGS = tuple((*values, False, False, False, True) for values in (
-    (1, 128, 128, 16, 4, 4),  # the default (sm_90: 3.11 / 3.28 instructions a weight, 71-79 registers)
+    (1, 128, 128, 16, 4, 4),  # the default (sm_90: 3.11 / 3.28 instructions a weight, no spills)
     (1, 64, 128, 16, 4, 4),
     (1, 256, 128, 16, 4, 3),  # 2.77 a weight, 128 registers
     (1, 256, 128, 16, 8, 3),  # 3.06, 80 registers

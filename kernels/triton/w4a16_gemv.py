@@ -109,6 +109,9 @@ def w4a16_matmul_gemv(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None,
     whether the inline PTX runs (w4a16_marlin.uses_lop3)."""
     if not config.gemv or config.block_m != 1:
         raise ValueError(f"not a GEMV-form config: {config}")
+    if lop3 and x.dtype != w.scales.dtype:  # the PTX multiplies the activations as the scales' type
+        raise ValueError(f"the GEMV form's PTX needs activations in the scales' dtype: x is {x.dtype}, "
+                         f"scales are {w.scales.dtype}")
     m, k = x.shape
     # The activation pairs load as int32: unit stride along K, rows and base 4-byte aligned.
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:

@@ -63,7 +63,7 @@ BROADCAST_CONFIG = MarlinConfig(block_m=16, block_n=64, block_k=64, split_k=16, 
 SWAP_CONFIG = MarlinConfig(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4,
                            num_stages=4, swap_ab=True)
 # The GEMV form's default (sm_90: 3.11 instructions a weight in its K loop for fp16, 3.28 for
-# bf16, against the fused kernel's 4.38 and 4.59; 71-79 registers, 25 KB); served to
+# bf16, against the fused kernel's 4.38 and 4.59; 26 KB, 71-96 registers, no spills); served to
 # the smallest batches only where a GPU sweep measured it faster (ArchTuning.gemv_max_tokens).
 GEMV_CONFIG = MarlinConfig(block_m=1, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4,
                            gemv=True)

@@ -170,6 +170,8 @@ def test_gemv_form_takes_activations_at_any_offset_and_stride(marlin):
         from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
 
         w4a16_matmul_gemv(x, repacked, None, replace(config, block_m=16), lop3=False)
+    with pytest.raises(ValueError, match="activations in the scales' dtype"):
+        w4a16_matmul_gemv(x.half(), repacked, None, config, lop3=True)
 
 
 def test_tuned_gemv_serves_the_smallest_batches_only(marlin):
