@@ -35,6 +35,7 @@ from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import SplitLaunch, _finish_tile
+from kvdeck.kernels.triton.w4a16_layout import load_group, load_words, packed_columns
 
 M = 1
 DEEP_STAGES = 8
@@ -66,7 +67,7 @@ def _stream_kernel(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
     mask_n = offs_n < N
-    columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
+    columns = packed_columns(offs_n, stride_qwt, TILE)
     words = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.int32)
     zero_bits = tl.zeros((BLOCK_N,), dtype=tl.int32)
     x_sum = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
@@ -77,13 +78,11 @@ def _stream_kernel(
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :] * stride_xk,
                     mask=mask_m[:, None], other=0.0)
-        offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :], mask=mask_n[None, :], other=0)
-        group = k0 // GROUP_SIZE
-        z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0)
-        scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)
+        packed = load_words(qw_ptr, k0 // 8 + tl.arange(0, BLOCK_K // 8), columns, mask_n, TILE)
+        z, scale = load_group(z_ptr, s_ptr, k0 // GROUP_SIZE, offs_n, mask_n, stride_zg, stride_sg, True,
+                              BLOCK_N)
         words ^= packed
-        zero_bits ^= z.to(tl.int32)
+        zero_bits ^= z
         x_sum += x.to(tl.float32)
         scale_sum += scale.to(tl.float32)
     # 8 bits of the XORs, so the fold is an fp32 integer plus the sums, exact enough to check.

@@ -30,21 +30,16 @@ from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.w4a16_gemm import SplitLaunch, _finish_tile
+from kvdeck.kernels.triton.w4a16_layout import load_group, load_words, packed_columns, row_shift
 from kvdeck.kernels.triton.w4a16_lop3 import dot_word_lop3, zero_pairs
 
 
 @triton.jit
-def _row_shift(j):
-    """Bit offset of row j (0..7) of a packed int32: the layout's ROW_SHIFTS (interleaved rows)."""
-    return 4 * ((j >> 1) + 4 * (j & 1))
-
-
-@triton.jit
-def _word_sums_plain(packed, z, x_row, offs_p, DTYPE: tl.constexpr):
+def _word_sums_plain(packed, z, x_row, offs_p):
     """[P, BLOCK_N] fp32: sum_j (q_j - z) * x[8p + j] in plain Triton (the interpreter)."""
     rows = tl.arange(0, 8)
     x = tl.load(x_row + offs_p[:, None] * 8 + rows[None, :]).to(tl.float32)  # [P, 8]
-    q = (packed[:, None, :] >> _row_shift(rows)[None, :, None]) & 0xF  # [P, 8, BLOCK_N]
+    q = (packed[:, None, :] >> row_shift(rows)[None, :, None]) & 0xF  # [P, 8, BLOCK_N]
     diff = (q - z[None, None, :]).to(tl.float32)
     return tl.sum(diff * x[:, :, None], axis=1)
 
@@ -76,7 +71,7 @@ def _w4a16_gemv_kernel(
     mask_m = offs_m < M
     mask_n = offs_n < N
     x_row = x_ptr + pid_m.to(tl.int64) * stride_xm
-    columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
+    columns = packed_columns(offs_n, stride_qwt, TILE)
     DTYPE: tl.constexpr = s_ptr.dtype.element_ty
 
     acc = tl.zeros((BLOCK_K // 8, BLOCK_N), dtype=tl.float32)
@@ -84,18 +79,14 @@ def _w4a16_gemv_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     for k0 in tl.range(scalar(k_start), scalar(k_end), BLOCK_K, num_stages=STAGES):
         offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :], mask=mask_n[None, :], other=0)
-        group = k0 // GROUP_SIZE
-        if HAS_ZEROS:
-            z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0).to(tl.int32)
-        else:
-            z = tl.full((BLOCK_N,), 8, tl.int32)  # SYMMETRIC_ZERO (a jit function reads no globals)
-        scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0).to(tl.float32)
+        packed = load_words(qw_ptr, offs_p, columns, mask_n, TILE)
+        z, scale = load_group(z_ptr, s_ptr, k0 // GROUP_SIZE, offs_n, mask_n, stride_zg, stride_sg, HAS_ZEROS,
+                              BLOCK_N)
         if LOP3:
             sums = _word_sums_lop3(packed, z, x_row, offs_p, DTYPE)
         else:
-            sums = _word_sums_plain(packed, z, x_row, offs_p, DTYPE)
-        acc += sums * scale[None, :]  # one group a K step: BLOCK_K divides it
+            sums = _word_sums_plain(packed, z, x_row, offs_p)
+        acc += sums * scale.to(tl.float32)[None, :]  # one group a K step: BLOCK_K divides it
 
     _finish_tile(tl.sum(acc, axis=0)[None, :], out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N,
                  offs_m, offs_n, mask_m, mask_n, stride_om, pid_m, pid_n, pid_k, split_k, 1, BLOCK_N,

@@ -41,6 +41,7 @@ from kvdeck.kernels.triton.w4a16_gemm import (
     streaming_multiprocessors,
 )
 from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
+from kvdeck.kernels.triton.w4a16_layout import load_group, load_words, packed_columns, row_shift
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
 from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the tests and benches use)
     BROADCAST_CONFIG,
@@ -75,12 +76,6 @@ def _magic(q, DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _row_shift(j):
-    """Bit offset of row j (0..7) of a packed int32: the layout's ROW_SHIFTS (interleaved rows)."""
-    return 4 * ((j >> 1) + 4 * (j & 1))
-
-
-@triton.jit
 def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
                   GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr,
                   BLOCK_N: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr,
@@ -90,25 +85,18 @@ def _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_z
     fp16/bf16, packed loads only), else by the magic numbers in plain Triton."""
     DTYPE: tl.constexpr = s_ptr.dtype.element_ty
     tl.static_assert(not (LOP3 and BROADCAST_LOAD), "the lop3 path takes packed words")
-    columns = (offs_n // TILE) * stride_qwt + offs_n % TILE
+    columns = packed_columns(offs_n, stride_qwt, TILE)
     if BROADCAST_LOAD:
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        packed = tl.load(qw_ptr + (offs_k // 8)[:, None] * TILE + columns[None, :],
-                         mask=mask_n[None, :], other=0)
-        q = (packed >> _row_shift(offs_k % 8)[:, None]) & 0xF
+        packed = load_words(qw_ptr, offs_k // 8, columns, mask_n, TILE)
+        q = (packed >> row_shift(offs_k % 8)[:, None]) & 0xF
     else:
-        offs_p = k0 // 8 + tl.arange(0, BLOCK_K // 8)
-        packed = tl.load(qw_ptr + offs_p[:, None] * TILE + columns[None, :],
-                         mask=mask_n[None, :], other=0)
+        packed = load_words(qw_ptr, k0 // 8 + tl.arange(0, BLOCK_K // 8), columns, mask_n, TILE)
         if not LOP3:
-            shifts = _row_shift(tl.arange(0, 8))
+            shifts = row_shift(tl.arange(0, 8))
             q = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
-    group = k0 // GROUP_SIZE
-    if HAS_ZEROS:
-        z = tl.load(z_ptr + group * stride_zg + offs_n, mask=mask_n, other=0).to(tl.int32)
-    else:
-        z = tl.full((BLOCK_N,), 8, tl.int32)  # SYMMETRIC_ZERO (a jit function reads no globals)
-    scale = tl.load(s_ptr + group * stride_sg + offs_n, mask=mask_n, other=0.0)
+    z, scale = load_group(z_ptr, s_ptr, k0 // GROUP_SIZE, offs_n, mask_n, stride_zg, stride_sg, HAS_ZEROS,
+                          BLOCK_N)
     if LOP3:
         diff = dequant_lop3(packed, z, DTYPE)
     else:
