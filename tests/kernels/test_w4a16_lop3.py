@@ -112,18 +112,23 @@ def _zero_pairs_kernel(z_ptr, lo_ptr, hi_ptr, DTYPE: tl.constexpr, N: tl.constex
     tl.store(hi_ptr + offs, hi)
 
 
+def _every_nibble_and_zero(name: str, seed: int, random_words: int):
+    """(words, zero points, lo, hi) as [word, zero point] grids: every value in every position
+    (all eight nibbles v), then random words, against every zero point 0..15 and its pairs."""
+    gen = np.random.default_rng(seed)
+    words = np.concatenate([np.arange(16, dtype=np.uint64) * 0x11111111,
+                            gen.integers(0, 2**32, random_words, dtype=np.uint64)]).astype(np.uint32)
+    z = np.arange(16, dtype=np.uint32)
+    lo, hi = _zero_pairs_numpy(z, name)
+    w_grid, lo_grid = np.meshgrid(words, lo, indexing="ij")
+    return w_grid, z, lo_grid, np.broadcast_to(hi[None, :], w_grid.shape)
+
+
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
 def test_asm_gives_q_minus_z_for_every_nibble_and_zero_point(name):
     dtype = DTYPES[name]
     asm = w4a16_lop3.FP16_ASM if name == "fp16" else w4a16_lop3.BF16_ASM
-    gen = np.random.default_rng(0)
-    # Every value in every position (all eight nibbles v), then random words.
-    words = np.concatenate([np.arange(16, dtype=np.uint64) * 0x11111111,
-                            gen.integers(0, 2**32, 240, dtype=np.uint64)]).astype(np.uint32)
-    z = np.arange(16, dtype=np.uint32)
-    lo, hi = _zero_pairs_numpy(z, name)
-    w_grid, lo_grid = np.meshgrid(words, lo, indexing="ij")
-    hi_grid = np.broadcast_to(hi[None, :], w_grid.shape)
+    w_grid, z, lo_grid, hi_grid = _every_nibble_and_zero(name, 0, 240)
     rows = run_asm(asm, {8: w_grid, 9: lo_grid, 10: hi_grid}, outputs=8)
     for j, bits in enumerate(rows):
         q = (w_grid >> np.uint32(ROW_SHIFTS[j])) & 0xF
@@ -185,13 +190,7 @@ def test_dot_asm_sums_a_words_eight_products_as_documented(name):
     # position and every zero point, against that arithmetic done here independently.
     dtype = DTYPES[name]
     asm = w4a16_lop3.FP16_DOT_ASM if name == "fp16" else w4a16_lop3.BF16_DOT_ASM
-    gen = np.random.default_rng(3)
-    words = np.concatenate([np.arange(16, dtype=np.uint64) * 0x11111111,
-                            gen.integers(0, 2**32, 112, dtype=np.uint64)]).astype(np.uint32)
-    z = np.arange(16, dtype=np.uint32)
-    lo, hi = _zero_pairs_numpy(z, name)
-    w_grid, lo_grid = np.meshgrid(words, lo, indexing="ij")
-    hi_grid = np.broadcast_to(hi[None, :], w_grid.shape)
+    w_grid, z, lo_grid, hi_grid = _every_nibble_and_zero(name, 3, 112)
     x = torch.randn((*w_grid.shape, 8), generator=torch.Generator().manual_seed(4)).to(dtype)
     x_bits = x.view(torch.int16).numpy().astype(np.uint32) & 0xFFFF
     pairs = {4 + m: x_bits[..., 2 * m] | (x_bits[..., 2 * m + 1] << 16) for m in range(4)}
