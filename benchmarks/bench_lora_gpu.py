@@ -20,6 +20,9 @@ none: `kernel_compiles_first_adapter_steps`, `kernel_compiles_after_start`).
 `--config-from SWEEP_JSON` serves the LoRA kernels under the launch config that
 bench_lora_kernels.py found fastest (`benchmarks/run_gpu.sh lora` runs that sweep first), before
 anyone commits it to kernels/triton/lora_tuned.py; the JSON names the config it ran.
+After the pairs, `PROFILED_STEPS` steps of each side run under torch.profiler (step_kernels.py):
+`kernels.base` and `kernels.lora` say where a step's time went (device time by kind, the LoRA
+kernels' launches and time, the device's idle time: host work it waited for).
 `--smoke`: the tiny model on the CPU, the graphs' static buffers replayed eagerly, tiny sizes.
 """
 
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from kvdeck import LLM, LoRARequest, SamplingParams
+from kvdeck import LLM, LoRARequest
 from kvdeck.app.bench.compiles import kernel_compiles
 from kvdeck.app.bench.result import build_result, write_json_atomic
 from kvdeck.kernels.triton.launch import device_arch
@@ -43,10 +46,12 @@ from kvdeck.kernels.triton.lora_plan import lora_kernel_config, parse_config, us
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_adapters import write_random_adapter  # noqa: E402
+from step_kernels import decoding, profile_steps_or_error, summary_line  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 TARGET_RATIO = 1.2
+PROFILED_STEPS = 10  # each side's decode steps under the profiler, after the timed pairs
 
 
 def _synchronize() -> None:
@@ -57,21 +62,16 @@ def _synchronize() -> None:
 def decode_step_s(llm: LLM, prompts: list[list[int]], loras: list, steps: int) -> float:
     """The median wall time of `steps` decode steps of the whole batch."""
     engine, core = llm.engine, llm.engine.core
-    params = SamplingParams(temperature=0.0, max_tokens=steps + 8, ignore_eos=True, detokenize=False)
-    ids = [engine.add_request(None, p, params, lora_request=lora) for p, lora in zip(prompts, loras)]
-    while any(not r.output_token_ids for r in core.requests.values()):
-        engine.step()  # prefill until every request decodes
     times = []
-    for _ in range(steps):
-        _synchronize()
-        started = time.perf_counter()
-        engine.step()
-        _synchronize()
-        times.append(time.perf_counter() - started)
-        if core.last_step.num_seqs != len(prompts) or core.last_step.prefill_tokens:
-            raise RuntimeError("a timed step was not a decode step of the whole batch")
-    engine.abort_request(ids)
-    engine.reset_prefix_cache()
+    with decoding(llm, prompts, steps + 8, loras):
+        for _ in range(steps):
+            _synchronize()
+            started = time.perf_counter()
+            engine.step()
+            _synchronize()
+            times.append(time.perf_counter() - started)
+            if core.last_step.num_seqs != len(prompts) or core.last_step.prefill_tokens:
+                raise RuntimeError("a timed step was not a decode step of the whole batch")
     return statistics.median(times)
 
 
@@ -191,6 +191,14 @@ def main() -> int:
                                meets_target=median <= TARGET_RATIO,
                                adapter_steps_on_graphs=use.graphs, adapter_decode_steps_eager=use.eager,
                                kernel_compiles_after_start=kernel_compiles(llm) - compiles_at_start)
+                save()
+            # After the target's figure: where each side's step went (device time by kind, the
+            # device's idle time), from a few more steps under torch.profiler.
+            figures["kernels"] = {}
+            for side in ("base", "lora"):
+                with decoding(llm, prompts(), PROFILED_STEPS + 8, sides[side]):
+                    figures["kernels"][side] = profile_steps_or_error(llm.engine.step, PROFILED_STEPS)
+                print(f"{side} profiled: {summary_line(figures['kernels'][side])}", flush=True)
                 save()
     median = figures["lora_over_base_median"]
     print(f"{args.adapters} rank-{args.rank} adapters / base-only decode step at {args.requests} requests: "

@@ -57,6 +57,7 @@ from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
 from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_kernels  # noqa: E402
 import w4a16_anatomy  # noqa: E402
 import w4a16_e2e  # noqa: E402
 import w4a16_sweep  # noqa: E402
@@ -384,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"e2e {variant:10s} batch {run['batch']:3d}: "
                       f"{run['output_tokens_per_s']:9.1f} tok/s  "
                       f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
+                if "kernels" in run:
+                    print(f"    profiled: {step_kernels.summary_line(run['kernels'])}", flush=True)
         verdicts = {key: value for key, value in summary.items() if key.startswith("targets")}
         for line in w4a16_tune.report(verdicts):
             print(line, flush=True)

@@ -31,6 +31,7 @@ from kvdeck.app.bench.result import build_result, write_json_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_adapters import write_random_adapter  # noqa: E402
+from step_kernels import profiler_breakdown, summary_line  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
@@ -101,14 +102,17 @@ def profile_batch(llm: LLM, batch: int, input_len: int, output_len: int, top: in
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     with torch.profiler.profile(activities=activities) as torch_profile:
-        _generate(llm, prompts, params, loras)
+        profiled = _generate(llm, prompts, params, loras)
     figures = {"ms_per_step": 1e3 * elapsed / steps, "output_tokens_per_s": batch * output_len / elapsed,
                "step_phases_ms": phases,
                "torch_operators": _torch_operators(torch_profile, steps, top),
-               "python_functions": _python_functions(python_profile, steps, top)}
+               "python_functions": _python_functions(python_profile, steps, top),
+               # Device time by kind and the device's idle share (the prefill step included).
+               "kernels": profiler_breakdown(torch_profile, steps, profiled, top)}
     print(f"batch {batch:3d}: {figures['ms_per_step']:.3f} ms a step, "
           f"{figures['output_tokens_per_s']:.1f} output tok/s")
     print("  a step's time (ms): " + ", ".join(f"{name} {ms:.3f}" for name, ms in phases.items()))
+    print(f"  device: {summary_line(figures['kernels'])}")
     tables = [("host", "self_host_ms_per_step", figures["torch_operators"]["by_host"]),
               ("device", "self_device_ms_per_step", figures["torch_operators"]["by_device"]),
               ("python", "self_ms_per_step", figures["python_functions"])]

@@ -2,6 +2,10 @@
 with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel, then on the
 AWQ-layout kernel; batch 1 (the target: AWQ >= 2x its bf16 self) and 16. Each engine
 runs in a process of its own (`run_variant`), so one's GPU memory is gone before the next.
+After the timed runs, `PROFILED_STEPS` batch-1 decode steps run under torch.profiler
+(step_kernels.py): the batch-1 row's `kernels` says where a step's time went (device time by kind:
+w4a16, gemm (cuBLAS: the bf16 projections, the tied lm_head), attention, ...; the device's
+idle time), which bounds what faster W4A16 kernels can buy end to end.
 
     python benchmarks/w4a16_e2e.py VARIANT [--smoke] [--tuned-entry JSON]
 
@@ -20,6 +24,9 @@ from pathlib import Path
 
 from kvdeck.quant.checkpoint import AWQ_QUANTIZATION_CONFIG
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_kernels import decoding, profile_steps_or_error  # noqa: E402
+
 LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3.2-1b" / "config.json")
                          .read_text())
 TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
@@ -27,6 +34,7 @@ TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermedia
 # The target's pair first (a w4a16 stage cut at its cap keeps them), the AWQ-layout kernel last.
 VARIANTS = ("bf16", "awq_marlin", "awq")
 RESULT_PREFIX = "E2E_RESULT "
+PROFILED_STEPS = 32  # batch-1 decode steps under the profiler (about 1 ms each on an H200)
 
 
 def run_variant(variant: str, smoke: bool, tuned_entry: dict | None = None) -> dict:
@@ -85,6 +93,10 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
                 "wall_s": wall, "output_tokens_per_s": batch * new_tokens / wall,
                 "mean_inter_token_latency_ms": 1e3 * sum(per_token) / len(per_token),
             })
+        # After every timed run (the profiler's hooks never touch a figure): batch 1's steps.
+        steps = 2 if smoke else PROFILED_STEPS
+        with decoding(llm, prompts[:1], max_tokens=steps + 8):
+            rows[0]["kernels"] = profile_steps_or_error(llm.engine.step, steps)
     return {"variant": variant, "dtype": kwargs.get("dtype"), "marlin_tuning": tuning_source, "runs": rows}
 
 

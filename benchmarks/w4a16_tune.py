@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_kernels import summary_line  # noqa: E402
 from tuned_table import read_tuned, write_tuned  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -260,6 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         summary["targets_tuned"] = targets(result["marlin_tuned"], e2e)
     for line in report(summary):
         print(line)
+    for entry in e2e:  # where each engine's batch-1 step went (w4a16_e2e.py's profile)
+        for run in entry["runs"]:
+            if "kernels" in run:
+                print(f"e2e {entry['variant']} batch {run['batch']} profiled: {summary_line(run['kernels'])}")
     arch, entry = tuned_entry(result, args.result.name)
     table = {**read_tuned(args.table), arch: entry}
     print(f"sm_{arch}: {pprint.pformat(entry, width=100)}")

@@ -78,6 +78,10 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
         verdicts = w4a16["summary"][key]
         assert verdicts["gemm every M up to 512 >= 1.0x bf16"]["rows"] == len(w4a16["results"])
         assert verdicts["e2e batch-1 decode awq_marlin >= 2.0x bf16"]["ratio"] > 0
+    # Each engine's batch-1 steps ran under the profiler too (no CUDA here: nothing recorded).
+    for entry in w4a16["e2e_decode"]:
+        profiled = entry["runs"][0]["kernels"]
+        assert entry["runs"][0]["batch"] == 1 and profiled["steps"] == 2 and "note" in profiled, profiled
     assert all(row["marlin_max_abs_err"] < 1e-3 for row in w4a16["results"])  # both kernels checked
     # The anatomy ran last, one row per shape, every part checked and timed.
     assert [(row["k"], row["n"]) for row in w4a16["anatomy"]] == [(256, 128), (128, 256)]
@@ -91,6 +95,7 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert lora["adapter_decode_steps_eager"] == 0 and lora["lora_over_base_median"] > 0
     # Whether the start-up warm-up covered the adapters' kernels (nothing compiles on the CPU).
     assert {"kernel_compiles_first_adapter_steps", "kernel_compiles_after_start"} <= set(lora)
+    assert {side: figures["steps"] for side, figures in lora["kernels"].items()} == {"base": 10, "lora": 10}
     # The kernel sweep checked each candidate against the reference and named the fastest, which
     # the decode run then served.
     sweep = json.loads((out / "lora_kernels_cpu.json").read_text())

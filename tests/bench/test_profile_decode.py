@@ -32,6 +32,7 @@ def test_profile_names_operators_and_functions_per_batch(tiny_llama_dir, tmp_pat
         functions = batch["python_functions"]
         assert len(functions) == 5
         assert functions[0]["self_ms_per_step"] >= functions[-1]["self_ms_per_step"]
+        assert batch["kernels"]["steps"] == 6  # the device's share (none recorded on the CPU)
     assert "top by python time" in result.stdout
 
 

@@ -116,8 +116,12 @@ def _sweep_result() -> dict:
     return {"sm": 90, "device": "NVIDIA H100", "commit": "abc", "results": table, "marlin_sweep": rows}
 
 
-def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
+def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path, capsys):
     result = _sweep_result()
+    profiled = {"steps": 32, "wall_ms_per_step": 1.0, "kernels_per_step": 170.0, "busy_ms_per_step": 0.8,
+                "by_kind": {"gemm": {"ms_per_step": 0.5, "launches_per_step": 65.0}}}
+    result["e2e_decode"] = [{"variant": "bf16", "runs": [{"batch": 1, "output_tokens_per_s": 900.0,
+                                                          "kernels": profiled}]}]
     summary = w4a16_tune.summarise_table(result["results"])
     assert summary["w4a16_auto"] == "marlin"
     assert summary["winners_by_m"]["1"]["winner"] == "marlin"
@@ -137,6 +141,8 @@ def test_tune_picks_winners_and_writes_a_table_the_kernel_reads(tmp_path):
         'W4A16_AUTO = "marlin"', 'W4A16_AUTO = "awq"'))
     assert w4a16_tune.main([str(path), "--table", str(table), "--choice", str(choice)]) == 0
     assert '\nW4A16_AUTO = "marlin"\n' in choice.read_text()
+    assert ("e2e bf16 batch 1 profiled: 1.000 ms a step, device busy 0.800, 170 kernels; gemm 0.500 (65)"
+            in capsys.readouterr().out)
     namespace: dict = {}
     exec(table.read_text(), namespace)
     tuning = plan.tuning_from_table(namespace["TUNED"][90])
