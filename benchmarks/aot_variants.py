@@ -386,7 +386,29 @@ def build_variants() -> dict[str, Variant]:
             dict(ACT=act, ROWS=gpu_rows(1024), BLOCK=1024),
             dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
         )
+    variants.update(pdl_twins(variants))
     return variants
+
+
+# Decode kernels built again with programmatic dependent launch on Hopper (kernels/triton/pdl.py;
+# ptxas refuses griddepcontrol below sm_90, where the twin is its plain self: built with the
+# launch option alone, which keeps Triton's cache from serving it the plain build, whose
+# ptxas log the matrix reads).
+PDL_TWINS = ("rms_norm_residual_bf16_4096", "w4a16_marlin_gemv_bf16_g128_splitk",
+             "w4a16_marlin_m16_bf16_g128_splitk", "lora_expand_bf16_graph_r64")
+
+
+def pdl_twins(variants: dict[str, Variant]) -> dict[str, Variant]:
+    twins = {}
+    for name in PDL_TWINS:
+        built = {}
+        for arch in ARCHS:
+            plain = variants[name].for_arch(arch)
+            built[arch] = dataclasses.replace(
+                plain, constexprs={**plain.constexprs, "PDL": arch >= 90},
+                options={**plain.options, "launch_pdl": True}, on_arch=None)
+        twins[f"{name}_pdl"] = dataclasses.replace(built[ARCHS[0]], on_arch=built)
+    return twins
 
 
 VARIANTS = build_variants()

@@ -15,9 +15,10 @@ candidates alternate round by round and each one's figure is its median (w4a16_s
 timer). The same linears without adapters (the GEMMs alone) are timed the same way: a row's
 `over_base_gemms` is what adapters cost those linears. Each candidate's output is checked
 against the torch reference before it is timed.
-The JSON (rewritten as it goes) names the fastest; benchmarks/lora_tune.py writes it into
-kernels/triton/lora_tuned.py. `--smoke`: tiny shapes under TRITON_INTERPRET=1, each
-candidate checked, timings from a fake clock.
+The fastest is then timed again beside itself launched with programmatic dependent launch
+(`pdl`: kernels/triton/pdl.py, KVDECK_PDL=1). The JSON (rewritten as it goes) names the
+fastest; benchmarks/lora_tune.py writes it into kernels/triton/lora_tuned.py. `--smoke`: tiny
+shapes under TRITON_INTERPRET=1, each candidate checked, timings from a fake clock.
 """
 
 import argparse
@@ -230,12 +231,34 @@ def main() -> int:
                    first_launch=first, first_launch_step_ms=timed.get(first),
                    best_over_first_launch=timed[best] / timed[first] if first in timed else None)
     save()
+    # The pick again beside itself under programmatic dependent launch (KVDECK_PDL=1,
+    # kernels/triton/pdl.py; sm_90 on, elsewhere the plain launch): what PDL buys a step's
+    # chain of small launches. The cuBLAS GEMMs take no part.
+    from kvdeck.kernels.triton.launch import pdl_forced
+
+    def under_pdl(fn):
+        def launched():
+            with pdl_forced(True):
+                fn()
+        return launched
+
+    try:
+        with pdl_forced(True):
+            step.check(runnable[best])  # under PDL too, from a graph replay
+        pdl_timed = time_alternating({"best": fns[best], "best_pdl": under_pdl(fns[best])}, mode,
+                                     args.rep_ms, args.rounds)
+    except Exception as error:  # recorded: the sweep's pick stands either way
+        figures["pdl"] = {"config": best, "error": f"{type(error).__name__}: {error}"[:500]}
+    else:
+        figures["pdl"] = {"config": best, "step_ms": pdl_timed["best"], "pdl_step_ms": pdl_timed["best_pdl"],
+                          "pdl_speedup": pdl_timed["best"] / pdl_timed["best_pdl"]}
+    save()
     for row in figures["rows"][:8]:
         print(json.dumps(row))
     print(f"best {best}: {timed[best]:.3f} ms/step of LoRA linears (default {default}: "
           f"{timed.get(default, float('nan')):.3f}; the first launch {first}: "
           f"{timed.get(first, float('nan')):.3f}); the same linears without adapters {base_ms:.3f} ms "
-          f"({timed[best] / base_ms:.2f}x at best)")
+          f"({timed[best] / base_ms:.2f}x at best); under PDL: {json.dumps(figures['pdl'])}")
     return 0
 
 

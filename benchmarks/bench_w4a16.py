@@ -10,6 +10,9 @@ For each weight shape K x N (in x out) and each M (tokens), times on one GPU:
             runs with KVDECK_W4A16_KERNEL=marlin: fused up to its FUSED_MAX_TOKENS
   marlin_fused / marlin_dequant   that kernel's two paths at every M
   marlin_broadcast   its broadcast-load unpacking (BROADCAST_CONFIG), M <= 16
+  marlin_pdl   `marlin` launched with programmatic dependent launch (kernels/triton/pdl.py; sm_90
+            on, else the plain launch), M <= 16: back to back in a graph, each call's programs
+            resident before the previous call ends
   marlin_plain   its fused GEMM dequantising in plain Triton (magic numbers) rather than the
             lop3 PTX that `marlin` runs on CUDA (kernels/triton/w4a16_lop3.py), M <= its FUSED_MAX_TOKENS
   auto      kernels.dispatch.w4a16_gemm(backend="auto"), the AWQ layout's engine path
@@ -146,6 +149,17 @@ def checker(reference_scale: float = 2e-2):
     return check
 
 
+def with_pdl(fn):
+    """`fn` with its launches under programmatic dependent launch (where the GPU has it: sm_90
+    on; elsewhere, and under the interpreter, the plain launch)."""
+    from kvdeck.kernels.triton.launch import pdl_forced
+
+    def launched():
+        with pdl_forced(True):
+            return fn()
+    return launched
+
+
 def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True) -> dict:
     """One table row: every candidate checked, then (`timing`: cuda_graph, eager or fake)
     timed side by side with fp16 and bf16 cuBLAS, alternating."""
@@ -172,11 +186,21 @@ def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True
     if m <= 16:
         candidates["marlin_broadcast"] = lambda: marlin.w4a16_matmul_marlin(
             x, repacked, config=marlin.BROADCAST_CONFIG)
+        # The engine's launch with programmatic dependent launch (kernels/triton/pdl.py): in a
+        # graph of back-to-back calls each one's programs wait resident for the previous.
+        candidates["marlin_pdl"] = with_pdl(lambda: marlin.w4a16_gemm_marlin(x, repacked))
     row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP, "marlin_config": dataclasses.asdict(config),
                  "marlin_fused_max_tokens": fused_max, "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
     check = checker()
-    for name, fn in candidates.items():
-        row[f"{name}_max_abs_err"] = check(f"{name} at m={m} k={k} n={n}", fn(), reference)
+    for name, fn in list(candidates.items()):
+        try:
+            row[f"{name}_max_abs_err"] = check(f"{name} at m={m} k={k} n={n}", fn(), reference)
+        except Exception as error:
+            if name != "marlin_pdl":
+                raise
+            # A GPU that refuses the PDL launch (or a wrong result) is recorded, not timed.
+            row["marlin_pdl_error"] = f"{type(error).__name__}: {error}"[:500]
+            del candidates[name]
     if timing is None:
         return row
     # `marlin` is `marlin_fused` up to its fused_max_tokens, `marlin_dequant` above: each
@@ -373,13 +397,19 @@ def main(argv: list[str] | None = None) -> int:
     save()
     for line in w4a16_tune.report(summary):
         print(line, flush=True)
-    if args.e2e:
-        for variant in w4a16_e2e.VARIANTS:
-            e2e.append(w4a16_e2e.run_variant(variant, args.smoke, tuned["entry"]))
+
+    def run_e2e(variants: tuple[str, ...]) -> None:
+        for variant in variants:
+            try:
+                e2e.append(w4a16_e2e.run_variant(variant, args.smoke, tuned["entry"]))
+            except RuntimeError as error:  # one engine's failure is its row; the others still run
+                e2e.append({"variant": variant, "error": str(error)[-3000:], "runs": []})
+                print(f"e2e {variant} failed: {str(error)[-500:]}", flush=True)
             summary["targets"] = w4a16_tune.targets(rows, e2e)
             if tuned["rows"]:
                 summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
             summary.update(w4a16_tune.summarise_table(rows, tuned["rows"]))  # w4a16_auto, tuned
+            summary["e2e_pdl"] = w4a16_tune.pdl_effect(e2e)
             save()
             for run in e2e[-1]["runs"]:
                 print(f"e2e {variant:10s} batch {run['batch']:3d}: "
@@ -387,15 +417,22 @@ def main(argv: list[str] | None = None) -> int:
                       f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
                 if "kernels" in run:
                     print(f"    profiled: {step_kernels.summary_line(run['kernels'])}", flush=True)
-        verdicts = {key: value for key, value in summary.items() if key.startswith("targets")}
+        verdicts = {key: value for key, value in summary.items() if key.startswith(("targets", "e2e_pdl"))}
         for line in w4a16_tune.report(verdicts):
             print(line, flush=True)
+
+    # The target's pair of engines, then the anatomy, then the other engines (PDL twins and the
+    # AWQ-layout kernel): a stage cut at its cap loses the least needed first.
+    if args.e2e:
+        run_e2e(w4a16_e2e.VARIANTS[:2])
     if args.anatomy:  # under the sweep's pick when it ran (installed above)
         timer = lambda fns: w4a16_sweep.time_alternating(fns, timing, REP_MS)  # noqa: E731
         for key, problem in problems.items():
             anatomy += w4a16_anatomy.anatomy_rows({key: problem}, torch.device(device), timer, checker())
             save()
             print(w4a16_anatomy.describe(anatomy[-1]), flush=True)
+    if args.e2e:
+        run_e2e(w4a16_e2e.VARIANTS[2:])
     save(complete=True)
     return 0
 
@@ -409,6 +446,8 @@ def _print_row(row: dict, timing: str) -> None:
     best = (f"  best {row['best_ms'] * 1e3:8.1f} us ({row['best_speedup_vs_fp16']:.2f}x)"
             if "best_ms" in row else "")
     plain = (f"  plain {row['marlin_plain_ms'] * 1e3:8.1f} us" if "marlin_plain_ms" in row else "")
+    plain += (f"  pdl {row['marlin_pdl_ms'] * 1e3:8.1f} us ({row['marlin_pdl_speedup_vs_bf16']:.2f}x)"
+              if "marlin_pdl_ms" in row else "")
     print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
           f"bf16 {row['bf16_ms'] * 1e3:8.1f} us  "
           f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_bf16']:.2f}x bf16)"

@@ -18,6 +18,7 @@ Must run without TRITON_INTERPRET (the interpreter replaces `triton.jit`).
 
 import argparse
 import contextlib
+import inspect
 import io
 import json
 import math
@@ -38,7 +39,7 @@ from triton.compiler.compiler import make_backend  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # aot_variants beside this script
 import sass_loop  # noqa: E402
-from aot_variants import ARCHS, SHARED_MEMORY_LIMIT, VARIANTS  # noqa: E402
+from aot_variants import ARCHS, PDL_TWINS, SHARED_MEMORY_LIMIT, VARIANTS  # noqa: E402, F401 (PDL_TWINS: the tests)
 
 SASS_ARCH = 90  # the W4A16 K loop's machine code is counted on Hopper (the lent GPUs' arch)
 
@@ -90,7 +91,11 @@ def compile_variant(name: str, archs: list[int]) -> list[dict]:
 
 def _compile(name: str, arch: int) -> tuple[dict, str]:
     variant = VARIANTS[name].for_arch(arch)
-    fn, constexprs = variant.fn, variant.constexprs
+    fn = variant.fn
+    # A constexpr the variant leaves out takes its default (PDL: off), as a launch does.
+    defaults = {param.name: param.default for param in inspect.signature(fn.fn).parameters.values()
+                if param.default is not inspect.Parameter.empty}
+    constexprs = {**defaults, **variant.constexprs}
     signature = {arg: "constexpr" if arg in constexprs else variant.pointer_types.get(arg, "i32")
                  for arg in fn.arg_names}
     aligned = {
@@ -109,6 +114,9 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
         "pipelined_loads": compiled.asm["ttgir"].count("async_copy_global_to_local"),
         # The W4A16 lop3 dequantisation's instructions in the PTX (kernels/triton/w4a16_lop3.py).
         "lop3": compiled.asm["ptx"].count("lop3.b32"),
+        # Programmatic dependent launch's wait (kernels/triton/pdl.py): only the PDL twins.
+        "pdl_waits": compiled.asm["ptx"].count("griddepcontrol.wait"),
+        "l2_prefetches": compiled.asm["ptx"].count("prefetch.global.L2"),
     }
     if name.startswith("w4a16") and arch == SASS_ARCH:
         result.update(_k_loop(compiled.asm["cubin"], variant))

@@ -1,7 +1,10 @@
 """End-to-end decode of the W4A16 stage (bench_w4a16.py --e2e): a Llama-3.2-1B-shaped model
 with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel, then on the
-AWQ-layout kernel; batch 1 (the target: AWQ >= 2x its bf16 self) and 16. Each engine
-runs in a process of its own (`run_variant`), so one's GPU memory is gone before the next.
+AWQ-layout kernel; batch 1 (the target: AWQ >= 2x its bf16 self) and 16. Between them the
+first two again with programmatic dependent launch (`_pdl`: KVDECK_PDL=1, off by default
+until measured; w4a16_tune.pdl_effect compares each with its twin, greedy tokens included,
+which must agree). Each engine runs in a process of its own (`run_variant`), so one's GPU
+memory is gone before the next.
 After the timed runs, `PROFILED_STEPS` batch-1 decode steps run under torch.profiler
 (step_kernels.py): the batch-1 row's `kernels` says where a step's time went (device time by kind:
 w4a16, gemm (cuBLAS: the bf16 projections, the tied lm_head), attention, ...; the device's
@@ -31,8 +34,9 @@ LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3
                          .read_text())
 TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
-# The target's pair first (a w4a16 stage cut at its cap keeps them), the AWQ-layout kernel last.
-VARIANTS = ("bf16", "awq_marlin", "awq")
+# The target's pair first (a w4a16 stage cut at its cap keeps them), then the same pair with
+# programmatic dependent launch (KVDECK_PDL=1, kernels/triton/pdl.py), the AWQ-layout kernel last.
+VARIANTS = ("bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq")
 RESULT_PREFIX = "E2E_RESULT "
 PROFILED_STEPS = 32  # batch-1 decode steps under the profiler (about 1 ms each on an H200)
 
@@ -40,7 +44,7 @@ PROFILED_STEPS = 32  # batch-1 decode steps under the profiler (about 1 ms each 
 def run_variant(variant: str, smoke: bool, tuned_entry: dict | None = None) -> dict:
     """One engine's figures, from a process of its own; RuntimeError with its stderr if it fails."""
     command = [sys.executable, __file__, variant, *(["--smoke"] if smoke else [])]
-    if tuned_entry is not None and variant == "awq_marlin":
+    if tuned_entry is not None and variant.startswith("awq_marlin"):
         command += ["--tuned-entry", json.dumps(tuned_entry)]
     done = subprocess.run(command, capture_output=True, text=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
@@ -53,6 +57,10 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
     """Decode throughput of one engine, in this process."""
     from kvdeck import LLM, SamplingParams
 
+    pdl = variant.endswith("_pdl")
+    if pdl:  # read at the first launch, so before the engine starts
+        os.environ["KVDECK_PDL"] = "1"
+    variant, name = variant.removesuffix("_pdl"), variant
     config = dict(TINY_LLAMA if smoke else LLAMA_32_1B)
     if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
         os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
@@ -75,7 +83,8 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
     with tempfile.TemporaryDirectory() as model_dir:
         (Path(model_dir) / "config.json").write_text(json.dumps(config))
         kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
-        llm = LLM(model=model_dir, load_format="dummy", max_model_len=2048, **kwargs)
+        # Batches of 1 and 16, contexts under 512: no more decode graphs captured than they use.
+        llm = LLM(model=model_dir, load_format="dummy", max_model_len=512, max_num_seqs=16, **kwargs)
         # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
         prompt_len, new_tokens = (16, 2) if smoke else (128, 256)
         for batch in (1, 2) if smoke else (1, 16):
@@ -92,12 +101,15 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
                 "batch": batch, "prompt_tokens": prompt_len, "new_tokens": new_tokens,
                 "wall_s": wall, "output_tokens_per_s": batch * new_tokens / wall,
                 "mean_inter_token_latency_ms": 1e3 * sum(per_token) / len(per_token),
+                # The first request's greedy tokens: a `_pdl` engine's must equal its twin's.
+                "tokens": list(outputs[0].outputs[0].token_ids),
             })
         # After every timed run (the profiler's hooks never touch a figure): batch 1's steps.
         steps = 2 if smoke else PROFILED_STEPS
         with decoding(llm, prompts[:1], max_tokens=steps + 8):
             rows[0]["kernels"] = profile_steps_or_error(llm.engine.step, steps)
-    return {"variant": variant, "dtype": kwargs.get("dtype"), "marlin_tuning": tuning_source, "runs": rows}
+    return {"variant": name, "dtype": kwargs.get("dtype"), "pdl": pdl, "marlin_tuning": tuning_source,
+            "runs": rows}
 
 
 def _arch() -> int | None:

@@ -179,12 +179,42 @@ def targets(rows: list[dict], e2e: list[dict]) -> dict:
             "worst": None if worst is None else float(f"{worst:.4g}"), "rows": len(speedups),
             "met": None if worst is None else worst >= bar}
     batch1 = {entry["variant"]: run["output_tokens_per_s"] for entry in e2e
-              for run in entry["runs"] if run["batch"] == 1}
-    ratio = batch1["awq_marlin"] / batch1["bf16"] if {"awq_marlin", "bf16"} <= set(batch1) else None
-    out[f"e2e batch-1 decode awq_marlin >= {E2E_TARGET}x bf16"] = {
-        "ratio": None if ratio is None else float(f"{ratio:.4g}"),
-        "met": None if ratio is None else ratio >= E2E_TARGET}
+              for run in entry.get("runs", ()) if run["batch"] == 1}
+    # Plain launches, then both engines with programmatic dependent launch (w4a16_e2e.py's
+    # `_pdl` variants: what the engine serves if KVDECK_PDL goes on by default).
+    for suffix, label in (("", ""), ("_pdl", " (both with PDL)")):
+        awq, bf16 = f"awq_marlin{suffix}", f"bf16{suffix}"
+        ratio = batch1[awq] / batch1[bf16] if {awq, bf16} <= set(batch1) else None
+        out[f"e2e batch-1 decode awq_marlin >= {E2E_TARGET}x bf16{label}"] = {
+            "ratio": None if ratio is None else float(f"{ratio:.4g}"),
+            "met": None if ratio is None else ratio >= E2E_TARGET}
     return out
+
+
+def pdl_effect(e2e: list[dict]) -> dict:
+    """Each `_pdl` e2e engine against its plain twin: tokens/s ratio per batch size, and
+    whether their greedy tokens agree (the same kernels and dummy weights: they must, bit for
+    bit, unless a kernel read before its predecessor finished)."""
+    by_variant = {entry["variant"]: entry for entry in e2e}
+    effect = {}
+    for variant, entry in by_variant.items():
+        plain = by_variant.get(variant.removesuffix("_pdl")) if variant.endswith("_pdl") else None
+        if plain is None:
+            continue
+        if "error" in entry:  # the engine did not run under PDL: say so
+            effect[variant] = {"error": entry["error"][-300:]}
+            continue
+        plain_runs = {run["batch"]: run for run in plain["runs"]}
+        figures: dict = {}
+        for run in entry["runs"]:
+            if run["batch"] in plain_runs:
+                twin = plain_runs[run["batch"]]
+                figures[f"batch_{run['batch']}_speedup"] = float(
+                    f"{run['output_tokens_per_s'] / twin['output_tokens_per_s']:.4g}")
+                if "tokens" in run and "tokens" in twin:
+                    figures[f"batch_{run['batch']}_tokens_equal"] = run["tokens"] == twin["tokens"]
+        effect[variant] = figures
+    return effect
 
 
 def entry_from_sweep(tuned: dict, source: str) -> dict:
@@ -237,6 +267,8 @@ def report(summary: dict) -> list[str]:
                      f"{summary['decode_speedup_vs_bf16']})")
     if "tuned" in summary:
         lines.append(f"tuned: {json.dumps(summary['tuned'])}")
+    for variant, figures in summary.get("e2e_pdl", {}).items():
+        lines.append(f"pdl {variant} over its plain twin: {json.dumps(figures)}")
     for key, label in (("targets", "defaults"), ("targets_tuned", "the sweep's pick")):
         for target, figures in summary.get(key, {}).items():
             verdict = {True: "met", False: "MISSED", None: "not measured"}[figures["met"]]
@@ -256,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     e2e = result.get("e2e_decode", [])
     summary = {**summarise_table(result.get("results", []), result.get("marlin_tuned")),
                **summarise_sweep(result.get("marlin_sweep", []), result.get("results", [])),
-               "targets": targets(result.get("results", []), e2e)}
+               "targets": targets(result.get("results", []), e2e), "e2e_pdl": pdl_effect(e2e)}
     if result.get("marlin_tuned"):
         summary["targets_tuned"] = targets(result["marlin_tuned"], e2e)
     for line in report(summary):

@@ -11,6 +11,7 @@ import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
 SILU, GELU_TANH = 0, 1  # the ACT argument
@@ -22,8 +23,9 @@ _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
 @jit(do_not_specialize=('num_rows',))  # batch-dependent: one variant for every value
 def _act_and_mul_kernel(
     x_ptr, out_ptr, stride_x, stride_out, num_rows, d, ACT: tl.constexpr, ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = (rows[:, None] < num_rows) & (cols[None, :] < d)

@@ -41,6 +41,7 @@ from kvdeck.kernels.triton.attention_tuning import (
 from kvdeck.kernels.triton.kv_quant import E4M3_DECODE_FACTOR, FP8_MANTISSA, decode_fp8
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
+from kvdeck.kernels.triton.pdl import pdl_start
 
 LOG2_E = 1.4426950408889634
 
@@ -145,8 +146,9 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
     NUM_SEGMENTS: tl.constexpr, COMPUTE_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DECODE_ROWS: tl.constexpr, SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr,
-    FP8_MANT: tl.constexpr, TOKEN_SCALES: tl.constexpr,
+    FP8_MANT: tl.constexpr, TOKEN_SCALES: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     kv_head = tl.program_id(1)
     segment = tl.program_id(2)
 
@@ -257,8 +259,9 @@ def _paged_attention_kernel(
 def _merge_segments_kernel(
     out_ptr, part_out_ptr, part_max_ptr, part_sum_ptr,
     stride_o_tok, stride_o_head, num_heads,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SEGMENTS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, NUM_SEGMENTS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     segments = tl.arange(0, NUM_SEGMENTS)

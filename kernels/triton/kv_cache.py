@@ -12,6 +12,7 @@ from kvdeck.kernels.reference.kv_quant import FP8_DTYPES
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.kv_quant import write_kv_cache_8bit
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 
 
 @jit(do_not_specialize=('num_tokens',))  # batch-dependent: one variant for every value
@@ -22,8 +23,9 @@ def _write_kv_cache_kernel(
     stride_v_blk, stride_v_slot, stride_v_head,
     num_tokens, num_kv_heads,
     HEAD_DIM: tl.constexpr, HEADS_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     tokens = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     # Columns enumerate (head, dim) pairs of one token, padded to powers of two.
     cols = tl.arange(0, HEADS_PAD * HEAD_DIM_PAD)

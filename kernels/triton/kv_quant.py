@@ -17,6 +17,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.kv_quant import FP8_MAX, INT8_MAX
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 
 # Mantissa bits of each fp8 format (the kernels' FP8_MANT; 0 means int8).
 FP8_MANTISSA = {torch.float8_e4m3fn: 3, torch.float8_e5m2: 2}
@@ -91,9 +92,10 @@ def _write_kv_8bit_kernel(
     stride_key_tok, stride_key_head, stride_value_tok, stride_value_head,
     stride_cache_blk, stride_cache_slot, stride_cache_head, num_tokens, num_kv_heads,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-    ROWS: tl.constexpr, FP8_MANT: tl.constexpr, FP8_LIMIT: tl.constexpr,
+    ROWS: tl.constexpr, FP8_MANT: tl.constexpr, FP8_LIMIT: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """ROWS tokens of one kv head per program; int8 (FP8_MANT 0) also writes each row's scale."""
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     head = tl.program_id(1)
     tokens = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     dims = tl.arange(0, HEAD_DIM_PAD)

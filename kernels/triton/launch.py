@@ -6,10 +6,16 @@ every value instead of one each for 1, multiples of 16 and the rest. `launch(ker
 ...)` launches; under the interpreter it also works out the launch's specialisation key as
 Triton's launcher would and counts a new one as a compile (kernels/compile_counter.py). On
 a GPU Triton's own post-compile hook counts (installed on import, chained to any other).
+
+Programmatic dependent launch (kernels/triton/pdl.py): a kernel with a `PDL` constexpr is
+launched with it on where `pdl_enabled` says (KVDECK_PDL=1, sm_90 or later); off by default
+until a GPU run has measured it (benchmarks/w4a16_e2e.py's `_pdl` variants).
 """
 
+import contextlib
 import functools
 import os
+from collections.abc import Iterator
 
 import torch
 import triton
@@ -17,6 +23,8 @@ import triton
 from kvdeck.kernels.compile_counter import COMPILES
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit decided at import
+PDL_ENV = "KVDECK_PDL"
+PDL_MIN_ARCH = 90  # griddepcontrol: Hopper and later (ptxas refuses it for sm_80-89)
 # Kernel (function name) -> its ints that are never specialised.
 NOT_SPECIALISED: dict[str, frozenset[str]] = {}
 
@@ -38,10 +46,63 @@ def device_arch(device: torch.device) -> int | None:
     return 10 * major + minor
 
 
+def pdl_setting(environ=os.environ) -> bool:
+    """KVDECK_PDL: 1 launches kernels with programmatic dependent launch where the GPU has it,
+    0 (the default) never."""
+    value = environ.get(PDL_ENV, "0").strip() or "0"
+    if value not in ("0", "1"):
+        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
+    return value == "1"
+
+
+_PDL_FORCED: list[bool] = []  # pdl_forced's stack: the innermost wins over the environment
+
+
+@functools.cache
+def _pdl_from_environment() -> bool:
+    return pdl_setting()
+
+
+def _pdl_wanted() -> bool:
+    return _PDL_FORCED[-1] if _PDL_FORCED else _pdl_from_environment()
+
+
+def pdl_enabled(device: torch.device) -> bool:
+    """Whether kernels launched on `device` use programmatic dependent launch."""
+    return (_pdl_wanted() and not INTERPRETING and device.type == "cuda"
+            and (device_arch(device) or 0) >= PDL_MIN_ARCH)
+
+
+@contextlib.contextmanager
+def pdl_forced(enabled: bool) -> Iterator[None]:
+    """PDL on or off for the launches inside the block, whatever KVDECK_PDL says (the
+    benchmarks capture a graph of each side)."""
+    _PDL_FORCED.append(enabled)
+    try:
+        yield
+    finally:
+        _PDL_FORCED.pop()
+
+
+@functools.cache
+def _takes_pdl(kernel) -> bool:
+    return "PDL" in kernel.arg_names
+
+
+def _pdl_kwargs(kernel, args: tuple) -> dict:
+    """{"PDL": True, "launch_pdl": True} for a kernel with the constexpr on a device that
+    uses PDL, else nothing (the constexpr's default, off)."""
+    if not _takes_pdl(kernel) or not _pdl_wanted():
+        return {}
+    device = next((arg.device for arg in args if isinstance(arg, torch.Tensor)), None)
+    return {"PDL": True, "launch_pdl": True} if device is not None and pdl_enabled(device) else {}
+
+
 def launch(kernel, grid, *args, **kwargs):
     """kernel[grid](*args, **kwargs): positional args are the kernel's runtime arguments,
-    keywords its constexprs and launch options. Returns what Triton's launch does (on a GPU
-    the compiled kernel: its registers and shared memory)."""
+    keywords its constexprs and launch options (PDL's are added here). Returns what
+    Triton's launch does (on a GPU the compiled kernel: its registers and shared memory)."""
+    kwargs.update(_pdl_kwargs(kernel, args))
     if INTERPRETING:
         COMPILES.launched(kernel.fn.__name__, specialisation(kernel, args, kwargs))
     return kernel[grid](*args, **kwargs)

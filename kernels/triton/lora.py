@@ -25,6 +25,7 @@ import triton.language as tl
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig, lora_kernel_config
+from kvdeck.kernels.triton.pdl import pdl_start
 
 _BLOCK_K = 64  # input columns a shrink program reads at a time (at ranks up to 32)
 _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLOCK_K
@@ -94,8 +95,9 @@ def _lora_shrink_kernel(
     x_ptr, a_ptr, rows_ptr, slots_ptr, ranks_ptr, h_ptr,
     num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank, stride_h, stride_split,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     j = tl.program_id(0)
     piece = tl.program_id(1)  # the fused slice
     split = tl.program_id(2)  # the chunk of input columns (SPLIT_K > 0)
@@ -136,8 +138,9 @@ def _lora_expand_kernel(
     h_ptr, b_ptr, rows_ptr, slots_ptr, ranks_ptr, out_ptr, offsets_ptr, sizes_ptr,
     num_rows, rank, num_splits, stride_h, stride_split, stride_b_slot, stride_b_out, stride_out,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr,
-    SPLITS: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     j = tl.program_id(0)
     piece = tl.program_id(1)
     token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)
@@ -163,10 +166,11 @@ def _lora_fused_kernel(
     num_rows, in_size, rank, stride_x, stride_a_piece, stride_a_slot, stride_a_rank,
     stride_b_slot, stride_b_out, stride_out,
     HAS_ROWS: tl.constexpr, HAS_RANKS: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr,
-    CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+    CHUNK: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Shrink and expand in one launch: each (row, slice, output block) program computes its
     row's h for the slice, then adds its block of B @ h."""
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     j = tl.program_id(0)
     piece = tl.program_id(1)
     token, slot, row_rank = _row_and_slot(rows_ptr, slots_ptr, ranks_ptr, j, rank, HAS_ROWS, HAS_RANKS)

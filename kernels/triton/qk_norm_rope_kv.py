@@ -20,6 +20,7 @@ from kvdeck.kernels.reference.kv_quant import FP8_DTYPES
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.kv_cache import write_kv_cache_triton
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 from kvdeck.kernels.triton.rmsnorm import rms_norm_triton
 from kvdeck.kernels.triton.rope import _rotary_operands, apply_rope_triton
 
@@ -96,8 +97,9 @@ def _qk_norm_rope_kv_kernel(
     num_tokens, num_q_heads, num_kv_heads, eps,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, HALF: tl.constexpr,
     HALF_PAD: tl.constexpr, TAIL_PAD: tl.constexpr, HAS_NORM: tl.constexpr,
-    IS_NEOX: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr,
+    IS_NEOX: tl.constexpr, BLOCK_SIZE: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     row_start = tl.program_id(0).to(tl.int64) * ROWS
     which = tl.program_id(1)
     if which == 0:

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 
 
 @jit(do_not_specialize=('num_rows',))  # batch-dependent: one variant for every value
@@ -19,8 +20,9 @@ def _rms_norm_kernel(
     x_ptr, residual_ptr, weight_ptr, out_ptr, residual_out_ptr,
     stride_x, stride_residual, stride_out, stride_residual_out,
     num_rows, hidden, eps,
-    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = (rows[:, None] < num_rows) & (cols[None, :] < hidden)

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program
 from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.pdl import pdl_start
 
 
 @triton.jit
@@ -61,7 +62,9 @@ def _rope_kernel(
     stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_cache_pos,
     num_tokens, num_q_heads, num_k_heads,
     HALF: tl.constexpr, HALF_PAD: tl.constexpr, ROWS: tl.constexpr, IS_NEOX: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     row_start = tl.program_id(0).to(tl.int64) * ROWS
     if tl.program_id(1) == 0:
         _rotate_rows(q_ptr, stride_q_tok, stride_q_head, num_q_heads, num_tokens, positions_ptr,

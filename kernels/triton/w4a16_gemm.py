@@ -27,6 +27,7 @@ import triton.language as tl
 from kvdeck.kernels.ops import PACK_FACTOR
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
+from kvdeck.kernels.triton.pdl import pdl_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,8 +116,9 @@ def _w4a16_gemm_kernel(
     M, N, K, k_per_split, split_k,
     stride_xm, stride_xk, stride_qwk, stride_qzg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr,
+    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -154,8 +156,9 @@ def _w4a16_gemm_kernel(
 @triton.jit
 def _awq_dequantize_kernel(
     qw_ptr, qz_ptr, s_ptr, out_ptr, K, N, stride_qwk, stride_qzg, stride_sg, stride_ok,
-    GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr,
+    GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     offs_k = tl.program_id(0) * BLOCK_K + tl.arange(0, BLOCK_K)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_pack = tl.program_id(1) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)

@@ -29,8 +29,15 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
+from kvdeck.kernels.triton.pdl import pdl_start
 from kvdeck.kernels.triton.w4a16_gemm import SplitLaunch, _finish_tile
-from kvdeck.kernels.triton.w4a16_layout import load_group, load_words, packed_columns, row_shift
+from kvdeck.kernels.triton.w4a16_layout import (
+    load_group,
+    load_words,
+    packed_columns,
+    prefetch_words,
+    row_shift,
+)
 from kvdeck.kernels.triton.w4a16_lop3 import dot_word_lop3, zero_pairs
 
 
@@ -61,11 +68,15 @@ def _w4a16_gemv_kernel(
     stride_xm, stride_qwt, stride_zg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE: tl.constexpr,
     HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LOP3: tl.constexpr,
-    STAGES: tl.constexpr,
+    STAGES: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)  # one activation row a program
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if PDL:  # the weights stream into L2 while the previous kernel runs (the first row's programs)
+        if pid_m == 0:
+            prefetch_words(qw_ptr, pid_n, pid_k, k_per_split, K, N, stride_qwt, BLOCK_N, TILE)
+    pdl_start(PDL)  # before any other load or store (kernels/triton/pdl.py)
     offs_m = pid_m + tl.arange(0, 1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M

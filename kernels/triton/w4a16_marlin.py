@@ -34,6 +34,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
+from kvdeck.kernels.triton.pdl import pdl_start
 from kvdeck.kernels.triton.w4a16_gemm import (
     SplitLaunch,
     _finish_tile,
@@ -41,7 +42,13 @@ from kvdeck.kernels.triton.w4a16_gemm import (
     streaming_multiprocessors,
 )
 from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
-from kvdeck.kernels.triton.w4a16_layout import load_group, load_words, packed_columns, row_shift
+from kvdeck.kernels.triton.w4a16_layout import (
+    load_group,
+    load_words,
+    packed_columns,
+    prefetch_words,
+    row_shift,
+)
 from kvdeck.kernels.triton.w4a16_lop3 import dequant_lop3
 from kvdeck.kernels.triton.w4a16_marlin_plan import (  # noqa: F401  (names the tests and benches use)
     BROADCAST_CONFIG,
@@ -112,10 +119,15 @@ def _w4a16_marlin_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr, SWAP_AB: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
+    if PDL:  # the weights stream into L2 while the previous kernel runs (the first M tile's programs)
+        if pid_m == 0:
+            prefetch_words(qw_ptr, pid_n, pid_k, k_per_split, K, N, stride_qwt, BLOCK_N, TILE)
+    pdl_start(PDL)  # before any other load or store (kernels/triton/pdl.py)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_m = offs_m < M
@@ -153,8 +165,9 @@ def _w4a16_marlin_kernel(
 def _marlin_dequantize_kernel(
     qw_ptr, z_ptr, s_ptr, out_ptr, N, stride_qwt, stride_zg, stride_sg, stride_ok,
     GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-    HAS_ZEROS: tl.constexpr, LOP3: tl.constexpr,
+    HAS_ZEROS: tl.constexpr, LOP3: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     k0 = tl.program_id(0) * BLOCK_K
     offs_k = k0 + tl.arange(0, BLOCK_K)
     offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)

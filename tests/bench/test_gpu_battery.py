@@ -69,7 +69,12 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert awq["config"]["weight_bytes_per_token"] < bf16["config"]["weight_bytes_per_token"]
     assert awq["kvdeck"]["output_tokens"] == bf16["kvdeck"]["output_tokens"]  # the same workload
     w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
-    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == ["bf16", "awq_marlin", "awq"]
+    assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == [
+        "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq"]
+    # The PDL twins (no GPU here: the plain launch) compute what their twins do, token for token.
+    assert not [entry for entry in w4a16["e2e_decode"] if "error" in entry]
+    assert w4a16["summary"]["e2e_pdl"]["awq_marlin_pdl"]["batch_1_tokens_equal"] is True
+    assert w4a16["summary"]["e2e_pdl"]["bf16_pdl"]["batch_2_tokens_equal"] is True
     # The table's marlin path again under the sweep's pick, which e2e's marlin engine ran too,
     # and the targets judged on both (the tiny shapes measure only "every M").
     assert len(w4a16["marlin_tuned"]) == len(w4a16["results"])
@@ -101,6 +106,7 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     sweep = json.loads((out / "lora_kernels_cpu.json").read_text())
     assert not [row for row in sweep["rows"] if "error" in row] and len(sweep["rows"]) >= 4
     assert lora["config"]["lora_kernel_config"] == sweep["best"]
+    assert sweep["pdl"]["config"] == sweep["best"] and sweep["pdl"]["pdl_speedup"] > 0
     assert all(row["ok"] for row in json.loads((out / "check_kernels_cpu.json").read_text())["checks"])
 
 

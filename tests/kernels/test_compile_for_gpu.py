@@ -164,3 +164,22 @@ def test_lora_shrink_chunk_has_its_loads_in_flight_together(compiled):
         for kernel in ("shrink", "expand"):
             for form in ("rows_r16", "graph_r64"):
                 assert lora[f"lora_{kernel}_{dtype}_{form}"]["sass_loop_instructions"] <= 2, (kernel, form)
+
+
+def test_pdl_twins_wait_on_hopper_only_and_cost_the_loop_nothing(compiled):
+    # Programmatic dependent launch (kernels/triton/pdl.py): the twins carry griddepcontrol on
+    # sm_90 (ptxas refuses it below), every other build none; the wait sits before the kernel's
+    # first load and the W4A16 kernels' L2 prefetch of their weights before it, outside the K
+    # loop (sm_90, bf16: GEMV 411 instructions a step against 420, fused 293 against 294).
+    rows = {(r["variant"], r["arch"]): r for r in compiled}
+    for (name, arch), row in rows.items():
+        twin = name.endswith("_pdl")
+        assert row["pdl_waits"] == (1 if twin and arch == 90 else 0), (name, arch, row["pdl_waits"])
+        prefetches = twin and arch == 90 and name.startswith("w4a16")
+        assert (row["l2_prefetches"] > 0) == prefetches, (name, arch, row["l2_prefetches"])
+        if twin:
+            plain = rows[(name[: -len("_pdl")], arch)]
+            assert row["registers"] <= plain["registers"] + 8 and row["spill_bytes"] == 0, (name, arch)
+            if "k_loop_sass" in plain:
+                assert row["k_loop_sass"] <= plain["k_loop_sass"] * 1.02, (name, row["k_loop_sass"])
+    assert {name for name, _ in rows if name.endswith("_pdl")} == {f"{n}_pdl" for n in aot.PDL_TWINS}

@@ -249,7 +249,24 @@ def test_targets_take_the_worst_row_of_each_and_e2e_at_batch_1():
     unmeasured = w4a16_tune.targets([], e2e[:1])  # a run cut before its rows and its marlin engine
     assert all(figures["met"] is None for figures in unmeasured.values())
     lines = w4a16_tune.report({"targets": verdicts, "targets_tuned": unmeasured})
-    assert sum("MISSED" in line for line in lines) == 1 and sum("not measured" in line for line in lines) == 4
+    assert sum("MISSED" in line for line in lines) == 1 and sum("not measured" in line for line in lines) == 6
+    # With PDL (w4a16_e2e.py's `_pdl` engines): the target judged on that pair too, and each
+    # one's effect over its plain twin, tokens compared.
+    runs = lambda tps, tokens: [{"batch": 1, "output_tokens_per_s": tps, "tokens": tokens},  # noqa: E731
+                                {"batch": 16, "output_tokens_per_s": 10 * tps}]
+    e2e = [{"variant": "bf16", "runs": runs(100.0, [1, 2])},
+           {"variant": "awq_marlin", "runs": runs(150.0, [3])},
+           {"variant": "awq_marlin_pdl", "runs": runs(180.0, [3])},
+           {"variant": "bf16_pdl", "runs": runs(110.0, [1, 5])}]
+    verdicts = w4a16_tune.targets([], e2e)
+    assert verdicts["e2e batch-1 decode awq_marlin >= 2.0x bf16"] == {"ratio": 1.5, "met": False}
+    assert verdicts["e2e batch-1 decode awq_marlin >= 2.0x bf16 (both with PDL)"] == {
+        "ratio": 1.636, "met": False}
+    assert w4a16_tune.pdl_effect(e2e) == {
+        "awq_marlin_pdl": {"batch_1_speedup": 1.2, "batch_1_tokens_equal": True, "batch_16_speedup": 1.2},
+        "bf16_pdl": {"batch_1_speedup": 1.1, "batch_1_tokens_equal": False, "batch_16_speedup": 1.1}}
+    lines = w4a16_tune.report({"e2e_pdl": w4a16_tune.pdl_effect(e2e)})
+    assert any(line.startswith("pdl bf16_pdl over its plain twin") for line in lines)
 
 
 @pytest.fixture(scope="module")
