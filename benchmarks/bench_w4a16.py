@@ -25,8 +25,9 @@ measured, with `summary`: per M, the fastest of marlin / triton / dequantise + c
 counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_marlin_tuned.py).
 --marlin-sweep also times the table's marlin path again under the sweep's pick
 (`marlin_tuned`), and `summary.targets` / `summary.targets_tuned` judge the W4A16 targets
-on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16, AWQ on
-the repacked marlin kernel (under the sweep's pick when it ran) and AWQ on the AWQ layout.
+on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16 and AWQ on
+the repacked marlin kernel (under the sweep's pick when it ran), then both again with
+programmatic dependent launch (after the anatomy).
 --anatomy last: at M = 1 on each shape, the marlin kernel beside part-kernels on its grid
 (launch only; its loads; its loads and split-K epilogue) in graphs, where a decode-size
 launch's time goes (benchmarks/w4a16_anatomy.py).
@@ -421,8 +422,8 @@ def main(argv: list[str] | None = None) -> int:
         for line in w4a16_tune.report(verdicts):
             print(line, flush=True)
 
-    # The target's pair of engines, then the anatomy, then the other engines (PDL twins and the
-    # AWQ-layout kernel): a stage cut at its cap loses the least needed first.
+    # The target's pair of engines, then the anatomy, then their PDL twins: a stage cut at its
+    # cap loses the least needed first.
     if args.e2e:
         run_e2e(w4a16_e2e.VARIANTS[:2])
     if args.anatomy:  # under the sweep's pick when it ran (installed above)

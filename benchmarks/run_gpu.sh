@@ -88,10 +88,11 @@ fi
 case $stage in
   check)
     $python benchmarks/check_kernels_gpu.py "${smoke[@]:0:1}" --out "$out/check_kernels_$gpu.json"
-    $python benchmarks/check_cuda_graphs.py "${smoke[@]}" --out "$out/cuda_graphs_$gpu.json"
-    $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
-    # The repacked kernel too: the w4a16 stage's e2e and throughput's AWQ run replay it in graphs.
+    # The repacked W4A16 kernel (what `auto` serves AWQ/GPTQ layers with; the w4a16 stage's e2e
+    # and throughput's AWQ run replay it) captured at every decode batch size, its GEMV form
+    # too, before the engine's graphs: the 2026-11-29 lease's stage was cut before it ran.
     KVDECK_W4A16_KERNEL=marlin $python benchmarks/bench_w4a16.py --check-graphs "${smoke[@]:0:1}"
+    $python benchmarks/check_cuda_graphs.py "${smoke[@]}" --out "$out/cuda_graphs_$gpu.json"
     ;;
   throughput)
     # CUDA graphs with async scheduling (the default); the same model as AWQ INT4 on the

@@ -1,10 +1,10 @@
 """End-to-end decode of the W4A16 stage (bench_w4a16.py --e2e): a Llama-3.2-1B-shaped model
-with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel, then on the
-AWQ-layout kernel; batch 1 (the target: AWQ >= 2x its bf16 self) and 16. Between them the
-first two again with programmatic dependent launch (`_pdl`: KVDECK_PDL=1, off by default
-until measured; w4a16_tune.pdl_effect compares each with its twin, greedy tokens included,
-which must agree). Each engine runs in a process of its own (`run_variant`), so one's GPU
-memory is gone before the next.
+with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel (on request, `awq`:
+on the AWQ-layout kernel, which `auto` no longer serves); batch 1 (the target: AWQ >= 2x its
+bf16 self) and 16; and the first two again with programmatic dependent launch (`_pdl`:
+KVDECK_PDL=1, off by default until measured; w4a16_tune.pdl_effect compares each with its
+twin, greedy tokens included, which must agree). Each engine runs in a process of its own
+(`run_variant`), so one's GPU memory is gone before the next.
 After the timed runs, `PROFILED_STEPS` batch-1 decode steps run under torch.profiler
 (step_kernels.py): the batch-1 row's `kernels` says where a step's time went (device time by kind:
 w4a16, gemm (cuBLAS: the bf16 projections, the tied lm_head), attention, ...; the device's
@@ -35,8 +35,10 @@ LLAMA_32_1B = json.loads((Path(__file__).resolve().parent / "configs" / "llama-3
 TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermediate_size": 512,
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 # The target's pair first (a w4a16 stage cut at its cap keeps them), then the same pair with
-# programmatic dependent launch (KVDECK_PDL=1, kernels/triton/pdl.py), the AWQ-layout kernel last.
-VARIANTS = ("bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq")
+# programmatic dependent launch (KVDECK_PDL=1, kernels/triton/pdl.py): what bench_w4a16.py
+# --e2e runs. `awq` (the AWQ-layout kernel, which `auto` no longer serves) runs on request.
+VARIANTS = ("bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl")
+ALL_VARIANTS = (*VARIANTS, "awq")
 RESULT_PREFIX = "E2E_RESULT "
 PROFILED_STEPS = 32  # batch-1 decode steps under the profiler (about 1 ms each on an H200)
 
@@ -122,7 +124,7 @@ def _arch() -> int | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("variant", choices=VARIANTS)
+    parser.add_argument("variant", choices=ALL_VARIANTS)
     parser.add_argument("--smoke", action="store_true", help="a tiny model on the CPU")
     parser.add_argument("--tuned-entry", type=json.loads, default=None,
                         help="a TUNED-style entry (JSON) for this GPU's architecture")

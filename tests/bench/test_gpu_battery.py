@@ -70,7 +70,7 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert awq["kvdeck"]["output_tokens"] == bf16["kvdeck"]["output_tokens"]  # the same workload
     w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
     assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == [
-        "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq"]
+        "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl"]
     # The PDL twins (no GPU here: the plain launch) compute what their twins do, token for token.
     assert not [entry for entry in w4a16["e2e_decode"] if "error" in entry]
     assert w4a16["summary"]["e2e_pdl"]["awq_marlin_pdl"]["batch_1_tokens_equal"] is True
