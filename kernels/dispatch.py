@@ -16,13 +16,15 @@ import torch
 
 from kvdeck.kernels.cpu.ops import TORCH_OPS
 from kvdeck.kernels.ops import KERNEL_BACKENDS, KernelOps
+from kvdeck.kernels.reference.int8_gemm import int8_head_torch
 from kvdeck.kernels.reference.lora import lora_linear_delta as lora_linear_delta_torch
 from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
-__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "lora_linear", "lora_shrink_splits",
-           "select_ops", "triton_interpreter_enabled", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
+__all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "int8_head", "lora_linear",
+           "lora_shrink_splits", "select_ops", "triton_interpreter_enabled", "w4a16_gemm",
+           "w4a16_gemm_repacked", "w4a16_kernel"]
 
 
 def triton_interpreter_enabled() -> bool:
@@ -77,6 +79,19 @@ def w4a16_gemm_repacked(x: torch.Tensor, weight: RepackedW4, bias: torch.Tensor 
     from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
 
     return w4a16_gemm_marlin(x, weight, bias)
+
+
+def int8_head(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+    """logits = x @ dequant(q)^T for an output head in Q8_0 int8 (kernels/reference/int8_gemm.py),
+    the activations in their own dtype: Triton on CUDA (or with `triton`, under the
+    interpreter on CPU), else the torch reference."""
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"int8 head backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
+        return int8_head_torch(x, q, scales)
+    from kvdeck.kernels.triton.int8_head import int8_head_triton
+
+    return int8_head_triton(x, q, scales)
 
 
 def lora_linear(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,

@@ -31,6 +31,7 @@ from kvdeck.kernels.cpu import int4 as cpu_int4
 from kvdeck.kernels.dispatch import w4a16_gemm, w4a16_gemm_repacked, w4a16_kernel
 from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR
 from kvdeck.kernels.reference.w4a16_repack import repack_awq
+from kvdeck.quant.int8_head import W8A16OutputHead, int8_head_setting
 
 logger = logging.getLogger(__name__)
 
@@ -152,11 +153,17 @@ class AWQLinearMethod:
         layer.repacked = repacked
 
     def output_head(self, lm_head: nn.Linear) -> nn.Module:
-        """Where the INT4 layers run the CPU kernel, the head takes int8 (as llama.cpp's Q4
-        files keep it at Q8_0); elsewhere it stays dense (AutoAWQ leaves it so)."""
-        if (self.backend == "auto" and cpu_int4.available()
-                and Int8OutputHead.takes(lm_head.weight, lm_head.bias)):
-            return Int8OutputHead(lm_head.weight)
+        """Where the INT4 layers run a kernel (the CPU's, or Triton's on a GPU) the head takes
+        int8 (as llama.cpp's Q4 files keep it at Q8_0; quant/int8_head.py); elsewhere, or with
+        KVDECK_INT8_HEAD=0, it stays dense (AutoAWQ leaves it so)."""
+        weight, bias = lm_head.weight, lm_head.bias
+        if not int8_head_setting():
+            return self.dense.output_head(lm_head)
+        if self.backend == "auto" and cpu_int4.available() and Int8OutputHead.takes(weight, bias):
+            return Int8OutputHead(weight)
+        on_gpu_kernel = (weight.device.type == "cuda" and self.backend != "torch") or self.backend == "triton"
+        if on_gpu_kernel and W8A16OutputHead.takes(weight, bias):
+            return W8A16OutputHead(weight, self.backend)
         return self.dense.output_head(lm_head)
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:

@@ -14,9 +14,13 @@ from kvdeck.engine.types.model_path import resolve_model_path
 
 # Bytes per weight of a quantised linear layer: INT4 with a 16-bit scale and a 4-bit zero per
 # group of 128 (AutoAWQ GEMM, GPTQ), INT8 with a 16-bit scale per output channel (~0).
-# Embeddings, the output head and norms stay 16-bit, as those checkpoints ship them.
+# Embeddings and norms stay 16-bit, as those checkpoints ship them.
 LINEAR_BYTES = {"bf16": 2.0, "fp16": 2.0, "awq": 0.5 + 2.5 / 128, "gptq": 0.5 + 2.5 / 128,
                 "int8": 1.0}
+# Bytes per weight of the output head as the engine serves it: an INT4 model's in int8 with a
+# 16-bit scale per 32 (quant/int8_head.py, the CPU's likewise; a tied head is then a copy
+# beside the 16-bit embedding), an INT8 model's per channel, the rest 16-bit.
+HEAD_BYTES = {"bf16": 2.0, "fp16": 2.0, "awq": 1 + 2 / 32, "gptq": 1 + 2 / 32, "int8": 1.0}
 QUANTS = tuple(LINEAR_BYTES)
 # Bytes per (token, head) element of K or V, plus any scale per (token, head) (int8: fp16).
 KV_DTYPES = {"auto": (2, 0), "bf16": (2, 0), "fp16": (2, 0), "fp8": (1, 0), "int8": (1, 2),
@@ -60,12 +64,14 @@ class ModelShape:
     def weight_bytes(self, quant: str) -> int:
         if quant not in LINEAR_BYTES:
             raise ValueError(f"unknown quantisation {quant!r}; known: {', '.join(QUANTS)}")
-        return int(self.linear_params * LINEAR_BYTES[quant] + self.embedding_params * 2)
+        matrix = self.vocab_size * self.hidden_size
+        head = 0 if self.tie_word_embeddings and HEAD_BYTES[quant] == 2 else matrix * HEAD_BYTES[quant]
+        return int(self.linear_params * LINEAR_BYTES[quant] + matrix * 2 + head)
 
     def weight_bytes_per_step(self, quant: str) -> int:
         """Weights a step reads: every linear layer, the output head, not the embedding table
         (a step gathers a few of its rows)."""
-        head = self.vocab_size * self.hidden_size * 2
+        head = self.vocab_size * self.hidden_size * HEAD_BYTES[quant]
         return int(self.linear_params * LINEAR_BYTES[quant] + head)
 
     def flops_per_token(self) -> int:

@@ -26,6 +26,15 @@ def dequantize_int8_blocks(q: torch.Tensor, scales: torch.Tensor) -> torch.Tenso
     return (q.float().view(n, k // BLOCK, BLOCK) * scales.float().unsqueeze(-1)).view(n, k)
 
 
+def int8_head_torch(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """What the GPU's int8 output head computes (kernels/triton/int8_head.py; W8A16: the
+    activations stay in their dtype): x [..., k] times the dequantised weight [n, k] rounded to
+    x's dtype, transposed, summed in fp32; the result in x's dtype."""
+    weight = dequantize_int8_blocks(q, scales).to(x.dtype).float()
+    out = x.reshape(-1, x.shape[-1]).float() @ weight.t()
+    return out.to(x.dtype).view(*x.shape[:-1], q.shape[0])
+
+
 def int8_gemm_q8_torch(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """What the CPU INT8 kernel computes: x [..., k] quantised to int8 per block of 32, times
     the dequantised weight [n, k] transposed, in fp32; the result in x's dtype."""

@@ -13,9 +13,9 @@ def test_the_8b_awq_on_a_24_gb_card_question_gets_a_verdict(capsys):
     assert main(QUESTION + ["--try", "kv_cache_dtype=fp8"]) == 0
     out = capsys.readouterr().out
     verdict = out.strip().splitlines()[-1]
-    # 16 users at once, each a full 8k context: 12.7 fit in the pool, so some wait or preempt.
+    # 16 users at once, each a full 8k context: 13.1 fit in the pool, so some wait or preempt.
     assert verdict.startswith(("does not fit", "fits this workload")), out
-    assert "12.7 full 8192-token contexts" in verdict
+    assert "13.1 full 8192-token contexts" in verdict
     assert "RTX 4090: 24 GiB x 0.9" in out and "kv_cache_dtype=fp8" in out
 
 
