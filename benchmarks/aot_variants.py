@@ -17,6 +17,7 @@ import triton  # noqa: E402
 from kvdeck.kernels.triton import activation as activation_triton  # noqa: E402
 from kvdeck.kernels.triton import attention as attention_triton  # noqa: E402
 from kvdeck.kernels.triton import attention_tuning  # noqa: E402
+from kvdeck.kernels.triton import int8_head as int8_head_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_cache as kv_cache_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
 from kvdeck.kernels.triton import lora as lora_triton  # noqa: E402
@@ -386,6 +387,15 @@ def build_variants() -> dict[str, Variant]:
             dict(ACT=act, ROWS=gpu_rows(1024), BLOCK=1024),
             dict(num_warps=num_warps_for(gpu_rows(1024) * 1024)), decode=True,
         )
+    # An INT4 model's output head in int8 (kernels/triton/int8_head.py): each row bucket's tiles.
+    for limit, block_m, block_v, warps, stages in int8_head_triton.CONFIGS:
+        for dtype in W4A16_DTYPES:
+            variants[f"int8_head_m{limit or 'large'}_{dtype}"] = Variant(
+                int8_head_triton._int8_head_kernel,
+                dict(x_ptr=f"*{dtype}", q_ptr="*i8", s_ptr="*fp16", out_ptr=f"*{dtype}"),
+                dict(BLOCK_M=block_m, BLOCK_V=block_v, DOT_F32=False),
+                dict(num_warps=warps, num_stages=stages), decode=limit is not None,
+            )
     variants.update(pdl_twins(variants))
     return variants
 

@@ -95,6 +95,17 @@ def check_all(smoke: bool = False, on_row: Callable[[list[dict]], None] | None =
         TRITON_OPS.write_kv_cache(key, key, caches[0], caches[1], slots)
         TORCH_OPS.write_kv_cache(key, key, caches[2], caches[3], slots)
         record("write_kv_cache", dtype_name, torch.cat(caches[:2]), torch.cat(caches[2:]), 0.0)
+        # An INT4 model's output head in int8 (kernels/triton/int8_head.py): decode's rows and
+        # a larger step, a vocabulary that is not whole tiles.
+        from kvdeck.kernels.reference.int8_gemm import int8_head_torch, quantize_int8_blocks
+        from kvdeck.kernels.triton.int8_head import int8_head_triton
+
+        vocab, hidden = (200, 64) if smoke else (4001, 2048)
+        q, scales = quantize_int8_blocks(torch.randn(vocab, hidden, device=device) * 0.02)
+        for m in (1, 20):
+            x = torch.randn(m, hidden, dtype=dtype, device=device)
+            record(f"int8_head_m{m}", dtype_name, int8_head_triton(x, q, scales),
+                   int8_head_torch(x, q, scales), tol)
     return rows
 
 

@@ -54,6 +54,7 @@ ALIGNED_INTS = {
     "stride_cache_pos", "hidden", "d",
     "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",
     "k_per_split", "stride_qwt", "stride_zg",
+    "stride_qv", "stride_sv", "H",  # the int8 head's rows: hidden sizes and their / 32
 }
 
 

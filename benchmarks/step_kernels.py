@@ -33,6 +33,7 @@ from kvdeck import LLM, SamplingParams
 # their function names (kernels/triton), cuBLAS / CUTLASS GEMMs by theirs, then torch's own.
 KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("w4a16", ("w4a16", "marlin", "awq_dequantize")),
+    ("int8_head", ("int8_head",)),
     ("lora", ("lora",)),
     ("attention", ("attention", "merge_segments", "flash", "fmha")),
     ("kv_write", ("write_kv",)),

@@ -4,12 +4,13 @@ int8 [V, H] with one fp16 scale per 32 inputs of a row; the CPU's int8 head is t
 
 The head is a large share of an INT4 model's bytes a decode step reads (Llama-3.2-1B's tied
 128256 x 2048 head: 525 MB in bf16, as many as its INT4 layers), and in int8 half of that.
-Each program computes a [BLOCK_M, BLOCK_V] tile of logits: per K step it loads x's rows and
-the head's int8 rows with their scales, dequantises in registers (int8 x fp16 scale, exact in
-fp32, rounded once to x's dtype as the dense weight would be) and multiplies on the tensor
-cores with fp32 sums. The vocabulary is wide enough (1002 tiles of 128 at 128256) that no
-split of K is needed. Same contract as `int8_head_torch`. Import through
-`kernels.dispatch.int8_head`.
+Each program computes a [BLOCK_M, BLOCK_V] tile of logits: per K step (one block of 32
+inputs) it loads x's rows and the head's int8 rows with their scales, dequantises in
+registers (int8 x fp16 scale, exact in fp32, rounded once to x's dtype as the dense weight
+would be) and multiplies on the tensor cores with fp32 sums; the loads are pipelined (sm_90,
+decode's tiles: 64 registers, 25 KB of shared memory, no spill). The vocabulary is wide
+enough (1002 tiles of 128 at 128256) that no split of K is needed. Same contract as
+`int8_head_torch`. Import through `kernels.dispatch.int8_head`.
 """
 
 import torch
@@ -17,20 +18,20 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.int8_gemm import BLOCK
-from kvdeck.kernels.triton.launch import jit, launch
+from kvdeck.kernels.triton.launch import INTERPRETING, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
 
 _BLOCK = tl.constexpr(BLOCK)  # inputs per scale
-# (largest M, BLOCK_M, BLOCK_V, BLOCK_K, num_warps, num_stages): decode's few rows, then
-# larger steps (a prefill's last tokens, batches over 16). Each fits sm_86's 99 KB.
-CONFIGS = ((16, 16, 128, 128, 4, 4), (None, 64, 128, 64, 8, 3))
+# (largest M, BLOCK_M, BLOCK_V, num_warps, num_stages): decode's few rows, then larger steps
+# (a prefill's last tokens, batches over 16). Each fits sm_86's 99 KB.
+CONFIGS = ((16, 16, 128, 4, 6), (None, 64, 128, 8, 4))
 
 
 @jit(do_not_specialize=("M",))  # batch-dependent: one variant for every value
 def _int8_head_kernel(
     x_ptr, q_ptr, s_ptr, out_ptr, M, V, H, stride_xm, stride_qv, stride_sv, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     pid_v = tl.program_id(0)
@@ -40,23 +41,27 @@ def _int8_head_kernel(
     mask_m = offs_m < M
     mask_v = offs_v < V
     acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
-    for k0 in range(0, scalar(H), BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        mask_k = offs_k < H
-        x = tl.load(x_ptr + offs_m[:, None].to(tl.int64) * stride_xm + offs_k[None, :],
-                    mask=mask_m[:, None] & mask_k[None, :], other=0.0)
-        tile_mask = mask_v[:, None] & mask_k[None, :]
-        q = tl.load(q_ptr + offs_v[:, None] * stride_qv + offs_k[None, :], mask=tile_mask, other=0)
-        scale = tl.load(s_ptr + offs_v[:, None] * stride_sv + (offs_k // _BLOCK)[None, :], mask=tile_mask,
-                        other=0.0)
-        w = (q.to(tl.float32) * scale.to(tl.float32)).to(x.dtype)  # [BLOCK_V, BLOCK_K]
-        acc = tl.dot(x, tl.trans(w), acc)
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_xm
+    q_rows = q_ptr + offs_v[:, None] * stride_qv
+    s_rows = s_ptr + offs_v * stride_sv
+    # One scale block (32 inputs) a step: its scale is one value a row (no gather), and H is
+    # whole blocks (no mask along K, which would keep Triton from pipelining the loads).
+    for k0 in range(0, scalar(H), _BLOCK):
+        offs_k = k0 + tl.arange(0, _BLOCK)
+        x = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None], other=0.0)
+        q = tl.load(q_rows + offs_k[None, :], mask=mask_v[:, None], other=0)
+        scale = tl.load(s_rows + k0 // _BLOCK, mask=mask_v, other=0.0)
+        w = (q.to(tl.float32) * scale.to(tl.float32)[:, None]).to(x.dtype)  # [BLOCK_V, 32]
+        if DOT_F32:  # the interpreter has no bf16 dot: the same products of the rounded values
+            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_v[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_v[None, :])
 
 
-def head_config(m: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_M, BLOCK_V, BLOCK_K, num_warps, num_stages) for a step of m rows."""
+def head_config(m: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_V, num_warps, num_stages) for a step of m rows."""
     return next(config[1:] for config in CONFIGS if config[0] is None or m <= config[0])
 
 
@@ -75,9 +80,9 @@ def int8_head_triton(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> 
     out = torch.empty((rows.shape[0], v), dtype=x.dtype, device=x.device)
     m = rows.shape[0]
     if m:
-        block_m, block_v, block_k, warps, stages = head_config(m)
+        block_m, block_v, warps, stages = head_config(m)
         grid = (triton.cdiv(v, block_v), triton.cdiv(m, block_m))
         launch(_int8_head_kernel, grid, rows, q, scales, out, m, v, h, rows.stride(0), q.stride(0),
-               scales.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_K=block_k,
-               num_warps=warps, num_stages=stages)
+               scales.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_V=block_v,
+               DOT_F32=INTERPRETING and x.dtype == torch.bfloat16, num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], v)

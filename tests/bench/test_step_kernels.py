@@ -21,6 +21,7 @@ def _event(cat: str, name: str, ts: float, dur: float, ph: str = "X") -> dict:
     ("_w4a16_marlin_kernel", "w4a16"),
     ("_w4a16_gemv_kernel", "w4a16"),
     ("_marlin_dequantize_kernel", "w4a16"),
+    ("_int8_head_kernel", "int8_head"),
     ("_lora_shrink_kernel", "lora"),
     ("_lora_expand_kernel", "lora"),
     ("_paged_attention_kernel", "attention"),

@@ -69,6 +69,8 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for head_dim in (64, 128):
             assert f"qk_rope_kv_no_norm_{dtype}_d{head_dim}" in aot.VARIANTS
     assert "qk_norm_rope_kv_interleaved_partial_fp16_d80" in aot.VARIANTS
+    for dtype in ("fp16", "bf16"):  # an INT4 model's int8 output head, decode's tiles and larger steps'
+        assert {f"int8_head_m16_{dtype}", f"int8_head_mlarge_{dtype}"} <= set(aot.VARIANTS)
 
 
 def test_shared_memory_fits_each_arch(compiled):

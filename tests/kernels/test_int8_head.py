@@ -64,5 +64,5 @@ def test_a_mismatched_head_is_a_clear_error():
 
 
 def test_configs_by_rows():
-    assert head_config(1) == head_config(16) == (16, 128, 128, 4, 4)
-    assert head_config(17) == head_config(4096) == (64, 128, 64, 8, 3)
+    assert head_config(1) == head_config(16) == (16, 128, 4, 6)
+    assert head_config(17) == head_config(4096) == (64, 128, 8, 4)
