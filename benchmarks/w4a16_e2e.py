@@ -87,6 +87,9 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
         kwargs = {"device": "cpu", "dtype": "float32"} if smoke else {"dtype": dtype}
         # Batches of 1 and 16, contexts under 512: no more decode graphs captured than they use.
         llm = LLM(model=model_dir, load_format="dummy", max_model_len=512, max_num_seqs=16, **kwargs)
+        # What serves the logits: an INT4 model's head is int8 (quant/int8_head.py) unless
+        # KVDECK_INT8_HEAD=0, the bf16 model's its dense tied embedding.
+        output_head = type(llm.engine.core.runner.model.lm_head).__name__
         # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
         prompt_len, new_tokens = (16, 2) if smoke else (128, 256)
         for batch in (1, 2) if smoke else (1, 16):
@@ -111,7 +114,7 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
         with decoding(llm, prompts[:1], max_tokens=steps + 8):
             rows[0]["kernels"] = profile_steps_or_error(llm.engine.step, steps)
     return {"variant": name, "dtype": kwargs.get("dtype"), "pdl": pdl, "marlin_tuning": tuning_source,
-            "runs": rows}
+            "output_head": output_head, "runs": rows}
 
 
 def _arch() -> int | None:

@@ -73,6 +73,9 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
         "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl"]
     # The PDL twins (no GPU here: the plain launch) compute what their twins do, token for token.
     assert not [entry for entry in w4a16["e2e_decode"] if "error" in entry]
+    # The INT4 engines serve their head in int8 (quant/int8_head.py), the bf16 ones dense.
+    heads = [entry["output_head"] for entry in w4a16["e2e_decode"]]
+    assert [head == "W8A16OutputHead" for head in heads] == [False, True, True, False], heads
     assert w4a16["summary"]["e2e_pdl"]["awq_marlin_pdl"]["batch_1_tokens_equal"] is True
     assert w4a16["summary"]["e2e_pdl"]["bf16_pdl"]["batch_2_tokens_equal"] is True
     # The table's marlin path again under the sweep's pick, which e2e's marlin engine ran too,
