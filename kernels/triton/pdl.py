@@ -5,8 +5,10 @@ GPU each boundary costs the next kernel's launch: its programs are scheduled onl
 previous kernel has drained. With PDL a kernel launched with `launch_pdl` may have its
 programs resident while the previous one still runs; they wait at `gdc_wait` until it has
 completed and its writes are visible. Every kvdeck kernel that takes a `PDL` constexpr
-calls `pdl_start(PDL)` first, before any load or store: so it reads nothing and writes
-nothing early, and its completion still implies its predecessor's, as without PDL. It then
+calls `pdl_start(PDL)` before any load or store: so it reads nothing and writes nothing
+early, and its completion still implies its predecessor's, as without PDL. Only the W4A16
+kernels do something first: they ask L2 for their packed weights, which no kernel writes
+(`w4a16_layout.prefetch_words`), so the weights stream in while the previous kernel runs. It then
 lets its own dependents launch at once (`gdc_launch_dependents`: they only get resident
 once all of this kernel's programs have started, so a kernel of several waves is not
 crowded out).
