@@ -393,7 +393,7 @@ def build_variants() -> dict[str, Variant]:
             variants[f"int8_head_m{limit or 'large'}_{dtype}"] = Variant(
                 int8_head_triton._int8_head_kernel,
                 dict(x_ptr=f"*{dtype}", q_ptr="*i8", s_ptr="*fp16", out_ptr=f"*{dtype}"),
-                dict(BLOCK_M=block_m, BLOCK_V=block_v, DOT_F32=False),
+                dict(BLOCK_M=block_m, BLOCK_V=block_v, DOT_F32=False, DOT_PRECISION="tf32"),
                 dict(num_warps=warps, num_stages=stages), decode=limit is not None,
             )
     variants.update(pdl_twins(variants))

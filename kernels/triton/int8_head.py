@@ -31,7 +31,8 @@ CONFIGS = ((16, 16, 128, 4, 6), (None, 64, 128, 8, 4))
 @jit(do_not_specialize=("M",))  # batch-dependent: one variant for every value
 def _int8_head_kernel(
     x_ptr, q_ptr, s_ptr, out_ptr, M, V, H, stride_xm, stride_qv, stride_sv, stride_om,
-    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_F32: tl.constexpr, PDL: tl.constexpr = False,
+    BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     pid_v = tl.program_id(0)
@@ -54,8 +55,8 @@ def _int8_head_kernel(
         w = (q.to(tl.float32) * scale.to(tl.float32)[:, None]).to(x.dtype)  # [BLOCK_V, 32]
         if DOT_F32:  # the interpreter has no bf16 dot: the same products of the rounded values
             acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-        else:
-            acc = tl.dot(x, tl.trans(w), acc)
+        else:  # fp32 activations: full-precision products, as the dense fp32 head's (not TF32)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_v[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_v[None, :])
 
@@ -84,5 +85,7 @@ def int8_head_triton(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> 
         grid = (triton.cdiv(v, block_v), triton.cdiv(m, block_m))
         launch(_int8_head_kernel, grid, rows, q, scales, out, m, v, h, rows.stride(0), q.stride(0),
                scales.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_V=block_v,
-               DOT_F32=INTERPRETING and x.dtype == torch.bfloat16, num_warps=warps, num_stages=stages)
+               DOT_F32=INTERPRETING and x.dtype == torch.bfloat16,
+               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+               num_warps=warps, num_stages=stages)
     return out.view(*x.shape[:-1], v)
