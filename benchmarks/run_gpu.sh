@@ -4,8 +4,8 @@
 # needed here). Run from anywhere:
 #
 #   benchmarks/run_gpu.sh check        # kernels vs torch on the GPU, CUDA graphs vs eager
-#                                      # (engine decode, and both W4A16 kernels at every decode
-#                                      # batch size)
+#                                      # (the repacked W4A16 kernel at every decode batch size
+#                                      # and its GEMV form, then engine decode)
 #   benchmarks/run_gpu.sh throughput   # standard workload, Qwen3-0.6B dummy bf16 on graphs, then as
 #                                      # AWQ INT4 (marlin), then bf16 without async scheduling, eager
 #   benchmarks/run_gpu.sh baseline     # the same workload with --baseline hf (the 10x target)
