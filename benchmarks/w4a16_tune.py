@@ -217,6 +217,29 @@ def pdl_effect(e2e: list[dict]) -> dict:
     return effect
 
 
+PDL_GAIN = 1.02  # batch-1 speed-up a PDL twin must show, over the timing's noise, to count
+
+
+def pdl_verdict(effect: dict) -> str:
+    """Whether the e2e PDL twins say to make KVDECK_PDL=1 the default (launch.pdl_setting):
+    both measured, every greedy token equal to its twin's, each at least PDL_GAIN faster at
+    batch 1."""
+    wanted = ("awq_marlin_pdl", "bf16_pdl")
+    if not all(name in effect and "error" not in effect[name] for name in wanted):
+        return "PDL: keep off (a PDL engine did not run: " + ", ".join(
+            f"{name}: {effect.get(name, {}).get('error', 'not measured')[:120]}" for name in wanted
+            if name not in effect or "error" in effect[name]) + ")"
+    unequal = [name for name in wanted
+               if not all(equal for key, equal in effect[name].items() if key.endswith("tokens_equal"))]
+    if unequal:
+        return f"PDL: keep off and find why: {', '.join(unequal)} gave other tokens than its twin"
+    gains = {name: effect[name].get("batch_1_speedup", 0.0) for name in wanted}
+    shown = ", ".join(f"{name} {gain:.3f}x" for name, gain in gains.items())
+    if all(gain >= PDL_GAIN for gain in gains.values()):
+        return f"PDL: make KVDECK_PDL=1 the default ({shown}, tokens equal)"
+    return f"PDL: keep off ({shown}; the default wants each >= {PDL_GAIN}x)"
+
+
 def entry_from_sweep(tuned: dict, source: str) -> dict:
     """The TUNED entry `summarise_sweep(...)["tuned"]` supports, checked as the kernel reads it."""
     from kvdeck.kernels.triton.w4a16_marlin_plan import CONFIG_FIELDS, tuning_from_table
@@ -269,6 +292,8 @@ def report(summary: dict) -> list[str]:
         lines.append(f"tuned: {json.dumps(summary['tuned'])}")
     for variant, figures in summary.get("e2e_pdl", {}).items():
         lines.append(f"pdl {variant} over its plain twin: {json.dumps(figures)}")
+    if summary.get("e2e_pdl"):
+        lines.append(pdl_verdict(summary["e2e_pdl"]))
     for key, label in (("targets", "defaults"), ("targets_tuned", "the sweep's pick")):
         for target, figures in summary.get(key, {}).items():
             verdict = {True: "met", False: "MISSED", None: "not measured"}[figures["met"]]
