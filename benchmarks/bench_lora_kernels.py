@@ -236,16 +236,10 @@ def main() -> int:
     # chain of small launches. The cuBLAS GEMMs take no part.
     from kvdeck.kernels.triton.launch import pdl_forced
 
-    def under_pdl(fn):
-        def launched():
-            with pdl_forced(True):
-                fn()
-        return launched
-
     try:
         with pdl_forced(True):
             step.check(runnable[best])  # under PDL too, from a graph replay
-        pdl_timed = time_alternating({"best": fns[best], "best_pdl": under_pdl(fns[best])}, mode,
+        pdl_timed = time_alternating({"best": fns[best], "best_pdl": pdl_forced(True)(fns[best])}, mode,
                                      args.rep_ms, args.rounds)
     except Exception as error:  # recorded: the sweep's pick stands either way
         figures["pdl"] = {"config": best, "error": f"{type(error).__name__}: {error}"[:500]}

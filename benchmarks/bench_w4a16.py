@@ -57,8 +57,6 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 from kvdeck.kernels.dispatch import w4a16_gemm  # noqa: E402
-from kvdeck.kernels.ops import PACK_FACTOR  # noqa: E402
-from kvdeck.kernels.reference.w4a16_gemm import dequantize_awq  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_kernels  # noqa: E402
@@ -66,10 +64,10 @@ import w4a16_anatomy  # noqa: E402
 import w4a16_e2e  # noqa: E402
 import w4a16_sweep  # noqa: E402
 import w4a16_tune  # noqa: E402
+from w4a16_graph_check import check_graphs  # noqa: E402
+from w4a16_problem import GROUP, SHAPES, Problem, checker  # noqa: E402
 
-SHAPES = ((4096, 4096), (4096, 14336), (14336, 4096))
 TOKENS = (1, 4, 16, 64, 256, 512)
-GROUP = 128
 # (block_m, block_n, block_k, split_k, num_warps, num_stages); each must fit 99 KiB of shared
 # memory to run on sm_86/sm_89 (benchmarks/compile_for_gpu.py reports it).
 SWEEP = (
@@ -87,15 +85,6 @@ SWEEP = (
 )
 
 
-def random_awq(k: int, n: int, device: str, dtype: torch.dtype):
-    qweight = torch.randint(-(2**31), 2**31 - 1, (k, n // PACK_FACTOR), dtype=torch.int32,
-                            device=device)
-    qzeros = torch.randint(-(2**31), 2**31 - 1, (k // GROUP, n // PACK_FACTOR),
-                           dtype=torch.int32, device=device)
-    scales = (torch.rand(k // GROUP, n, device=device) * 0.002 + 0.0005).to(dtype)
-    return qweight, qzeros, scales
-
-
 REP_MS = 5  # ms of calls per CUDA graph, each replayed w4a16_sweep.ROUNDS times
 
 
@@ -110,62 +99,11 @@ def git_commit() -> str:
         return "unknown"
 
 
-@dataclasses.dataclass(slots=True)
-class Problem:
-    """One weight shape's tensors, made once and shared by its table rows and its sweep."""
-    k: int
-    n: int
-    group: int
-    device: str
-    dtype: torch.dtype
-    qweight: torch.Tensor
-    qzeros: torch.Tensor
-    scales: torch.Tensor
-    repacked: object  # RepackedW4
-    dense: torch.Tensor
-
-    @classmethod
-    def make(cls, k: int, n: int, device: str, dtype: torch.dtype) -> "Problem":
-        from kvdeck.kernels.reference.w4a16_repack import repack_awq
-
-        qweight, qzeros, scales = random_awq(k, n, device, dtype)
-        return cls(k, n, GROUP, device, dtype, qweight, qzeros, scales,
-                   repack_awq(qweight, qzeros, scales, GROUP),
-                   dequantize_awq(qweight, qzeros, scales, GROUP).to(dtype))
-
-    def input(self, m: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """x [m, k] (seeded by m) and the reference product in x's dtype."""
-        gen = torch.Generator(device=self.device).manual_seed(m)
-        x = torch.randn(m, self.k, device=self.device, dtype=self.dtype, generator=gen)
-        return x, (x.float() @ self.dense.float()).to(self.dtype)
-
-
-def checker(reference_scale: float = 2e-2):
-    """check(name, out, reference): raise if a candidate's result is wrong."""
-    def check(name: str, out: torch.Tensor, reference: torch.Tensor) -> float:
-        error = float((out.float() - reference.float()).abs().max())
-        if error > reference_scale * float(reference.abs().max()) + 1e-3:
-            raise AssertionError(f"{name} wrong: max error {error}")
-        return error
-    return check
-
-
-def with_pdl(fn):
-    """`fn` with its launches under programmatic dependent launch (where the GPU has it: sm_90
-    on; elsewhere, and under the interpreter, the plain launch)."""
-    from kvdeck.kernels.triton.launch import pdl_forced
-
-    def launched():
-        with pdl_forced(True):
-            return fn()
-    return launched
-
-
 def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True) -> dict:
     """One table row: every candidate checked, then (`timing`: cuda_graph, eager or fake)
     timed side by side with fp16 and bf16 cuBLAS, alternating."""
     from kvdeck.kernels.triton import w4a16_marlin as marlin
-    from kvdeck.kernels.triton.launch import device_arch
+    from kvdeck.kernels.triton.launch import device_arch, pdl_forced
     from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
 
     k, n, qweight, qzeros, scales, repacked = (problem.k, problem.n, problem.qweight, problem.qzeros,
@@ -189,7 +127,8 @@ def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True
             x, repacked, config=marlin.BROADCAST_CONFIG)
         # The engine's launch with programmatic dependent launch (kernels/triton/pdl.py): in a
         # graph of back-to-back calls each one's programs wait resident for the previous.
-        candidates["marlin_pdl"] = with_pdl(lambda: marlin.w4a16_gemm_marlin(x, repacked))
+        # (pdl_forced decorates: sm_90 on, elsewhere and under the interpreter the plain launch)
+        candidates["marlin_pdl"] = pdl_forced(True)(lambda: marlin.w4a16_gemm_marlin(x, repacked))
     row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP, "marlin_config": dataclasses.asdict(config),
                  "marlin_fused_max_tokens": fused_max, "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
     check = checker()
@@ -239,74 +178,6 @@ def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True
         row["best_config"] = dataclasses.asdict(W4A16Config(*SWEEP[int(best[5:])]))
         row["best_speedup_vs_fp16"] = row["fp16_ms"] / row["best_ms"]
     return row
-
-
-def check_graphs(smoke: bool = False) -> None:
-    """Capture w4a16_gemm (what AWQ layers run; with KVDECK_W4A16_KERNEL=marlin, the repacked
-    kernel) in a CUDA graph at every batch size the
-    engine captures for decode, replay it on new inputs and compare with eager calls. --smoke
-    (the CPU): a few sizes, tiny shapes, the "replay" an eager call on the same buffers."""
-    from kvdeck.engine.runner.decode_graphs import MAX_CAPTURED_BATCH, decode_bucket_sizes
-
-    k, n = (256, 128) if smoke else SHAPES[0]
-    device, dtype = ("cpu", torch.float32) if smoke else ("cuda", torch.float16)
-    qweight, qzeros, scales = random_awq(k, n, device, dtype)
-    from kvdeck.kernels.dispatch import w4a16_kernel
-
-    gemm = w4a16_gemm
-    if w4a16_kernel() == "marlin":  # KVDECK_W4A16_KERNEL=marlin: the repacked kernel's graphs
-        from kvdeck.kernels.reference.w4a16_repack import repack_awq
-        from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
-
-        repacked = repack_awq(qweight, qzeros, scales, GROUP)
-        gemm = lambda x, *_: w4a16_gemm_marlin(x, repacked)  # noqa: E731
-    for m in decode_bucket_sizes(4 if smoke else MAX_CAPTURED_BATCH):
-        x = torch.randn(m, k, device=device, dtype=dtype)
-        gemm(x, qweight, qzeros, scales, GROUP)  # compiles outside the capture
-        if smoke:
-            x.normal_()
-            captured = gemm(x, qweight, qzeros, scales, GROUP)
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = gemm(x, qweight, qzeros, scales, GROUP)
-            x.normal_()
-            graph.replay()
-        eager = gemm(x, qweight, qzeros, scales, GROUP)
-        diff = float((captured.float() - eager.float()).abs().max())
-        print(f"graph M={m:4d}: max |replay - eager| {diff:.3g}", flush=True)
-        if diff > 1e-2 * float(eager.abs().max()):
-            raise AssertionError(f"CUDA graph replay differs from eager at M={m}: {diff}")
-    if w4a16_kernel() == "marlin":  # the GEMV form too, before any tuned table serves it
-        _check_gemv_graphs(repacked, dequantize_awq(qweight, qzeros, scales, GROUP), smoke)
-
-
-def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
-    """The repacked kernel's GEMV form (its inline PTX on a GPU) at M = 1, 2 and 4: captured,
-    replayed on new inputs, equal to eager calls and to the dense product."""
-    from dataclasses import replace
-
-    from kvdeck.kernels.triton import w4a16_marlin as marlin
-
-    config = replace(marlin.GEMV_CONFIG, block_k=min(marlin.GEMV_CONFIG.block_k, GROUP), split_k=4)
-    check = checker()
-    for m in (1, 2, 4):
-        x = torch.randn(m, dense.shape[0], device=dense.device, dtype=dense.dtype)
-        gemv = lambda x=x: marlin.w4a16_matmul_marlin(x, repacked, config=config)  # noqa: E731
-        gemv()  # compiles outside the capture
-        if smoke:
-            captured = gemv()
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = gemv()
-            x.normal_()
-            graph.replay()
-        eager = gemv()
-        if not torch.equal(captured, eager):
-            raise AssertionError(f"the GEMV form's graph replay differs from eager at M={m}")
-        error = check(f"gemv M={m}", eager, (x.float() @ dense.float()).to(x.dtype))
-        print(f"graph gemv M={m}: replay == eager, max |out - dense product| {error:.3g}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:

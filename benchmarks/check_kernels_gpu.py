@@ -29,7 +29,9 @@ def check_all(smoke: bool = False, on_row: Callable[[list[dict]], None] | None =
     each check."""
     from kvdeck.kernels.dispatch import TORCH_OPS
     from kvdeck.kernels.reference.attention import paged_attention_torch
+    from kvdeck.kernels.reference.int8_gemm import int8_head_torch, quantize_int8_blocks
     from kvdeck.kernels.triton.attention import paged_attention_triton_impl
+    from kvdeck.kernels.triton.int8_head import int8_head_triton
     from kvdeck.kernels.triton.ops import TRITON_OPS
 
     device = bench_kernels.DEVICE
@@ -97,9 +99,6 @@ def check_all(smoke: bool = False, on_row: Callable[[list[dict]], None] | None =
         record("write_kv_cache", dtype_name, torch.cat(caches[:2]), torch.cat(caches[2:]), 0.0)
         # An INT4 model's output head in int8 (kernels/triton/int8_head.py): decode's rows and
         # a larger step, a vocabulary that is not whole tiles.
-        from kvdeck.kernels.reference.int8_gemm import int8_head_torch, quantize_int8_blocks
-        from kvdeck.kernels.triton.int8_head import int8_head_triton
-
         vocab, hidden = (200, 64) if smoke else (4001, 2048)
         q, scales = quantize_int8_blocks(torch.randn(vocab, hidden, device=device) * 0.02)
         for m in (1, 20):

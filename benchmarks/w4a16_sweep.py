@@ -126,7 +126,7 @@ def _config(values: tuple, **changes):
 def sweep_shape(problem, device: torch.device, timer: Callable[[dict], dict[str, float]],
                 check: Callable[[str, torch.Tensor, torch.Tensor], None], small_m=SMALL_M,
                 large_m=LARGE_M) -> list[dict]:
-    """Every sweep row of one weight shape (`problem`: bench_w4a16.Problem)."""
+    """Every sweep row of one weight shape (`problem`: w4a16_problem.Problem)."""
     from kvdeck.kernels.triton.w4a16_gemm import streaming_multiprocessors
 
     num_sms = streaming_multiprocessors(device)

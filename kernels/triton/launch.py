@@ -76,7 +76,7 @@ def pdl_enabled(device: torch.device) -> bool:
 @contextlib.contextmanager
 def pdl_forced(enabled: bool) -> Iterator[None]:
     """PDL on or off for the launches inside the block, whatever KVDECK_PDL says (the
-    benchmarks capture a graph of each side)."""
+    benchmarks capture a graph of each side); as a decorator, for every call of a function."""
     _PDL_FORCED.append(enabled)
     try:
         yield

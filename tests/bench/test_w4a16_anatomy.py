@@ -12,8 +12,8 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import bench_w4a16  # noqa: E402
 import w4a16_anatomy  # noqa: E402
+import w4a16_problem  # noqa: E402
 import w4a16_sweep  # noqa: E402
 
 from kvdeck.kernels.triton import w4a16_marlin as marlin  # noqa: E402
@@ -22,7 +22,7 @@ from kvdeck.kernels.triton import w4a16_marlin as marlin  # noqa: E402
 @pytest.fixture(scope="module")
 def problem():
     torch.manual_seed(0)
-    return bench_w4a16.Problem.make(512, 192, "cpu", torch.float32)
+    return w4a16_problem.Problem.make(512, 192, "cpu", torch.float32)
 
 
 @pytest.mark.parametrize("block_k", [64, 128])
@@ -61,7 +61,7 @@ def test_the_check_fails_on_a_wrong_fold(problem, monkeypatch):
 def test_a_row_per_shape_with_every_part_timed_and_an_error_row_for_a_wrong_part(
         problem, monkeypatch):
     timer = lambda fns: w4a16_sweep.time_alternating(fns, "fake", 1.0)  # noqa: E731
-    cpu, check = torch.device("cpu"), bench_w4a16.checker()
+    cpu, check = torch.device("cpu"), w4a16_problem.checker()
     (row,) = w4a16_anatomy.anatomy_rows({(512, 192): problem}, cpu, timer, check)
     assert "error" not in row
     assert set(row["ms"]) == {"bf16", "launch", "stream", "stream_deep", "stream_fixup", "marlin"}

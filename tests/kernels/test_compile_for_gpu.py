@@ -111,6 +111,11 @@ def test_sm89_ptx_is_the_sm86_ptx(compiled):
     assert checked == {name: True for name in aot.DERIVATION_CHECKED}
 
 
+def _sass_per_weight(compiled: list[dict]) -> dict[str, float]:
+    """Each W4A16 variant's sm_90 K-loop instructions per weight (compile_for_gpu's _k_loop)."""
+    return {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
+
+
 def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instructions(compiled):
     # The W4A16 issue's diagnosis: the AWQ-layout kernel spends its K loop on shifts, masks,
     # converts and multiplies per weight (11.4 instructions per weight per thread on sm_90).
@@ -119,7 +124,7 @@ def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instruction
     # thread instructions (sass_loop.py). The interleaved rows of the layout (ROW_SHIFTS: the
     # lop3 pairs are the MMA's) took 32 byte permutes out of the loop: 4.95 and 5.11 before,
     # so 4.8 is the ceiling for the decode bucket.
-    per_weight = {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
+    per_weight = _sass_per_weight(compiled)
     for dtype in ("fp16", "bf16"):
         marlin = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]
         awq_layout = per_weight[f"w4a16_m16_{dtype}_g128_splitk"]
@@ -133,7 +138,7 @@ def test_gemv_form_loop_issues_fewer_instructions_a_weight_than_the_fused_decode
     # in one PTX block, no padded 16-row MMA operand to assemble (49 register moves of the
     # fused kernel's 294 a K step on sm_90): 3.11 (fp16) and 3.28 (bf16) a weight against
     # 4.38 and 4.59, the sweep's reason to time it at M = 1.
-    per_weight = {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
+    per_weight = _sass_per_weight(compiled)
     for dtype in ("fp16", "bf16"):
         gemv = per_weight[f"w4a16_marlin_gemv_{dtype}_g128_splitk"]
         fused = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]

@@ -73,6 +73,10 @@ def test_launches_on_hopper_get_pdl_when_asked(hopper):
         assert launch_module._pdl_kwargs(kernel, (torch.zeros(2), 1)) == {}  # a CPU tensor
         assert launch_module._pdl_kwargs(kernel, (3, 4.0)) == {}  # no tensor: no device to ask
     assert launch_module._pdl_kwargs(kernel, args) == {}
+    # As a decorator (the benchmarks' PDL side of a graph): on for every call, off after.
+    forced = pdl_forced(True)(lambda: launch_module._pdl_kwargs(kernel, args))
+    assert forced() == forced() == {"PDL": True, "launch_pdl": True}
+    assert launch_module._pdl_kwargs(kernel, args) == {}
 
 
 def test_no_pdl_before_hopper_or_for_a_kernel_without_the_switch(hopper):
