@@ -92,7 +92,7 @@ def _takes_pdl(kernel) -> bool:
 def _pdl_kwargs(kernel, args: tuple) -> dict:
     """{"PDL": True, "launch_pdl": True} for a kernel with the constexpr on a device that
     uses PDL, else nothing (the constexpr's default, off)."""
-    if not _takes_pdl(kernel) or not _pdl_wanted():
+    if not _pdl_wanted() or not _takes_pdl(kernel):  # the setting first: off costs one call
         return {}
     device = next((arg.device for arg in args if isinstance(arg, torch.Tensor)), None)
     return {"PDL": True, "launch_pdl": True} if device is not None and pdl_enabled(device) else {}
