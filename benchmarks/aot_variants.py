@@ -16,7 +16,10 @@ import triton  # noqa: E402
 
 from kvdeck.kernels.triton import activation as activation_triton  # noqa: E402
 from kvdeck.kernels.triton import attention as attention_triton  # noqa: E402
-from kvdeck.kernels.triton import attention_tuning  # noqa: E402
+from kvdeck.kernels.triton import (
+    attention_tuning,  # noqa: E402
+    lora_grouped,  # noqa: E402
+)
 from kvdeck.kernels.triton import int8_head as int8_head_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_cache as kv_cache_triton  # noqa: E402
 from kvdeck.kernels.triton import kv_quant as kv_quant_triton  # noqa: E402
@@ -28,7 +31,7 @@ from kvdeck.kernels.triton import w4a16_gemm as w4a16_gemm_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_gemv as w4a16_gemv_triton  # noqa: E402
 from kvdeck.kernels.triton import w4a16_marlin as w4a16_marlin_triton  # noqa: E402
 from kvdeck.kernels.triton.elementwise_tiling import num_warps_for, rows_per_program  # noqa: E402
-from kvdeck.kernels.triton.lora_plan import LoRAKernelConfig, lora_kernel_config  # noqa: E402
+from kvdeck.kernels.triton.lora_plan import GROUP_ROWS, LoRAKernelConfig, lora_kernel_config  # noqa: E402
 
 # Opt-in shared memory per block (CUDA reserves 1 KB of the SM's carveout per block):
 # A100 163 KB, RTX 30xx/A10 (sm_86) and RTX 40xx/L4 (sm_89) 99 KB, H100/H200 227 KB.
@@ -285,6 +288,44 @@ def _lora_variant(kernel: str, dtype: str, has_rows: bool, has_ranks: bool, rank
     return Variant(fn, pointers, flags, dict(num_warps=config.num_warps), decode=True)
 
 
+def lora_grouped_variants() -> dict[str, Variant]:
+    """The grouped LoRA kernels (kernels/triton/lora_grouped.py, tiles of one adapter's rows)
+    as the adapter decode graphs launch them (each slot's rank read, max_lora_rank 16 and 64),
+    under the sweep's first grouped split and block in each launch form."""
+    variants = {}
+    config = LoRAKernelConfig(split_k=256, block_n=128, grouped=True)
+    for dtype in ("fp16", "bf16"):
+        for rank in (16, 64):
+            for kernel in ("shrink", "expand", "fused"):
+                variants[f"lora_grouped_{kernel}_{dtype}_r{rank}"] = _lora_grouped_variant(
+                    kernel, dtype, rank, dataclasses.replace(config, fused=kernel == "fused"))
+    return variants
+
+
+def _lora_grouped_variant(kernel: str, dtype: str, rank: int, config: LoRAKernelConfig) -> Variant:
+    block_r = lora_grouped.grouped_block_r(rank)
+    flags = dict(BLOCK_M=GROUP_ROWS, BLOCK_R=block_r)
+    dots = dict(DOT_F32=False, DOT_PRECISION="tf32")
+    tiles = dict(tiles_ptr="*i32", rows_ptr="*i32", ranks_ptr="*i32")
+    outputs = dict(out_ptr=f"*{dtype}", offsets_ptr="*i32", sizes_ptr="*i32")
+    block_n = lora_triton.expand_block_n(block_r, config)
+    if kernel == "shrink":
+        fn = lora_grouped._grouped_shrink_kernel
+        pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", **tiles, h_ptr="*fp32")
+        flags.update(BLOCK_K=lora_grouped.grouped_block_k(block_r, config.split_k), SPLIT_K=config.split_k,
+                     **dots)
+    elif kernel == "expand":
+        fn = lora_grouped._grouped_expand_kernel
+        pointers = dict(h_ptr="*fp32", b_ptr=f"*{dtype}", **tiles, **outputs)
+        flags.update(BLOCK_N=block_n)
+    else:
+        fn = lora_grouped._grouped_fused_kernel
+        pointers = dict(x_ptr=f"*{dtype}", a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", **tiles, **outputs)
+        flags.update(BLOCK_K=lora_grouped.grouped_block_k(block_r, config.split_k, fused=True),
+                     BLOCK_N=block_n, **dots)
+    return Variant(fn, pointers, flags, dict(num_warps=config.num_warps), decode=True)
+
+
 def build_variants() -> dict[str, Variant]:
     variants = {}
     for dtype in ATTENTION_DTYPES:
@@ -381,6 +422,7 @@ def build_variants() -> dict[str, Variant]:
     )
     variants.update(qk_norm_rope_kv_variants())
     variants.update(lora_variants())
+    variants.update(lora_grouped_variants())
     for act, name in ((activation_triton.SILU, "silu"), (activation_triton.GELU_TANH, "gelu_tanh")):
         variants[f"{name}_and_mul_bf16"] = Variant(
             activation_triton._act_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"),

@@ -37,7 +37,8 @@ import torch  # noqa: E402
 
 from kvdeck.app.bench.result import build_result, write_json_atomic  # noqa: E402
 from kvdeck.kernels.reference.lora import lora_linear_delta  # noqa: E402
-from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, LoRAKernelConfig  # noqa: E402
+from kvdeck.kernels.reference.lora_tiles import RowTiles, max_row_tiles, row_tiles  # noqa: E402
+from kvdeck.kernels.triton.lora_plan import DEFAULT_CONFIG, GROUP_ROWS, LoRAKernelConfig  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from lora_adapters import projection_shapes  # noqa: E402
@@ -52,6 +53,13 @@ QWEN3_CONFIG = REPO / "benchmarks" / "configs" / "qwen3-0.6b" / "config.json"
 SPLIT_K = (256, 128, 512, 0)
 BLOCK_N = (128, 64, 256)
 NUM_WARPS = (4, 2)
+# The grouped kernels (tiles of one adapter's rows, kernels/triton/lora_grouped.py) as
+# (split_k, block_n, fused, overlap): the three forms at 128 outputs first, then other
+# splits and blocks (a fused program's K step does not depend on the split: only 0 there).
+# After the two every figure is compared with, they alternate with the per-row candidates.
+GROUPED = ((0, 128, True, False), (256, 128, False, False), (256, 128, False, True), (128, 128, False, False),
+           (0, 64, True, False), (0, 128, False, False), (256, 64, False, False), (0, 256, True, False),
+           (128, 128, False, True), (512, 128, False, False))
 # Of --budget-s for checking candidates, which compiles their kernels (a new launch shape
 # compiles 4-5 variants, seconds on a GPU host); timing one takes ~0.2 s.
 CHECK_SHARE = 0.8
@@ -65,13 +73,19 @@ FIRST_LAUNCH = LoRAKernelConfig(split_k=0, block_n=64)
 def candidates(smoke: bool) -> list[LoRAKernelConfig]:
     if smoke:
         grid = [(0, 16, 4, False, False), (16, 32, 4, False, True), (16, 16, 2, True, False)]
+        grouped = [(16, 16, False, False), (0, 32, True, False), (16, 16, False, True)]
     else:
         forms = ((False, False), (False, True), (True, False))  # (fused, overlap)
         grid = [(s, n, w, *form) for w, n, s, form in itertools.product(NUM_WARPS, BLOCK_N, SPLIT_K, forms)]
-    configs = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f, overlap=o)
+        grouped = GROUPED
+    per_row = [LoRAKernelConfig(split_k=s, block_n=n, num_warps=w, fused=f, overlap=o)
                for s, n, w, f, o in grid]
+    tiled = [LoRAKernelConfig(split_k=s, block_n=n, fused=f, overlap=o, grouped=True)
+             for s, n, f, o in grouped]
     first = [DEFAULT_CONFIG, FIRST_LAUNCH]  # the two every figure is compared with
-    return first + [c for c in configs if c not in first]
+    per_row = [c for c in per_row if c not in first]
+    mixed = [c for pair in itertools.zip_longest(tiled, per_row) for c in pair if c is not None]
+    return first + mixed
 
 
 # A decoder layer's LoRA linears as the engine fuses them: (name, its projections).
@@ -104,17 +118,29 @@ class Layers:
                     for name, _, sizes in shapes}
         self.row_slots = torch.arange(rows, device=device) % adapters  # every row under an adapter
         self.slot_ranks = torch.full((adapters,), rank, dtype=torch.int32, device=device)
+        # The grouped kernels' tiles as the adapter decode graphs hold them: as many tiles as
+        # any mix of the rows over the slots could need, the unused ones empty.
+        num_tiles = max_row_tiles(rows, adapters, GROUP_ROWS)
+        packed = row_tiles(self.row_slots.cpu().numpy(), GROUP_ROWS, num_tiles, rows)
+        self.tiles = RowTiles.from_packed(torch.from_numpy(packed).to(device), num_tiles)
+
+    def linear(self, config, x, base, a, b, sizes) -> torch.Tensor:
+        """One linear with its adapters' deltas, in `config`'s kernels and launch form."""
+        from kvdeck.kernels.triton.lora import lora_linear_triton
+        from kvdeck.kernels.triton.lora_grouped import grouped_linear
+
+        if config.grouped:
+            return grouped_linear(x, base, a, b, self.tiles, self.slot_ranks, sizes, self.rank, config)
+        return lora_linear_triton(x, base, a, b, None, self.row_slots, sizes, self.rank, self.slot_ranks,
+                                  config)
 
     def lora_step(self, config) -> None:
         """Every layer's linears with their adapters' deltas."""
-        from kvdeck.kernels.triton.lora import lora_linear_triton
-
         for layer in self.weights:
             for (name, in_size, sizes), (a, b, w) in zip(self.shapes, layer):
                 def base(x, w=w, out=self.out[name]):
                     return torch.matmul(x, w.t(), out=out)
-                lora_linear_triton(self.x[in_size], base, a, b, None, self.row_slots, sizes, self.rank,
-                                   self.slot_ranks, config)
+                self.linear(config, self.x[in_size], base, a, b, sizes)
 
     def base_step(self) -> None:
         for layer in self.weights:
@@ -125,8 +151,6 @@ class Layers:
         """The largest difference from the torch reference on layer 0 (a fresh output), over
         the reference's largest magnitude; on CUDA from a replay of the launches captured in a
         graph, as they are timed (an overlapped shrink's branch included)."""
-        from kvdeck.kernels.triton.lora import lora_linear_triton
-
         worst = 0.0
         for (_, in_size, sizes), (a, b, _) in zip(self.shapes, self.weights[0]):
             x = self.x[in_size]
@@ -134,8 +158,7 @@ class Layers:
             out = torch.empty_like(start)
 
             def run(a=a, b=b, sizes=sizes, x=x, start=start, out=out) -> torch.Tensor:
-                return lora_linear_triton(x, lambda _: out.copy_(start), a, b, None, self.row_slots, sizes,
-                                          self.rank, self.slot_ranks, config)
+                return self.linear(config, x, lambda _: out.copy_(start), a, b, sizes)
 
             got = run()  # compiles the variants before any capture
             if x.is_cuda:
@@ -220,7 +243,8 @@ def main() -> int:
     base_ms = timed.pop("base_gemms")
     for label, ms in sorted(timed.items(), key=lambda item: item[1]):
         figures["rows"].append({"config": label, "fused": runnable[label].fused,
-                                "overlap": runnable[label].overlap, "step_ms": ms,
+                                "overlap": runnable[label].overlap, "grouped": runnable[label].grouped,
+                                "step_ms": ms,
                                 "lora_ms": ms - base_ms, "over_base_gemms": ms / base_ms})
     best = min(timed, key=timed.get)
     first = FIRST_LAUNCH.label()

@@ -23,7 +23,7 @@ from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacke
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
 __all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "int8_head", "lora_linear",
-           "lora_shrink_splits", "select_ops", "triton_interpreter_enabled", "w4a16_gemm",
+           "lora_shrink_splits", "lora_tile_rows", "select_ops", "triton_interpreter_enabled", "w4a16_gemm",
            "w4a16_gemm_repacked", "w4a16_kernel"]
 
 
@@ -97,17 +97,38 @@ def int8_head(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, backend: s
 def lora_linear(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
                 b: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
                 rank: int, num_slots: int | None = None, backend: str = "auto",
-                slot_ranks: torch.Tensor | None = None) -> torch.Tensor:
+                slot_ranks: torch.Tensor | None = None, tiles=None) -> torch.Tensor:
     """base(x) plus each adapter row's LoRA delta (shrink, then expand; contract
     kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere.
     `slot_ranks` (int32 [slots]): each slot's own rank, which the Triton pair reads so a row
     loads only its adapter's ranks (the zero padding past them adds nothing either way). The
-    Triton pair may run its shrink beside `base` (its launch config's `overlap`)."""
+    Triton pair may run its shrink beside `base` (its launch config's `overlap`). `tiles`
+    (lora_grouped.RowTiles, where `lora_tile_rows` says the device's config is grouped): the
+    grouped kernels over them (with `slot_ranks`); `rows`/`row_slots` are then unused."""
     if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
         return lora_linear_delta_torch(x, base(x), a, b, rows, row_slots, output_sizes, rank, num_slots)
+    if tiles is not None:
+        from kvdeck.kernels.triton.launch import device_arch
+        from kvdeck.kernels.triton.lora_grouped import grouped_linear
+        from kvdeck.kernels.triton.lora_plan import lora_kernel_config
+
+        return grouped_linear(x, base, a, b, tiles, slot_ranks, output_sizes, rank,
+                              lora_kernel_config(device_arch(x.device)))
     from kvdeck.kernels.triton.lora import lora_linear_triton
 
     return lora_linear_triton(x, base, a, b, rows, row_slots, output_sizes, rank, slot_ranks)
+
+
+def lora_tile_rows(device: torch.device, backend: str = "auto") -> int:
+    """The grouped LoRA kernels' rows per tile where `device` serves them (its launch config
+    says `grouped`, kernels/triton/lora_plan.py), else 0: the engine builds each step's tiles
+    (kernels/reference/lora_tiles.py) only then."""
+    if backend == "torch" or (backend == "auto" and device.type != "cuda"):
+        return 0
+    from kvdeck.kernels.triton.launch import device_arch
+    from kvdeck.kernels.triton.lora_plan import GROUP_ROWS, lora_kernel_config
+
+    return GROUP_ROWS if lora_kernel_config(device_arch(device)).grouped else 0
 
 
 def lora_shrink_splits(in_size: int, device: torch.device) -> int:

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from kvdeck.engine.runner.lora.graph_inputs import LoRAGraphInputs
@@ -204,9 +205,9 @@ class DecodeGraphs:
         return bool(self.lora_replays) and self.can_run(meta, num_seqs)
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-            lora_slots: torch.Tensor | None = None) -> torch.Tensor:
+            lora_slots: np.ndarray | None = None) -> torch.Tensor:
         """Copy the step into the static buffers, replay its bucket, return [num_seqs, hidden].
-        `lora_slots` (each row's adapter slot, -1: the base): replay the adapter graphs."""
+        `lora_slots` (each row's adapter slot, -1: the base; int64 on the host): replay the adapter graphs."""
         num_seqs = input_ids.shape[0]
         size = self.sizes[bisect.bisect_left(self.sizes, num_seqs)]
         buffers = self.buffers
@@ -284,7 +285,7 @@ class DecodeGraphs:
         replayed = self.run(input_ids, positions, meta).float()
         diff = self._mismatch(eager, replayed)
         if self.lora is not None:  # the adapter graphs against the same adapter forward, eager
-            lora_slots = torch.arange(len(seq_lens), device=device) % (self.lora.num_slots + 1) - 1
+            lora_slots = np.arange(len(seq_lens)) % (self.lora.num_slots + 1) - 1
             self.lora.set_rows(lora_slots, len(seq_lens))
             eager = self.lora.forward(self.model, input_ids, positions, meta, len(seq_lens)).float()
             replayed = self.run(input_ids, positions, meta, lora_slots).float()

@@ -10,10 +10,13 @@ reads them (no atomics, no zeroing launch). `fused` puts both halves in one laun
 program computes its row's shrink itself, redundant work for half the launches. `block_n` is
 the expand's outputs per program. `overlap` (two launches only) runs the shrink on a side
 stream beside the layer's base GEMM, which does not need its result: the pair's critical path
-is then the expand alone (kernels/triton/lora.py, lora_linear_triton). Which wins is a GPU's
+is then the expand alone (kernels/triton/lora.py, lora_linear_triton). `grouped` launches the
+same forms over tiles of up to GROUP_ROWS rows of one adapter (kernels/triton/lora_grouped.py,
+vLLM's SGMV form: tile products, each adapter's weights read once a tile, not once a row;
+the step's tiles come from kernels/reference/lora_tiles.py). Which wins is a GPU's
 to say: benchmarks/bench_lora_kernels.py times them under CUDA graphs and
 benchmarks/lora_tune.py writes the pick per architecture into lora_tuned.py.
-KVDECK_LORA_KERNEL (`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0`, any subset)
+KVDECK_LORA_KERNEL (`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0,grouped=0`, any subset)
 overrides the pick in a process.
 """
 
@@ -30,6 +33,7 @@ class LoRAKernelConfig:
     fused: bool = False  # one launch: each expand program computes its row's shrink
     num_warps: int = 4
     overlap: bool = False  # the shrink on a side stream, beside the base GEMM (two launches only)
+    grouped: bool = False  # programs over tiles of one adapter's rows (lora_grouped.py), not per row
 
     def __post_init__(self) -> None:
         for name in ("split_k", "block_n", "num_warps"):
@@ -54,10 +58,12 @@ class LoRAKernelConfig:
 
 DEFAULT_CONFIG = LoRAKernelConfig()
 ENV = "KVDECK_LORA_KERNEL"
+GROUP_ROWS = 16  # the grouped kernels' tile of rows (a tile product's smallest side)
+BOOL_FIELDS = ("fused", "overlap", "grouped")
 
 
 def parse_config(text: str, base: LoRAKernelConfig = DEFAULT_CONFIG) -> LoRAKernelConfig:
-    """`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0` (any subset, over `base`)."""
+    """`split_k=256,block_n=128,fused=0,num_warps=4,overlap=0,grouped=0` (any subset, over `base`)."""
     names = {f.name for f in fields(LoRAKernelConfig)}
     values: dict = {}
     for item in filter(None, (part.strip() for part in text.split(","))):
@@ -69,7 +75,7 @@ def parse_config(text: str, base: LoRAKernelConfig = DEFAULT_CONFIG) -> LoRAKern
             number = int(value)
         except ValueError:
             raise ValueError(f"{ENV}: {name} must be an integer, got {value!r}") from None
-        values[name] = bool(number) if name in ("fused", "overlap") else number
+        values[name] = bool(number) if name in BOOL_FIELDS else number
     return replace(base, **values)
 
 

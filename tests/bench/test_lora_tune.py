@@ -39,7 +39,8 @@ def test_the_fastest_runnable_candidate_is_written_for_its_arch(tmp_path, monkey
     exec(table.read_text(), namespace)
     assert namespace["TUNED"][80] == {"config": {}}  # another arch's entry kept
     entry = namespace["TUNED"][90]
-    assert entry["config"] == {"split_k": 256, "block_n": 64, "fused": False, "num_warps": 4, "overlap": True}
+    assert entry["config"] == {"split_k": 256, "block_n": 64, "fused": False, "num_warps": 4, "overlap": True,
+                               "grouped": False}
     assert "H200" in entry["source"] and entry["step_ms"] == 0.4
     from kvdeck.kernels.triton import lora_plan
 
@@ -74,16 +75,22 @@ def test_the_decode_target_runs_under_the_committed_config_without_a_pick(tiny_l
     assert done.returncode == 0, done.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["config"]["config_from"] is None and "committed" in result["config"]["config_note"]
-    assert result["config"]["lora_kernel_config"] == "split_k=256,block_n=128,fused=0,num_warps=4,overlap=0"
+    assert (result["config"]["lora_kernel_config"]
+            == "split_k=256,block_n=128,fused=0,num_warps=4,overlap=0,grouped=0")
 
 
 def test_the_sweep_tries_every_form_and_stops_checking_past_its_budget(tmp_path):
     import bench_lora_kernels
 
     full = bench_lora_kernels.candidates(smoke=False)
-    assert len(full) == len(set(full)) == 72  # 4 splits x 3 blocks x 2 warp counts x 3 forms
+    # Per row: 4 splits x 3 blocks x 2 warp counts x 3 forms; then the grouped kernels'.
+    assert len(full) == len(set(full)) == 72 + len(bench_lora_kernels.GROUPED)
     assert full[:2] == [bench_lora_kernels.DEFAULT_CONFIG, bench_lora_kernels.FIRST_LAUNCH]
-    assert {(c.fused, c.overlap) for c in full[2:4]} == {(False, True), (True, False)}  # the default's forms
+    # Next, alternating: the default's other two forms per row, the grouped kernels' three forms.
+    assert [c.grouped for c in full[2:8]] == [True, False] * 3
+    assert {(c.fused, c.overlap) for c in full[2:6] if not c.grouped} == {(False, True), (True, False)}
+    grouped_forms = {(c.fused, c.overlap) for c in full[2:7] if c.grouped}
+    assert grouped_forms == {(True, False), (False, False), (False, True)}
     # A budget already spent: the two every figure compares with are checked and timed, the
     # rest recorded as skipped, none of them lost.
     out = tmp_path / "sweep.json"

@@ -64,6 +64,9 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for kernel in ("shrink", "expand", "fused"):
             for form in ("rows_r16", "graph_r64"):
                 assert f"lora_{kernel}_{dtype}_{form}" in aot.VARIANTS
+            # The grouped kernels (tiles of one adapter's rows) as the decode graphs launch them.
+            for rank in (16, 64):
+                assert f"lora_grouped_{kernel}_{dtype}_r{rank}" in aot.VARIANTS
         # The fused q/k norm + RoPE + KV write: Qwen3's d128 with norms, Llama's without.
         assert f"qk_norm_rope_kv_{dtype}_d128" in aot.VARIANTS
         for head_dim in (64, 128):

@@ -218,7 +218,9 @@ def test_launch_config_parsing_and_the_env_override(monkeypatch):
     from kvdeck.kernels.triton import lora_plan
 
     assert lora_plan.parse_config("split_k=64, fused=1") == LoRAKernelConfig(split_k=64, fused=True)
-    assert LoRAKernelConfig(split_k=64).label() == "split_k=64,block_n=128,fused=0,num_warps=4,overlap=0"
+    label = "split_k=64,block_n=128,fused=0,num_warps=4,overlap=0,grouped=0"
+    assert LoRAKernelConfig(split_k=64).label() == label
+    assert lora_plan.parse_config("grouped=1,fused=1") == LoRAKernelConfig(fused=True, grouped=True)
     assert lora_plan.parse_config("overlap=1") == LoRAKernelConfig(overlap=True)
     assert lora_plan.parse_config(LoRAKernelConfig(split_k=0, block_n=32).label()) == LoRAKernelConfig(0, 32)
     for bad, says in [("split=64", "not one of"), ("block_n=x", "must be an integer"),

@@ -8,14 +8,20 @@ slots' weights, all updated in place. The kernels are launched for every row at
 max_lora_rank: exact for any adapter, since a slot is zero past its rank, and each row loads
 only its own slot's ranks (the rank read from device memory), so one set of graphs serves
 every mix of ranks; graphs per rank class would multiply the capture for no less traffic.
+Where the device's LoRA kernels are the grouped ones (kernels/triton/lora_grouped.py), the
+step's tiles of rows live in a static buffer too (`tiles`), sized for the most tiles any mix
+of the largest bucket's rows over the slots needs (kernels/reference/lora_tiles.py): a tile
+the step does not use has no rows and its programs return at once.
 """
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
 from kvdeck.engine.runner.lora.slots import LoRAContext, LoRAStep
+from kvdeck.kernels.reference.lora_tiles import RowTiles, row_tiles
 
 
 @dataclass(slots=True)
@@ -26,6 +32,10 @@ class LoRAGraphInputs:
     max_rank: int
     num_slots: int
     backend: str
+    tile_rows: int = 0  # the grouped kernels' rows per tile (0: the per-row kernels, no tiles)
+    packed_tiles: torch.Tensor | None = None  # int32: lora_tiles.row_tiles' array, max_batch rows
+    tiles: RowTiles | None = None  # its views
+    num_tiles: int = 0
 
     def forward(self, model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, meta,
                 batch_size: int) -> torch.Tensor:
@@ -33,17 +43,21 @@ class LoRAGraphInputs:
         layers at its `token_slots` slot (captured, or replayed eagerly on CPU)."""
         # A new view each call: the torch reference caches its slot mask by the tensor's identity.
         self.context.step = LoRAStep(None, self.token_slots[:batch_size], self.max_rank, self.num_slots,
-                                     self.backend, slot_ranks=self.slot_ranks)
+                                     self.backend, slot_ranks=self.slot_ranks, tiles=self.tiles)
         try:
             return python_forward(model, input_ids, positions, meta)
         finally:
             self.context.step = None
 
-    def set_rows(self, token_slots: torch.Tensor, batch_size: int) -> None:
-        """A step's slots into the static buffer; its padding rows up to `batch_size` at -1."""
-        num_rows = token_slots.shape[0]
-        self.token_slots[:num_rows].copy_(token_slots, non_blocking=True)
-        self.token_slots[num_rows:batch_size].fill_(-1)
+    def set_rows(self, token_slots: np.ndarray, batch_size: int) -> None:
+        """A step's slots (int64, one per row) into the static buffer, its padding rows up to
+        `batch_size` at -1; with the grouped kernels, its tiles too (one copy each)."""
+        padded = np.full(batch_size, -1, dtype=np.int64)
+        padded[: len(token_slots)] = token_slots
+        self.token_slots[:batch_size].copy_(torch.from_numpy(padded), non_blocking=True)
+        if self.packed_tiles is not None:
+            packed = row_tiles(padded, self.tile_rows, self.num_tiles, self.token_slots.shape[0])
+            self.packed_tiles.copy_(torch.from_numpy(packed), non_blocking=True)
 
 
 def python_forward(model: nn.Module, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:

@@ -11,6 +11,9 @@ loaded into max_loras device slots as steps need them, and each step's per-token
 - `graph_token_slots(plan)` (a decode-only step the adapter decode graphs replay) puts the
   step's adapters in slots and gives each row's slot for the graphs' static buffer
   (`graph_inputs`, graph_inputs.py).
+On the Triton path the device's launch config (kernels/triton/lora_plan.py) chooses the
+per-row kernels (a step's adapter rows and their slots) or the grouped ones (`tile_rows`:
+the step's rows in tiles of one slot, kernels/reference/lora_tiles.py).
 The scheduler keeps the distinct adapters of a step at most max_loras, so slots never run out.
 """
 
@@ -30,8 +33,9 @@ from kvdeck.engine.runner.lora.warm_up import warm_up_ranks
 from kvdeck.engine.runner.models.linear import Linear
 from kvdeck.engine.types.lora import LoRARequest, read_adapter_info
 from kvdeck.engine.types.stats import LoRASlotStats
-from kvdeck.kernels.dispatch import lora_shrink_splits
+from kvdeck.kernels.dispatch import lora_shrink_splits, lora_tile_rows
 from kvdeck.kernels.reference.lora_grouped import group_rows
+from kvdeck.kernels.reference.lora_tiles import TILE_FIELDS, RowTiles, device_row_tiles, max_row_tiles
 
 
 @dataclass(slots=True)
@@ -61,6 +65,7 @@ class LoRAManager:
         self.device = device
         self.backend = backend
         self._torch_path = backend == "torch" or (backend == "auto" and device.type != "cuda")
+        self.tile_rows = 0 if self._torch_path else lora_tile_rows(device, backend)  # 0: per-row kernels
         self.context = LoRAContext()
         # Per layer: linear path -> its slots (attached to the Linear as `lora`).
         self.layer_slots: list[dict[str, LinearSlots]] = []
@@ -168,6 +173,11 @@ class LoRAManager:
             step = None if groups is None else LoRAStep(None, None, rank, len(slot_table), self.backend,
                                                         groups)
             self._last_step = (plan.token_ids, slot_table, rank, step)
+        elif self.tile_rows:  # Triton, grouped: tiles of one slot's rows (none: the base alone)
+            tiles = device_row_tiles(_token_slots(plan.token_ids, slot_table), self.tile_rows, self.device)
+            step = None if tiles.tiles.shape[0] == 0 else LoRAStep(
+                None, None, rank, max(slot_table.values()) + 1, self.backend, slot_ranks=self.slot_ranks,
+                tiles=tiles)
         else:  # Triton: only the adapter rows are launched
             token_slots = _token_slots(plan.token_ids, slot_table)
             rows = np.flatnonzero(token_slots >= 0)
@@ -183,14 +193,22 @@ class LoRAManager:
     def graph_inputs(self, max_batch: int) -> LoRAGraphInputs:
         """The static inputs of adapter decode graphs of up to `max_batch` rows."""
         token_slots = torch.full((max_batch,), -1, dtype=torch.long, device=self.device)
-        return LoRAGraphInputs(self.context, token_slots, self.slot_ranks, self.max_rank, self.max_loras,
-                               self.backend)
+        inputs = LoRAGraphInputs(self.context, token_slots, self.slot_ranks, self.max_rank, self.max_loras,
+                                 self.backend)
+        if self.tile_rows:  # the grouped kernels: tiles for any mix of max_batch rows
+            inputs.tile_rows = self.tile_rows
+            inputs.num_tiles = max_row_tiles(max_batch, self.max_loras, self.tile_rows)
+            inputs.packed_tiles = torch.zeros(inputs.num_tiles * TILE_FIELDS + max_batch, dtype=torch.int32,
+                                              device=self.device)
+            inputs.tiles = RowTiles.from_packed(inputs.packed_tiles, inputs.num_tiles)
+        return inputs
 
-    def graph_token_slots(self, plan: LoRAStepPlan) -> torch.Tensor:
+    def graph_token_slots(self, plan: LoRAStepPlan) -> np.ndarray:
         """For a step the adapter decode graphs replay: its adapters put in slots (as
-        `forward` does), and each row's slot (-1: the base), int64 on the device."""
+        `forward` does), and each row's slot (-1: the base), int64 on the host
+        (LoRAGraphInputs.set_rows copies it)."""
         slot_table = self._slots_for(plan.adapters)
-        return torch.from_numpy(_token_slots(plan.token_ids, slot_table)).to(self.device, non_blocking=True)
+        return _token_slots(plan.token_ids, slot_table)
 
     def warm_up(self) -> int:
         """Compile the Triton kernels' variants before serving (warm_up.py): each distinct
@@ -205,9 +223,13 @@ class LoRAManager:
         runs = 0
         multipliers = [len(sizes) * splits for in_size, sizes in layers
                        for splits in (1, lora_shrink_splits(in_size, self.device))]
+        tiles = None
+        if self.tile_rows:  # the grouped kernels: one tile of row 0 at slot 0 (no per-row forms)
+            tiles = device_row_tiles(np.zeros(1, dtype=np.int64), self.tile_rows, self.device)
         for rank in warm_up_ranks(self.max_rank, multipliers):
-            for rows in (None, row):
-                self.context.step = LoRAStep(rows, row, rank, 1, self.backend)
+            for rows in (None, row) if tiles is None else (None,):
+                ranks = None if tiles is None else self.slot_ranks
+                self.context.step = LoRAStep(rows, row, rank, 1, self.backend, slot_ranks=ranks, tiles=tiles)
                 try:
                     for (in_size, sizes), slots in layers.items():
                         x = torch.zeros(1, in_size, dtype=self.dtype, device=self.device)

@@ -17,6 +17,7 @@ import torch
 
 from kvdeck.kernels.dispatch import lora_linear
 from kvdeck.kernels.reference.lora_grouped import RowGroups, grouped_weights, lora_grouped_delta
+from kvdeck.kernels.reference.lora_tiles import RowTiles
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class LoRAStep:
     backend: str  # the kernels' backend (auto | triton | torch)
     groups: RowGroups | None = None  # the torch path: rows grouped by slot (rows/row_slots unused)
     slot_ranks: torch.Tensor | None = None  # int32 [slots]: each slot's rank (the decode graphs')
+    tiles: RowTiles | None = None  # the grouped Triton kernels' tiles of rows (then rows/row_slots unused)
 
 
 @dataclass(slots=True)
@@ -81,4 +83,4 @@ class LinearSlots:
                 self._grouped_key = key
             return lora_grouped_delta(x, base(x), *self._grouped, step.groups)
         return lora_linear(x, base, self.a, self.b, step.rows, step.row_slots, self.output_sizes,
-                           step.rank, step.num_slots, step.backend, step.slot_ranks)
+                           step.rank, step.num_slots, step.backend, step.slot_ranks, step.tiles)

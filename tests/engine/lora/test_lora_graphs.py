@@ -18,7 +18,8 @@ ENGINE = dict(enable_lora=True, max_num_batched_tokens=16, num_gpu_blocks_overri
 
 
 def _with_recorded_graphs(llm: LLM) -> tuple[list, list]:
-    """Capture (eagerly) and record which plain and adapter graphs replay: (plain, lora)."""
+    """Capture (eagerly) and record which plain and adapter graphs replay: (plain, lora), the
+    adapter graphs' with each row's slot and the grouped kernels' tiles (None: per-row)."""
     runner = llm.engine.core.runner
     runner.capture_decode_graphs(llm.engine.core.max_model_len, capture=False)
     graphs = runner.decode_graphs
@@ -28,19 +29,33 @@ def _with_recorded_graphs(llm: LLM) -> tuple[list, list]:
         graphs.replays[size] = (lambda s=size, r=replay: (plain.append(s), r())[1])
     for key, replay in list(graphs.lora_replays.items()):
         graphs.lora_replays[key] = (
-            lambda k=key, r=replay: (lora.append((k, graphs.lora.token_slots.tolist())), r())[1])
+            lambda k=key, r=replay: (lora.append((k, graphs.lora.token_slots.tolist(), _tiles(graphs.lora))),
+                                     r())[1])
     return plain, lora
+
+
+def _tiles(inputs) -> list | None:
+    from kvdeck.kernels.reference.lora_tiles import tiles_of
+
+    return None if inputs.packed_tiles is None else tiles_of(inputs.packed_tiles.numpy(), inputs.num_tiles)
 
 
 def _tokens(outputs) -> list[list[int]]:
     return [list(out.outputs[0].token_ids) for out in outputs]
 
 
-@pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_adapter_rows_replay_the_adapter_graphs(lora_llama, backend):
+@pytest.mark.parametrize("backend", ["torch", "triton", "triton_grouped"])
+def test_adapter_rows_replay_the_adapter_graphs(lora_llama, backend, monkeypatch):
     """The base and two adapters (ranks 8 and 4, under max_lora_rank 16) in one batch of 3
     rows, padded to the 4-row bucket; the torch reference's every-slot form, or the Triton
-    pair (interpreted, so shorter prompts) at the captured rank reading each slot's rank."""
+    pair (interpreted, so shorter prompts) at the captured rank reading each slot's rank, per
+    row or grouped (the graphs' tile buffer: the step's two tiles of one row each)."""
+    from kvdeck.kernels.triton import lora_plan
+
+    if backend == "triton_grouped":
+        grouped = lora_plan.LoRAKernelConfig(split_k=16, grouped=True)
+        monkeypatch.setattr(lora_plan, "_CHOSEN", {None: grouped})
+        backend = "triton"
     setup = lora_llama
     sql, code = setup.requests["sql"], setup.requests["code"]
     if backend == "torch":
@@ -58,9 +73,13 @@ def test_adapter_rows_replay_the_adapter_graphs(lora_llama, backend):
         # Decode steps of the three went through the 4-row adapter graph: the base row and
         # the padding row at slot -1.
         manager = llm.engine.core.runner.lora
-        full = [s[:4] for (size, _), s in lora if size == 4]
-        assert [manager.slot_of[1], -1, manager.slot_of[2], -1] in full
+        full = [(s[:4], tiles) for (size, _), s, tiles in lora if size == 4]
+        sql_slot, code_slot = manager.slot_of[1], manager.slot_of[2]
+        grouped = sorted([(sql_slot, [0]), (code_slot, [2])]) if manager.tile_rows else None
+        assert ([sql_slot, -1, code_slot, -1], grouped) in full  # tiles: rows 0 and 2, one each
         assert manager.slot_ranks.tolist()[:2] in ([8, 4], [4, 8])
+        if manager.tile_rows:  # 8 rows over max_loras 4 slots take at most 4 tiles of 16
+            assert llm.engine.core.runner.decode_graphs.lora.num_tiles == 4
         lora.clear()
         plain.clear()
         assert _tokens(llm.generate(prompts[1:2], params)) == expected[1:2]
@@ -78,7 +97,7 @@ def test_slot_reloaded_after_capture_is_seen_by_the_replay(lora_llama):
         for adapter, prompt in order:
             got = _tokens(llm.generate([PROMPTS[prompt]], GREEDY, lora_request=adapter))
             assert got == [setup.expected(adapter.lora_name, prompt)]
-            assert lora and all(s[0] == 0 for _, s in lora)  # slot 0, replayed
+            assert lora and all(s[0] == 0 for _, s, _ in lora)  # slot 0, replayed
             lora.clear()
 
 

@@ -38,7 +38,8 @@ def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
 def test_the_warm_up_covers_a_shrink_split_into_chunks(lora_llama, monkeypatch):
     """With the shrink splitting K into chunks (16 inputs each: 4 chunks of the tiny model's 64,
     more of its MLP's), the h strides take the splits too: the warm-up's rank classes follow,
-    and serving after it compiles nothing, with the unsplit launch's tokens."""
+    and serving after it compiles nothing, with the unsplit launch's tokens; the grouped
+    kernels (tiles of one adapter's rows, split or fused) too."""
     from kvdeck.kernels.compile_counter import kernel_compiles
     from kvdeck.kernels.triton import lora_plan
 
@@ -48,8 +49,11 @@ def test_the_warm_up_covers_a_shrink_split_into_chunks(lora_llama, monkeypatch):
     sql, code = setup.requests["sql"], setup.requests["code"]  # ranks 8 and 4 (4 x 4 chunks: 16)
     batches = ([sql, None, code], [code, None, code])
     got = {}
-    for split_k in (0, 16):
-        config = lora_plan.LoRAKernelConfig(split_k=split_k, block_n=16)
+    configs = {0: lora_plan.LoRAKernelConfig(split_k=0, block_n=16),
+               16: lora_plan.LoRAKernelConfig(split_k=16, block_n=16),
+               "grouped": lora_plan.LoRAKernelConfig(split_k=16, block_n=16, grouped=True),
+               "grouped_fused": lora_plan.LoRAKernelConfig(block_n=32, fused=True, grouped=True)}
+    for key, config in configs.items():
         monkeypatch.setattr(lora_plan, "_CHOSEN", {None: config})
         with LLM(str(setup.model_dir), attention_backend="triton", kv_cache_memory_gib=0.01, enable_lora=True,
                  max_loras=2, max_lora_rank=8, max_num_batched_tokens=32, max_model_len=128) as llm:
@@ -57,6 +61,7 @@ def test_the_warm_up_covers_a_shrink_split_into_chunks(lora_llama, monkeypatch):
             runner.warm_up(llm.engine.max_model_len)
             before = kernel_compiles()
             outputs = [llm.generate(prompts, params, lora_request=loras) for loras in batches]
-            got[split_k] = [[o.outputs[0].token_ids for o in batch] for batch in outputs]
-            assert kernel_compiles() == before
-    assert got[16] == got[0]
+            got[key] = [[o.outputs[0].token_ids for o in batch] for batch in outputs]
+            assert kernel_compiles() == before, key
+            assert bool(runner.lora.tile_rows) == config.grouped
+    assert got[16] == got["grouped"] == got["grouped_fused"] == got[0]
