@@ -447,7 +447,7 @@ def build_variants() -> dict[str, Variant]:
 # launch option alone, which keeps Triton's cache from serving it the plain build, whose
 # ptxas log the matrix reads).
 PDL_TWINS = ("rms_norm_residual_bf16_4096", "w4a16_marlin_gemv_bf16_g128_splitk",
-             "w4a16_marlin_m16_bf16_g128_splitk", "lora_expand_bf16_graph_r64")
+             "w4a16_marlin_m16_bf16_g128_splitk", "lora_expand_bf16_graph_r64", "lora_grouped_fused_bf16_r16")
 
 
 def pdl_twins(variants: dict[str, Variant]) -> dict[str, Variant]:
