@@ -25,13 +25,7 @@ import triton.language as tl
 from kvdeck.kernels.reference.lora_tiles import RowTiles
 from kvdeck.kernels.triton.launch import INTERPRETING, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
-from kvdeck.kernels.triton.lora import (
-    _slices,
-    expand_block_n,
-    overlap_streams,
-    shrink_partials,
-    stream_context,
-)
+from kvdeck.kernels.triton.lora import _output_blocks, overlap_streams, shrink_partials, stream_context
 from kvdeck.kernels.triton.lora_plan import GROUP_ROWS, LoRAKernelConfig
 from kvdeck.kernels.triton.pdl import pdl_start
 
@@ -201,10 +195,6 @@ def _dot_flags(dtype: torch.dtype) -> dict:
                 DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
 
 
-def _tile_grid_rows(tiles: RowTiles) -> int:
-    return tiles.tiles.shape[0]
-
-
 def grouped_shrink(x: torch.Tensor, a: torch.Tensor, tiles: RowTiles, slot_ranks: torch.Tensor,
                    num_slices: int, rank: int, config: LoRAKernelConfig,
                    h: torch.Tensor | None = None) -> torch.Tensor:
@@ -213,7 +203,7 @@ def grouped_shrink(x: torch.Tensor, a: torch.Tensor, tiles: RowTiles, slot_ranks
     if h is None:
         h = shrink_partials(x, x.shape[0], num_slices, rank, config)
     block_r = grouped_block_r(rank)
-    launch(_grouped_shrink_kernel, (_tile_grid_rows(tiles), num_slices, h.shape[1]),
+    launch(_grouped_shrink_kernel, (tiles.tiles.shape[0], num_slices, h.shape[1]),
            x, a, tiles.tiles, tiles.rows, slot_ranks, h,
            x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0), h.stride(1),
            BLOCK_M=GROUP_ROWS, BLOCK_R=block_r, BLOCK_K=grouped_block_k(block_r, config.split_k),
@@ -221,24 +211,12 @@ def grouped_shrink(x: torch.Tensor, a: torch.Tensor, tiles: RowTiles, slot_ranks
     return h
 
 
-def _output_grid(out: torch.Tensor, tiles: RowTiles, output_sizes: list[int], block_r: int,
-                 config: LoRAKernelConfig) -> tuple[torch.Tensor, torch.Tensor, int, tuple[int, int, int]]:
-    if out.stride(-1) != 1:
-        raise ValueError("the LoRA kernels write rows of a tensor whose last dim is contiguous")
-    offsets, sizes = _slices(output_sizes, out.device)
-    block_n = expand_block_n(block_r, config)
-    return offsets, sizes, block_n, (_tile_grid_rows(tiles), len(output_sizes),
-                                     triton.cdiv(max(output_sizes), block_n))
-
-
 def grouped_expand(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, tiles: RowTiles,
                    slot_ranks: torch.Tensor, output_sizes: list[int], rank: int, padded_rank: int,
                    config: LoRAKernelConfig) -> torch.Tensor:
-    """out[tiled rows, slices] += B @ (h's partials summed), in place."""
+    """out[tiled rows, slices] += B @ (h's partials summed), in place (b's rank dim contiguous)."""
     block_r = grouped_block_r(rank)
-    offsets, sizes, block_n, grid = _output_grid(out, tiles, output_sizes, block_r, config)
-    if b.stride(1) != 1:
-        b = b.contiguous()
+    offsets, sizes, block_n, grid = _output_blocks(out, output_sizes, tiles.tiles.shape[0], block_r, config)
     launch(_grouped_expand_kernel, grid,
            h, b, tiles.tiles, tiles.rows, slot_ranks, out, offsets, sizes,
            rank, h.shape[1], h.stride(0), h.stride(1), padded_rank, b.stride(0), out.stride(0),
@@ -249,11 +227,10 @@ def grouped_expand(out: torch.Tensor, h: torch.Tensor, b: torch.Tensor, tiles: R
 def grouped_fused(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tiles: RowTiles,
                   slot_ranks: torch.Tensor, output_sizes: list[int], rank: int,
                   config: LoRAKernelConfig) -> torch.Tensor:
-    """out[tiled rows, slices] += B @ (A @ x), both halves in one launch."""
+    """out[tiled rows, slices] += B @ (A @ x), both halves in one launch (x's and b's last
+    dims contiguous)."""
     block_r = grouped_block_r(rank)
-    offsets, sizes, block_n, grid = _output_grid(out, tiles, output_sizes, block_r, config)
-    if b.stride(1) != 1:
-        b = b.contiguous()
+    offsets, sizes, block_n, grid = _output_blocks(out, output_sizes, tiles.tiles.shape[0], block_r, config)
     launch(_grouped_fused_kernel, grid,
            x, a, b, tiles.tiles, tiles.rows, slot_ranks, out, offsets, sizes,
            x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), a.shape[2], b.stride(0),
@@ -272,6 +249,8 @@ def grouped_linear(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor]
         return base(x)
     if x.stride(-1) != 1:
         x = x.contiguous()
+    if b.stride(1) != 1:
+        b = b.contiguous()
     if config.fused:
         return grouped_fused(x, base(x), a, b, tiles, slot_ranks, output_sizes, rank, config)
     streams = overlap_streams(x, config)

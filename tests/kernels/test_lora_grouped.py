@@ -145,3 +145,52 @@ def test_unused_tiles_write_nothing():
     got = grouped_linear(x, lambda _: out.clone(), a, b, eager, ranks, output_sizes, padded,
                          LoRAKernelConfig(grouped=True))
     assert torch.equal(got, out)
+
+
+def test_grouped_overlap_runs_the_shrink_beside_the_base(monkeypatch):
+    """`overlap` with the grouped kernels: the shrink on the side stream after it waits for the
+    main one, the base product on the main stream meanwhile, the expand after the join; the
+    same sums as one stream (tests/kernels/test_lora.py's fake streams)."""
+    import contextlib
+
+    from kvdeck.kernels.triton import lora_grouped
+    from tests.kernels.test_lora import _FakeStream
+
+    log: list[str] = []
+    main, side = _FakeStream("main", log), _FakeStream("side", log)
+
+    @contextlib.contextmanager
+    def on_stream(stream):
+        before, _FakeStream.current = _FakeStream.current, stream.name
+        try:
+            yield
+        finally:
+            _FakeStream.current = before
+
+    def logged(name, fn):
+        def run(*args, **kwargs):
+            log.append(f"{name} on {_FakeStream.current}")
+            return fn(*args, **kwargs)
+        return run
+
+    monkeypatch.setattr(lora_grouped, "overlap_streams",
+                        lambda x, config: (main, side) if config.overlap else None)
+    monkeypatch.setattr(lora_grouped, "stream_context", on_stream)
+    monkeypatch.setattr(lora_grouped, "grouped_shrink", logged("shrink", lora_grouped.grouped_shrink))
+    monkeypatch.setattr(lora_grouped, "grouped_expand", logged("expand", lora_grouped.grouped_expand))
+    output_sizes, padded = [40, 24], 8
+    token_slots = [2, -1, 0, 1, 2]
+    x, out, a, b = _case(8, output_sizes, slots=3, padded=padded, in_size=100, tokens=len(token_slots))
+    ranks = torch.tensor([padded] * 3, dtype=torch.int32)
+    base = logged("base", lambda inputs: out.clone())
+    got = lora_grouped.grouped_linear(x, base, a, b, _tiles(token_slots), ranks, output_sizes, padded,
+                                      LoRAKernelConfig(split_k=32, overlap=True, grouped=True))
+    assert log == ["side waits for main", "shrink on side", "base on main", "main waits for side",
+                   "expand on main"]
+    torch.testing.assert_close(got.double(), _loop(x, out, a, b, token_slots, output_sizes, padded),
+                               rtol=1e-5, atol=1e-4)
+    log.clear()
+    one_stream = lora_grouped.grouped_linear(x, base, a, b, _tiles(token_slots), ranks, output_sizes, padded,
+                                             LoRAKernelConfig(split_k=32, grouped=True))
+    assert log == ["shrink on main", "base on main", "expand on main"]
+    assert torch.equal(one_stream, got)
