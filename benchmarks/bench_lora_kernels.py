@@ -8,7 +8,9 @@ Shapes from the Qwen3-0.6B config (benchmarks/configs): each layer's fused q/k/v
 gate/up and down, with their own slot weights per layer (28 layers: the weights do not all sit
 in L2, as in the engine); `--rows` decoding rows (64) spread over `--adapters` slots (8) at
 rank 16, launched as the adapter decode graphs launch them (every row, each slot's rank read
-from device memory). One candidate's step, every layer's linears with their
+from device memory; the grouped kernels over the graphs' tile buffer, 11 tiles of which the 8
+slots' rows use 8). The candidates are the per-row kernels' and the grouped ones' launch
+forms (kernels/triton/lora.py, lora_grouped.py). One candidate's step, every layer's linears with their
 deltas (the base GEMM, bf16 cuBLAS, and the LoRA launches, as `Linear.forward` runs them: an
 `overlap` candidate's shrink beside the GEMM on a side stream), is captured in one CUDA graph;
 candidates alternate round by round and each one's figure is its median (w4a16_sweep.py's

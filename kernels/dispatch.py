@@ -18,6 +18,7 @@ from kvdeck.kernels.cpu.ops import TORCH_OPS
 from kvdeck.kernels.ops import KERNEL_BACKENDS, KernelOps
 from kvdeck.kernels.reference.int8_gemm import int8_head_torch
 from kvdeck.kernels.reference.lora import lora_linear_delta as lora_linear_delta_torch
+from kvdeck.kernels.reference.lora_tiles import RowTiles
 from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
 from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
@@ -97,13 +98,13 @@ def int8_head(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, backend: s
 def lora_linear(x: torch.Tensor, base: Callable[[torch.Tensor], torch.Tensor], a: torch.Tensor,
                 b: torch.Tensor, rows: torch.Tensor | None, row_slots: torch.Tensor, output_sizes: list[int],
                 rank: int, num_slots: int | None = None, backend: str = "auto",
-                slot_ranks: torch.Tensor | None = None, tiles=None) -> torch.Tensor:
+                slot_ranks: torch.Tensor | None = None, tiles: RowTiles | None = None) -> torch.Tensor:
     """base(x) plus each adapter row's LoRA delta (shrink, then expand; contract
     kernels/reference/lora.py). `auto`: Triton on CUDA, the torch reference elsewhere.
     `slot_ranks` (int32 [slots]): each slot's own rank, which the Triton pair reads so a row
     loads only its adapter's ranks (the zero padding past them adds nothing either way). The
-    Triton pair may run its shrink beside `base` (its launch config's `overlap`). `tiles`
-    (lora_grouped.RowTiles, where `lora_tile_rows` says the device's config is grouped): the
+    Triton pair may run its shrink beside `base` (its launch config's `overlap`). `tiles` (the
+    step's tiles of rows, where `lora_tile_rows` says the device's config is grouped): the
     grouped kernels over them (with `slot_ranks`); `rows`/`row_slots` are then unused."""
     if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
         return lora_linear_delta_torch(x, base(x), a, b, rows, row_slots, output_sizes, rank, num_slots)
