@@ -65,3 +65,45 @@ def test_the_warm_up_covers_a_shrink_split_into_chunks(lora_llama, monkeypatch):
             assert kernel_compiles() == before, key
             assert bool(runner.lora.tile_rows) == config.grouped
     assert got[16] == got["grouped"] == got["grouped_fused"] == got[0]
+
+
+def test_lora_launches_a_step_takes_per_launch_form(lora_llama, monkeypatch):
+    """What each launch form costs a step in launches: the two-launch forms (per row and
+    grouped) a shrink and an expand per adapter-carrying linear, the grouped fused form one;
+    a step of base rows only, none (the tiny Llama: 2 layers x 4 fused linears)."""
+    from kvdeck.kernels.triton import launch as launch_module
+    from kvdeck.kernels.triton import lora_plan
+
+    setup = lora_llama
+    params = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+    prompt = [[7, 9, 11, 13, 15, 17]]
+    forms = {"per_row": (lora_plan.LoRAKernelConfig(split_k=16), 16),
+             "grouped": (lora_plan.LoRAKernelConfig(split_k=16, grouped=True), 16),
+             "grouped_fused": (lora_plan.LoRAKernelConfig(fused=True, grouped=True), 8)}
+    for name, (config, expected) in forms.items():
+        monkeypatch.setattr(lora_plan, "_CHOSEN", {None: config})
+        with LLM(str(setup.model_dir), attention_backend="triton", kv_cache_memory_gib=0.01, enable_lora=True,
+                 max_loras=2, max_lora_rank=8, max_model_len=128) as llm:
+            llm.generate(prompt, params, lora_request=setup.requests["sql"])  # the variants compile
+            recorder = _Launches(launch_module.COMPILES)
+            monkeypatch.setattr(launch_module, "COMPILES", recorder)
+            llm.generate(prompt, params, lora_request=setup.requests["sql"])  # one prefill step
+            assert len(recorder.lora()) == expected, (name, recorder.lora())
+            recorder.kernels.clear()
+            llm.generate(prompt, params)
+            assert not recorder.lora(), name
+            monkeypatch.setattr(launch_module, "COMPILES", recorder.counter)
+
+
+class _Launches:
+    """The interpreter's compile counter, also listing each launch's kernel."""
+
+    def __init__(self, counter) -> None:
+        self.counter, self.kernels = counter, []
+
+    def launched(self, kernel: str, key: tuple) -> None:
+        self.kernels.append(kernel)
+        self.counter.launched(kernel, key)
+
+    def lora(self) -> list[str]:
+        return [kernel for kernel in self.kernels if "lora" in kernel or "grouped" in kernel]
