@@ -2,6 +2,8 @@
 Triton pair (under the interpreter) against the reference: fused slices of unequal sizes,
 ranks below the padded one, base rows skipped, rows in any order."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -241,46 +243,54 @@ def test_launch_config_parsing_and_the_env_override(monkeypatch):
 
 
 class _FakeStream:
-    """Records what the overlapped launch asks of its streams (the CPU has none)."""
-
-    current = "main"
-
-    def __init__(self, name: str, log: list[str]) -> None:
-        self.name, self.log = name, log
+    def __init__(self, name: str, streams: "FakeStreams") -> None:
+        self.name, self.streams = name, streams
 
     def wait_stream(self, other: "_FakeStream") -> None:
-        self.log.append(f"{self.name} waits for {other.name}")
+        self.streams.log.append(f"{self.name} waits for {other.name}")
+
+
+class FakeStreams:
+    """A main and a side stream that record what the overlapped launch asks of them (the CPU
+    has none), and the launches logged with the stream they ran on."""
+
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.current = "main"
+        self.main, self.side = _FakeStream("main", self), _FakeStream("side", self)
+
+    def install(self, monkeypatch, module, shrink: str, expand: str) -> None:
+        """`module`'s streams faked, its `shrink` and `expand` launches logged."""
+        monkeypatch.setattr(module, "overlap_streams",
+                            lambda x, config: (self.main, self.side) if config.overlap else None)
+        monkeypatch.setattr(module, "stream_context", self.on_stream)
+        monkeypatch.setattr(module, shrink, self.logged("shrink", getattr(module, shrink)))
+        monkeypatch.setattr(module, expand, self.logged("expand", getattr(module, expand)))
+
+    @contextlib.contextmanager
+    def on_stream(self, stream: _FakeStream):
+        before, self.current = self.current, stream.name
+        try:
+            yield
+        finally:
+            self.current = before
+
+    def logged(self, name: str, fn):
+        def run(*args, **kwargs):
+            self.log.append(f"{name} on {self.current}")
+            return fn(*args, **kwargs)
+        return run
 
 
 def test_overlap_runs_the_shrink_beside_the_base_and_joins_before_the_expand(monkeypatch):
     """Under `overlap` the shrink is launched on the side stream after it waits for the main
     one (x written), the base product on the main stream meanwhile, and the expand only after
     the main stream waits for the side: the same sums as one stream."""
-    import contextlib
-
     from kvdeck.kernels.triton import lora
 
-    log: list[str] = []
-    main, side = _FakeStream("main", log), _FakeStream("side", log)
-
-    @contextlib.contextmanager
-    def on_stream(stream):
-        before, _FakeStream.current = _FakeStream.current, stream.name
-        try:
-            yield
-        finally:
-            _FakeStream.current = before
-
-    def logged(name, fn):
-        def run(*args, **kwargs):
-            log.append(f"{name} on {_FakeStream.current}")
-            return fn(*args, **kwargs)
-        return run
-
-    monkeypatch.setattr(lora, "overlap_streams", lambda x, config: (main, side) if config.overlap else None)
-    monkeypatch.setattr(lora, "stream_context", on_stream)
-    monkeypatch.setattr(lora, "lora_shrink_triton", logged("shrink", lora.lora_shrink_triton))
-    monkeypatch.setattr(lora, "lora_expand_triton", logged("expand", lora.lora_expand_triton))
+    streams = FakeStreams()
+    streams.install(monkeypatch, lora, "lora_shrink_triton", "lora_expand_triton")
+    log, logged = streams.log, streams.logged
     output_sizes, padded = [40, 24], 8
     x, out, a, b = _case(8, output_sizes, slots=3, padded=padded, in_size=100, tokens=5)
     token_slots = [2, -1, 0, 1, 2]

@@ -151,33 +151,12 @@ def test_grouped_overlap_runs_the_shrink_beside_the_base(monkeypatch):
     """`overlap` with the grouped kernels: the shrink on the side stream after it waits for the
     main one, the base product on the main stream meanwhile, the expand after the join; the
     same sums as one stream (tests/kernels/test_lora.py's fake streams)."""
-    import contextlib
-
     from kvdeck.kernels.triton import lora_grouped
-    from tests.kernels.test_lora import _FakeStream
+    from tests.kernels.test_lora import FakeStreams
 
-    log: list[str] = []
-    main, side = _FakeStream("main", log), _FakeStream("side", log)
-
-    @contextlib.contextmanager
-    def on_stream(stream):
-        before, _FakeStream.current = _FakeStream.current, stream.name
-        try:
-            yield
-        finally:
-            _FakeStream.current = before
-
-    def logged(name, fn):
-        def run(*args, **kwargs):
-            log.append(f"{name} on {_FakeStream.current}")
-            return fn(*args, **kwargs)
-        return run
-
-    monkeypatch.setattr(lora_grouped, "overlap_streams",
-                        lambda x, config: (main, side) if config.overlap else None)
-    monkeypatch.setattr(lora_grouped, "stream_context", on_stream)
-    monkeypatch.setattr(lora_grouped, "grouped_shrink", logged("shrink", lora_grouped.grouped_shrink))
-    monkeypatch.setattr(lora_grouped, "grouped_expand", logged("expand", lora_grouped.grouped_expand))
+    streams = FakeStreams()
+    streams.install(monkeypatch, lora_grouped, "grouped_shrink", "grouped_expand")
+    log, logged = streams.log, streams.logged
     output_sizes, padded = [40, 24], 8
     token_slots = [2, -1, 0, 1, 2]
     x, out, a, b = _case(8, output_sizes, slots=3, padded=padded, in_size=100, tokens=len(token_slots))
