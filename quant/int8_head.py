@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from kvdeck.kernels.dispatch import int8_head
+from kvdeck.kernels.ops import env_switch
 from kvdeck.kernels.reference.int8_gemm import BLOCK, quantize_int8_blocks
 
 INT8_HEAD_ENV = "KVDECK_INT8_HEAD"
@@ -26,10 +27,7 @@ _QUANTISE_ROWS = 8192  # rows quantised at a time: the fp32 working copy stays s
 def int8_head_setting(environ=os.environ) -> bool:
     """KVDECK_INT8_HEAD: 1 (the default) puts an INT4 model's output head in int8 where a
     kernel serves it, 0 keeps it dense."""
-    value = environ.get(INT8_HEAD_ENV, "1").strip() or "1"
-    if value not in ("0", "1"):
-        raise ValueError(f"{INT8_HEAD_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(INT8_HEAD_ENV, True, environ)
 
 
 class W8A16OutputHead(nn.Module):

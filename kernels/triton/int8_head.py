@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.int8_gemm import BLOCK
-from kvdeck.kernels.triton.launch import INTERPRETING, jit, launch
+from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
+from kvdeck.kernels.triton.tile_dot import dot_flags, tile_dot
 
 _BLOCK = tl.constexpr(BLOCK)  # inputs per scale
 # (largest M, BLOCK_M, BLOCK_V, num_warps, num_stages): decode's few rows, then larger steps
@@ -53,10 +54,7 @@ def _int8_head_kernel(
         q = tl.load(q_rows + offs_k[None, :], mask=mask_v[:, None], other=0)
         scale = tl.load(s_rows + k0 // _BLOCK, mask=mask_v, other=0.0)
         w = (q.to(tl.float32) * scale.to(tl.float32)[:, None]).to(x.dtype)  # [BLOCK_V, 32]
-        if DOT_F32:  # the interpreter has no bf16 dot: the same products of the rounded values
-            acc = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
-        else:  # fp32 activations: full-precision products, as the dense fp32 head's (not TF32)
-            acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        acc = tile_dot(x, tl.trans(w), acc, DOT_F32, DOT_PRECISION)  # fp32: full precision, not TF32
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_v[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_v[None, :])
 
@@ -85,7 +83,5 @@ def int8_head_triton(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor) -> 
         grid = (triton.cdiv(v, block_v), triton.cdiv(m, block_m))
         launch(_int8_head_kernel, grid, rows, q, scales, out, m, v, h, rows.stride(0), q.stride(0),
                scales.stride(0), out.stride(0), BLOCK_M=block_m, BLOCK_V=block_v,
-               DOT_F32=INTERPRETING and x.dtype == torch.bfloat16,
-               DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-               num_warps=warps, num_stages=stages)
+               num_warps=warps, num_stages=stages, **dot_flags(x.dtype))
     return out.view(*x.shape[:-1], v)

@@ -21,6 +21,7 @@ import torch
 import triton
 
 from kvdeck.kernels.compile_counter import COMPILES
+from kvdeck.kernels.ops import env_switch
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"  # what triton.jit decided at import
 PDL_ENV = "KVDECK_PDL"
@@ -49,10 +50,7 @@ def device_arch(device: torch.device) -> int | None:
 def pdl_setting(environ=os.environ) -> bool:
     """KVDECK_PDL: 1 launches kernels with programmatic dependent launch where the GPU has it,
     0 (the default) never."""
-    value = environ.get(PDL_ENV, "0").strip() or "0"
-    if value not in ("0", "1"):
-        raise ValueError(f"{PDL_ENV} must be 0 or 1, got {value!r}")
-    return value == "1"
+    return env_switch(PDL_ENV, False, environ)
 
 
 _PDL_FORCED: list[bool] = []  # pdl_forced's stack: the innermost wins over the environment

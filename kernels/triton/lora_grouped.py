@@ -23,11 +23,12 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.lora_tiles import RowTiles
-from kvdeck.kernels.triton.launch import INTERPRETING, jit, launch
+from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.lora import _output_blocks, overlap_streams, shrink_partials, stream_context
 from kvdeck.kernels.triton.lora_plan import GROUP_ROWS, LoRAKernelConfig
 from kvdeck.kernels.triton.pdl import pdl_start
+from kvdeck.kernels.triton.tile_dot import dot_flags, tile_dot
 
 _TILE = 4096  # elements of an A or x tile a shrink program holds per K step (BLOCK_K x BLOCK_R)
 
@@ -60,13 +61,6 @@ def _tile_rows(tiles_ptr, rows_ptr, ranks_ptr, tile, rank, BLOCK_M: tl.constexpr
 
 
 @triton.jit
-def _tile_dot(a, b, acc, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    if DOT_F32:  # the interpreter has no bf16 product: the same products of the same values
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    return tl.dot(a, b, acc, input_precision=DOT_PRECISION)
-
-
-@triton.jit
 def _shrink_step(x_rows, a_rows, in_tile, k0, in_size, row_rank, acc, BLOCK_R: tl.constexpr,
                  BLOCK_K: tl.constexpr, DOT_F32: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """acc [BLOCK_M, BLOCK_R] += x[rows, k] @ A[:, k]^T for the BLOCK_K inputs from k0."""
@@ -75,7 +69,7 @@ def _shrink_step(x_rows, a_rows, in_tile, k0, in_size, row_rank, acc, BLOCK_R: t
     k_in = k < in_size
     xk = tl.load(x_rows + k[None, :], mask=in_tile[:, None] & k_in[None, :], other=0.0)
     ak = tl.load(a_rows + k[:, None], mask=k_in[:, None] & (r[None, :] < row_rank), other=0.0)
-    return _tile_dot(xk, ak, acc, DOT_F32, DOT_PRECISION)
+    return tile_dot(xk, ak, acc, DOT_F32, DOT_PRECISION)
 
 
 @triton.jit
@@ -188,13 +182,6 @@ def _grouped_fused_kernel(
                        stride_b_slot, stride_b_out, stride_out, BLOCK_R, BLOCK_N)
 
 
-def _dot_flags(dtype: torch.dtype) -> dict:
-    """Tile products in the inputs' dtype with fp32 sums (16-bit: exact products, as the
-    per-row pair's); fp32 in full precision, not TF32; the interpreter's bf16 in fp32."""
-    return dict(DOT_F32=INTERPRETING and dtype == torch.bfloat16,
-                DOT_PRECISION="ieee" if dtype == torch.float32 else "tf32")
-
-
 def grouped_shrink(x: torch.Tensor, a: torch.Tensor, tiles: RowTiles, slot_ranks: torch.Tensor,
                    num_slices: int, rank: int, config: LoRAKernelConfig,
                    h: torch.Tensor | None = None) -> torch.Tensor:
@@ -207,7 +194,7 @@ def grouped_shrink(x: torch.Tensor, a: torch.Tensor, tiles: RowTiles, slot_ranks
            x, a, tiles.tiles, tiles.rows, slot_ranks, h,
            x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), h.stride(0), h.stride(1),
            BLOCK_M=GROUP_ROWS, BLOCK_R=block_r, BLOCK_K=grouped_block_k(block_r, config.split_k),
-           SPLIT_K=config.split_k, num_warps=config.num_warps, **_dot_flags(x.dtype))
+           SPLIT_K=config.split_k, num_warps=config.num_warps, **dot_flags(x.dtype))
     return h
 
 
@@ -236,7 +223,7 @@ def grouped_fused(x: torch.Tensor, out: torch.Tensor, a: torch.Tensor, b: torch.
            x.shape[1], rank, x.stride(0), a.stride(0), a.stride(1), a.stride(2), a.shape[2], b.stride(0),
            out.stride(0),
            BLOCK_M=GROUP_ROWS, BLOCK_R=block_r, BLOCK_K=grouped_block_k(block_r, config.split_k, fused=True),
-           BLOCK_N=block_n, num_warps=config.num_warps, **_dot_flags(x.dtype))
+           BLOCK_N=block_n, num_warps=config.num_warps, **dot_flags(x.dtype))
     return out
 
 
