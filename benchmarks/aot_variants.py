@@ -124,19 +124,22 @@ def w4a16_variant(dtype: str, max_tokens: int, group_size: int, split: bool) -> 
 
 def w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool,
                          zeros: bool = True, broadcast: bool = False, lop3: bool = True,
-                         swap: bool = False) -> Variant:
+                         swap: bool = False, act: int | None = None) -> Variant:
     """The repacked-layout GEMM (kernels/triton/w4a16_marlin.py), its bucket's tiles (or the
     broadcast-load unpacking's), dequantising by the lop3 PTX as CUDA launches do (`lop3`
     False: the plain-Triton path the interpreter tests). An arch with a swept table
-    (kernels/triton/w4a16_marlin_tuned.py) builds its own tiles where they differ."""
-    args = (dtype, max_tokens, group_size, split, zeros, broadcast, lop3, swap)
+    (kernels/triton/w4a16_marlin_tuned.py) builds its own tiles where they differ. `act`: a
+    gate | up layer's paired columns, stored in the layer's order (NO_ACTIVATION) or through
+    the fused gated activation of that code."""
+    args = (dtype, max_tokens, group_size, split, zeros, broadcast, lop3, swap, act)
     default = _w4a16_marlin_variant(*args, arch=None)
     tuned = {arch: own for arch in ARCHS if (own := _w4a16_marlin_variant(*args, arch=arch)) != default}
     return dataclasses.replace(default, on_arch=tuned or None)
 
 
 def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: bool, zeros: bool,
-                          broadcast: bool, lop3: bool, swap: bool, arch: int | None) -> Variant:
+                          broadcast: bool, lop3: bool, swap: bool, act: int | None,
+                          arch: int | None) -> Variant:
     config = w4a16_marlin_triton.choose_config(max_tokens, 4096, 4096, group_size, num_sms=132, arch=arch)
     if broadcast:
         config = w4a16_marlin_triton.BROADCAST_CONFIG
@@ -148,17 +151,24 @@ def _w4a16_marlin_variant(dtype: str, max_tokens: int, group_size: int, split: b
              bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
         dict(GROUP_SIZE=group_size, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
              BLOCK_K=config.block_k, TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros,
-             HAS_BIAS=True, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load,
-             LOP3=lop3 and not config.broadcast_load, SWAP_AB=config.swap_ab, stride_xk=1),
+             HAS_BIAS=act is None, SPLIT_K=split, BROADCAST_LOAD=config.broadcast_load,
+             LOP3=lop3 and not config.broadcast_load, SWAP_AB=config.swap_ab, stride_xk=1,
+             **_paired(act)),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         decode=True,
     )
 
 
+def _paired(act: int | None) -> dict:
+    """The constexprs of a paired gate | up layer's launch (none for a plain layer's)."""
+    return {} if act is None else dict(PAIRED=True, ACT=act)
+
+
 def w4a16_gemv_variant(dtype: str, group_size: int, split: bool, zeros: bool = True,
-                       lop3: bool = True) -> Variant:
+                       lop3: bool = True, act: int | None = None) -> Variant:
     """The GEMV form (kernels/triton/w4a16_gemv.py) under its default config (GEMV_CONFIG)
-    fitted to the group; a tuned table's own GEMV config where it differs."""
+    fitted to the group; a tuned table's own GEMV config where it differs. `act` as for
+    `w4a16_marlin_variant`."""
     def build(arch: int | None) -> Variant:
         config = w4a16_marlin_triton.tuning(arch).gemv
         return Variant(
@@ -166,8 +176,8 @@ def w4a16_gemv_variant(dtype: str, group_size: int, split: bool, zeros: bool = T
             dict(x_ptr=f"*{dtype}", qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}",
                  bias_ptr=f"*{dtype}", out_ptr=f"*{dtype}", partial_ptr="*fp32", counter_ptr="*i32"),
             dict(GROUP_SIZE=group_size, BLOCK_N=config.block_n, BLOCK_K=min(config.block_k, group_size),
-                 TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros, HAS_BIAS=True, SPLIT_K=split,
-                 LOP3=lop3, STAGES=config.num_stages),
+                 TILE=w4a16_marlin_triton.TILE_N, HAS_ZEROS=zeros, HAS_BIAS=act is None, SPLIT_K=split,
+                 LOP3=lop3, STAGES=config.num_stages, **_paired(act)),
             dict(num_warps=config.num_warps),
             decode=True,
         )
@@ -202,6 +212,19 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
         variants[f"w4a16_marlin_gemv_{dtype}_g32_splitk"] = w4a16_gemv_variant(dtype, 32, True)
         variants[f"w4a16_marlin_gemv_{dtype}_g128_sym_splitk"] = w4a16_gemv_variant(dtype, 128, True,
                                                                                      zeros=False)
+        # A gate | up layer's paired columns: the MLP's activation in the epilogue (SiLU; GeGLU's
+        # GELU in bf16, Gemma's dtype), and the layer's order stored back without one.
+        variants[f"w4a16_marlin_m16_{dtype}_g128_silu_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, act=activation_triton.SILU)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_silu"] = w4a16_marlin_variant(
+            dtype, 16, 128, False, act=activation_triton.SILU)
+        variants[f"w4a16_marlin_m16_{dtype}_g128_paired_splitk"] = w4a16_marlin_variant(
+            dtype, 16, 128, True, act=activation_triton.NO_ACTIVATION)
+        variants[f"w4a16_marlin_gemv_{dtype}_g128_silu_splitk"] = w4a16_gemv_variant(
+            dtype, 128, True, act=activation_triton.SILU)
+        if dtype == "bf16":
+            variants[f"w4a16_marlin_m16_{dtype}_g128_gelu_splitk"] = w4a16_marlin_variant(
+                dtype, 16, 128, True, act=activation_triton.GELU_TANH)
         variants[f"marlin_dequantize_{dtype}"] = Variant(
             w4a16_marlin_triton._marlin_dequantize_kernel,
             dict(qw_ptr="*i32", z_ptr="*u8", s_ptr=f"*{dtype}", out_ptr=f"*{dtype}"),
@@ -210,6 +233,9 @@ def w4a16_marlin_variants() -> dict[str, Variant]:
                  HAS_ZEROS=True, LOP3=True),
             dict(num_warps=4), decode=True,  # decode batches above FUSED_MAX_TOKENS
         )
+        paired_dequantize = variants[f"marlin_dequantize_{dtype}"]
+        variants[f"marlin_dequantize_{dtype}_paired"] = dataclasses.replace(
+            paired_dequantize, constexprs={**paired_dequantize.constexprs, "PAIRED": True})
     return variants
 
 

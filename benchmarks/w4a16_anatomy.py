@@ -91,7 +91,8 @@ def _stream_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32) + fold
     if FIXUP:
         _finish_tile(acc, out_ptr, out_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m,
-                     mask_n, stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, False, SPLIT_K)
+                     mask_n, stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, False, SPLIT_K,
+                     False, -1)
     else:
         tl.store(partial_ptr + pid_k * M * N + offs_m[:, None] * N + offs_n[None, :], acc,
                  mask=mask_m[:, None] & mask_n[None, :])

@@ -20,12 +20,16 @@ from kvdeck.kernels.reference.int8_gemm import int8_head_torch
 from kvdeck.kernels.reference.lora import lora_linear_delta as lora_linear_delta_torch
 from kvdeck.kernels.reference.lora_tiles import RowTiles
 from kvdeck.kernels.reference.w4a16_gemm import w4a16_gemm_torch
-from kvdeck.kernels.reference.w4a16_repack import RepackedW4, w4a16_gemm_repacked_torch
+from kvdeck.kernels.reference.w4a16_repack import (
+    RepackedW4,
+    w4a16_gated_repacked_torch,
+    w4a16_gemm_repacked_torch,
+)
 from kvdeck.kernels.w4a16_choice import W4A16_AUTO, W4A16_KERNELS, w4a16_kernel
 
 __all__ = ["TORCH_OPS", "W4A16_AUTO", "W4A16_KERNELS", "KernelOps", "int8_head", "lora_linear",
-           "lora_shrink_splits", "lora_tile_rows", "select_ops", "triton_interpreter_enabled", "w4a16_gemm",
-           "w4a16_gemm_repacked", "w4a16_kernel"]
+           "lora_shrink_splits", "lora_tile_rows", "select_ops", "triton_interpreter_enabled",
+           "w4a16_gated_repacked", "w4a16_gemm", "w4a16_gemm_repacked", "w4a16_kernel"]
 
 
 def triton_interpreter_enabled() -> bool:
@@ -80,6 +84,20 @@ def w4a16_gemm_repacked(x: torch.Tensor, weight: RepackedW4, bias: torch.Tensor 
     from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
 
     return w4a16_gemm_marlin(x, weight, bias)
+
+
+def w4a16_gated_repacked(x: torch.Tensor, weight: RepackedW4, activation: str,
+                         bias: torch.Tensor | None = None, backend: str = "auto") -> torch.Tensor:
+    """act(gate) * up of a gate | up layer repacked with its columns paired
+    (kernels/reference/w4a16_repack.py's `pair_halves`), [M, N/2]: on the Triton path the
+    GEMM's epilogue applies the activation (no activation launch); else the reference."""
+    if backend not in KERNEL_BACKENDS:
+        raise ValueError(f"w4a16 backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
+    if backend == "torch" or (backend == "auto" and x.device.type != "cuda"):
+        return w4a16_gated_repacked_torch(x, weight, activation, bias)
+    from kvdeck.kernels.triton.w4a16_marlin import w4a16_gemm_marlin
+
+    return w4a16_gemm_marlin(x, weight, bias, activation)
 
 
 def int8_head(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, backend: str = "auto") -> torch.Tensor:

@@ -5,7 +5,8 @@ reads `KERNEL_BACKENDS` in processes that never load torch).
   backend's (the references, with the native CPU kernels where they apply) and
   `kernels/triton/ops.py` Triton's. `kernels/dispatch.py` picks one per device.
 - AutoAWQ's INT4 packing, which the reference, the Triton GEMM and the CPU repack all read.
-- `env_switch`: a kernel choice's 0/1 environment variable (KVDECK_PDL, KVDECK_INT8_HEAD).
+- `env_switch`: a kernel choice's 0/1 environment variable (KVDECK_PDL, KVDECK_INT8_HEAD,
+  KVDECK_FUSED_ACTIVATION).
 """
 
 from collections.abc import Callable, Mapping

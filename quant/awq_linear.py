@@ -17,10 +17,14 @@ the weights are repacked once loaded into that kernel's layout (kernels/referenc
 w4a16_repack.py: eight input rows per int32 in column tiles, zeros as bytes or none for a
 symmetric layer); qweight, qzeros and scales then hold the repacked tensors and `layer.repacked`
 describes them. The checkpoint's format is unchanged. With backend "triton" the same happens
-on the CPU (the kernel under TRITON_INTERPRET=1, as tests run it).
+on the CPU (the kernel under TRITON_INTERPRET=1, as tests run it). A gate | up layer (`gated`,
+no bias) is repacked with its gate and up columns paired (`pair_halves`), so the GEMM's epilogue
+applies the MLP's activation (`apply_gated`: one activation launch fewer a layer); KVDECK_FUSED_ACTIVATION=0
+keeps the plain layout, and a LoRA adapter on the layer undoes the pairing (`unfuse_activation`).
 """
 
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -28,14 +32,21 @@ from torch import nn
 
 from kvdeck.engine.runner.models.linear import Int8OutputHead, Linear, UnquantizedLinearMethod, copy_shard
 from kvdeck.kernels.cpu import int4 as cpu_int4
-from kvdeck.kernels.dispatch import w4a16_gemm, w4a16_gemm_repacked, w4a16_kernel
-from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR
-from kvdeck.kernels.reference.w4a16_repack import repack_awq
+from kvdeck.kernels.dispatch import w4a16_gated_repacked, w4a16_gemm, w4a16_gemm_repacked, w4a16_kernel
+from kvdeck.kernels.ops import KERNEL_BACKENDS, PACK_FACTOR, env_switch
+from kvdeck.kernels.reference.w4a16_repack import RepackedW4, pair_halves, repack_awq, unpair_halves
 from kvdeck.quant.int8_head import W8A16OutputHead, int8_head_setting
 
 logger = logging.getLogger(__name__)
 
 AWQ_PARAMS = ("qweight", "qzeros", "scales")
+FUSED_ACTIVATION_ENV = "KVDECK_FUSED_ACTIVATION"
+
+
+def fused_activation_setting(environ=os.environ) -> bool:
+    """KVDECK_FUSED_ACTIVATION: 1 (the default) has a repacked gate | up layer's GEMM apply the
+    MLP's activation in its epilogue, 0 keeps the separate activation kernel (to measure)."""
+    return env_switch(FUSED_ACTIVATION_ENV, True, environ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +154,12 @@ class AWQLinearMethod:
     def _repack_for_cuda(self, layer: Linear) -> None:
         repacked = repack_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
                               self.config.group_size)
+        if layer.gated and layer.bias is None and fused_activation_setting():
+            repacked = pair_halves(repacked)
+        self._hold_repacked(layer, repacked)
+
+    @staticmethod
+    def _hold_repacked(layer: Linear, repacked: RepackedW4) -> None:
         zeros = repacked.zeros
         if zeros is None:  # symmetric: the kernel folds the zero point in
             zeros = repacked.qweight.new_empty(0, dtype=torch.uint8)
@@ -165,6 +182,21 @@ class AWQLinearMethod:
         if on_gpu_kernel and W8A16OutputHead.takes(weight, bias):
             return W8A16OutputHead(weight, self.backend)
         return self.dense.output_head(lm_head)
+
+    def fuses_activation(self, layer: Linear) -> bool:
+        repacked = getattr(layer, "repacked", None)
+        return repacked is not None and repacked.paired
+
+    def apply_gated(self, layer: Linear, x: torch.Tensor, activation: str) -> torch.Tensor:
+        """act(gate) * up of a paired layer's product, the activation in the GEMM's epilogue."""
+        lead = x.shape[:-1]
+        out = w4a16_gated_repacked(x.reshape(-1, x.shape[-1]), layer.repacked, activation,
+                                   backend=self.backend)
+        return out.reshape(*lead, out.shape[-1])
+
+    def unfuse_activation(self, layer: Linear) -> None:
+        if self.fuses_activation(layer):
+            self._hold_repacked(layer, unpair_halves(layer.repacked))
 
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
         if layer.int4 is not None:

@@ -149,3 +149,14 @@ class GPTQLinearMethod:
         if layer.input_permutation is not None:
             x = x.index_select(-1, layer.input_permutation)
         return self.awq.apply(layer, x)
+
+    def fuses_activation(self, layer: Linear) -> bool:
+        return self.awq.fuses_activation(layer)
+
+    def apply_gated(self, layer: Linear, x: torch.Tensor, activation: str) -> torch.Tensor:
+        if layer.input_permutation is not None:
+            x = x.index_select(-1, layer.input_permutation)
+        return self.awq.apply_gated(layer, x, activation)
+
+    def unfuse_activation(self, layer: Linear) -> None:
+        self.awq.unfuse_activation(layer)

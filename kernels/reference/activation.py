@@ -16,3 +16,7 @@ def gelu_tanh_and_mul_torch(x: torch.Tensor) -> torch.Tensor:
     `gelu_pytorch_tanh`) of shape [..., d]."""
     gate, up = x.chunk(2, dim=-1)
     return F.gelu(gate, approximate="tanh") * up
+
+
+# The MLPs' gated activations by name (what a fused epilogue is asked to apply).
+GATED_ACTIVATIONS = {"silu": silu_and_mul_torch, "gelu_tanh": gelu_tanh_and_mul_torch}

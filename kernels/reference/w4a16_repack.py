@@ -22,6 +22,14 @@ A column tile is one contiguous strip over the whole of K, so a program walking 
 consecutive TILE_N*4-byte rows (128-bit loads per thread). N is padded to a whole tile with
 zero weights and scales (the kernels mask those columns out). w[k, n] = (q - z) * s, exactly
 the AutoAWQ tensors' weight: the repack is lossless (`unpack_repacked` gives them back).
+
+A merged gate | up layer may have its columns *paired* (`pair_halves`): stored column 2j is
+gate column j and 2j + 1 is up column j, so every output tile of an even width holds whole
+(gate, up) pairs and the kernel's epilogue can apply the MLP's gated activation itself (one
+launch fewer a layer; kernels/triton/w4a16_marlin.py). Pairing is a storage detail only: every
+function here (`unpack_repacked`, `dequantize_repacked`, the references) gives the columns in
+the layer's own order, gate then up, and `unpair_halves` undoes it (a LoRA adapter's delta is
+added to the gate | up output before the activation, so such a layer runs unfused).
 """
 
 from dataclasses import dataclass
@@ -29,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from kvdeck.kernels.ops import PACK_FACTOR
+from kvdeck.kernels.reference.activation import GATED_ACTIVATIONS
 from kvdeck.kernels.reference.w4a16_gemm import unpack_int4
 
 TILE_N = 64
@@ -36,8 +45,9 @@ TILE_N = 64
 ROW_SHIFTS = tuple(4 * (j // 2 + 4 * (j % 2)) for j in range(8))  # 0, 16, 4, 20, 8, 24, 12, 28
 SYMMETRIC_ZERO = 8  # GPTQ's symmetric zero point (v1 stores 7; AWQ's layout holds the 8)
 
-__all__ = ["ROW_SHIFTS", "SYMMETRIC_ZERO", "TILE_N", "RepackedW4", "dequantize_repacked", "repack_awq",
-           "unpack_repacked", "w4a16_gemm_repacked_torch"]
+__all__ = ["ROW_SHIFTS", "SYMMETRIC_ZERO", "TILE_N", "RepackedW4", "dequantize_repacked", "pair_halves",
+           "repack_awq", "unpair_halves", "unpack_repacked", "w4a16_gated_repacked_torch",
+           "w4a16_gemm_repacked_torch"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,10 +58,45 @@ class RepackedW4:
     group_size: int
     k: int
     n: int  # the real output size (N_pad rounds it up to TILE_N)
+    paired: bool = False  # columns stored as (gate j, up j) pairs (`pair_halves`)
 
     @property
     def n_pad(self) -> int:
         return self.scales.shape[1]
+
+
+def paired_order(n: int, device: torch.device | None = None) -> torch.Tensor:
+    """The logical column each stored column of a paired layer holds: 2j -> j (gate),
+    2j + 1 -> n/2 + j (up)."""
+    half = torch.arange(n // 2, device=device)
+    return torch.stack((half, half + n // 2), dim=1).reshape(n)
+
+
+def _reorder_columns(w: RepackedW4, order: torch.Tensor, paired: bool) -> RepackedW4:
+    """`w` with stored column c taken from column order[c] (c < n; the padding stays put)."""
+    order = torch.cat((order.to(w.scales.device), torch.arange(w.n, w.n_pad, device=w.scales.device)))
+    tiles, packed_k, tile_n = w.qweight.shape
+    words = w.qweight.transpose(0, 1).reshape(packed_k, tiles * tile_n)[:, order]
+    qweight = words.view(packed_k, tiles, tile_n).transpose(0, 1).contiguous()
+    zeros = None if w.zeros is None else w.zeros[:, order].contiguous()
+    return RepackedW4(qweight=qweight, zeros=zeros, scales=w.scales[:, order].contiguous(),
+                      group_size=w.group_size, k=w.k, n=w.n, paired=paired)
+
+
+def pair_halves(w: RepackedW4) -> RepackedW4:
+    """A gate | up layer's columns stored as (gate j, up j) pairs, for the fused activation."""
+    if w.paired:
+        return w
+    if w.n % 2:
+        raise ValueError(f"pairing gate and up columns needs two equal halves, got {w.n} columns")
+    return _reorder_columns(w, paired_order(w.n), True)
+
+
+def unpair_halves(w: RepackedW4) -> RepackedW4:
+    """The inverse of `pair_halves`: the columns in the layer's own order again."""
+    if not w.paired:
+        return w
+    return _reorder_columns(w, torch.argsort(paired_order(w.n)), False)
 
 
 def _pack_rows(q: torch.Tensor) -> torch.Tensor:
@@ -97,7 +142,10 @@ def repack_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor
 
 
 def unpack_repacked(w: RepackedW4) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(q [K, N], z [K/G, N], scales [K/G, N]): the values the layout holds, padding dropped."""
+    """(q [K, N], z [K/G, N], scales [K/G, N]): the values the layout holds, padding dropped,
+    in the layer's own column order (a paired layer's unpaired)."""
+    if w.paired:
+        return unpack_repacked(unpair_halves(w))
     q = _unpack_rows(w.qweight)[:, :w.n]
     if w.zeros is None:
         z = torch.full((w.k // w.group_size, w.n), SYMMETRIC_ZERO, dtype=torch.int32,
@@ -120,3 +168,9 @@ def w4a16_gemm_repacked_torch(x: torch.Tensor, w: RepackedW4,
                               bias: torch.Tensor | None = None) -> torch.Tensor:
     out = x @ dequantize_repacked(w, x.dtype)
     return out if bias is None else out + bias
+
+
+def w4a16_gated_repacked_torch(x: torch.Tensor, w: RepackedW4, activation: str,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """act(gate) * up of a gate | up layer's product (`activation`: GATED_ACTIVATIONS), [M, N/2]."""
+    return GATED_ACTIVATIONS[activation](w4a16_gemm_repacked_torch(x, w, bias))

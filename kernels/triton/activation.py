@@ -2,7 +2,8 @@
 SiLU or GELU with the tanh approximation (GeGLU).
 
 Rounds like `kernels.activation` (the activation rounded to the input dtype before the
-product). Import through `kernels.triton_ops`.
+product). Import through `kernels.triton_ops`. `gated_product` is the same arithmetic for a
+GEMM epilogue that applies the activation itself (kernels/triton/w4a16_marlin.py).
 """
 
 import torch
@@ -15,6 +16,8 @@ from kvdeck.kernels.triton.pdl import pdl_start
 
 MAX_BLOCK = 1024  # columns per program; wider rows take several programs
 SILU, GELU_TANH = 0, 1  # the ACT argument
+NO_ACTIVATION = -1  # a GEMM epilogue's ACT when it stores the product itself
+ACTIVATION_CODES = {"silu": SILU, "gelu_tanh": GELU_TANH}  # kernels/reference/activation.py's names
 # Globals a jitted kernel reads must be constexpr objects (the interpreter does not check).
 _SILU = tl.constexpr(SILU)
 _SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
@@ -32,6 +35,14 @@ def _act_and_mul_kernel(
     gate_ptrs = x_ptr + rows[:, None] * stride_x + cols[None, :]
     gate = tl.load(gate_ptrs, mask=mask, other=0.0)
     up = tl.load(gate_ptrs + d, mask=mask, other=0.0)
+    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
+             gated_product(gate, up, ACT).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def gated_product(gate, up, ACT: tl.constexpr):
+    """act(gate) * up in fp32 for gate and up in their stored dtype, the activation rounded to
+    that dtype before the product (as kernels/reference/activation.py's torch ops round)."""
     g = gate.to(tl.float32)
     if ACT == _SILU:
         act = g / (1.0 + tl.exp(-g))
@@ -39,8 +50,7 @@ def _act_and_mul_kernel(
         u = _SQRT_2_OVER_PI * (g + 0.044715 * g * g * g)
         act = 0.5 * g * (2.0 / (1.0 + tl.exp(-2.0 * u)))
     act = act.to(gate.dtype).to(tl.float32)
-    tl.store(out_ptr + rows[:, None] * stride_out + cols[None, :],
-             (act * up.to(tl.float32)).to(out_ptr.dtype.element_ty), mask=mask)
+    return act * up.to(tl.float32)
 
 
 def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
@@ -51,6 +61,17 @@ def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
 def gelu_tanh_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     """x: [..., 2 * d] holding gate | up; returns gelu_tanh(gate) * up, [..., d]."""
     return _act_and_mul(x, GELU_TANH)
+
+
+# The gated activations by name, as kernels/reference/activation.py's GATED_ACTIVATIONS.
+GATED_ACTIVATIONS_TRITON = {"silu": silu_and_mul_triton, "gelu_tanh": gelu_tanh_and_mul_triton}
+
+
+def activation_code(activation: str) -> int:
+    """The ACT code of a gated activation's name; ValueError naming the known ones."""
+    if activation not in ACTIVATION_CODES:
+        raise ValueError(f"unknown gated activation {activation!r}; known: {', '.join(ACTIVATION_CODES)}")
+    return ACTIVATION_CODES[activation]
 
 
 def _act_and_mul(x: torch.Tensor, act: int) -> torch.Tensor:

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.ops import PACK_FACTOR
+from kvdeck.kernels.triton.activation import gated_product
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
@@ -75,20 +76,41 @@ def _nibble_shifts(BLOCK_N: tl.constexpr):
 
 
 @triton.jit
-def _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                  HAS_BIAS: tl.constexpr):
+def _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, N,
+                  HAS_BIAS: tl.constexpr, PAIRED: tl.constexpr):
+    """The finished fp32 tile, rounded to the output's dtype, stored; where the weight's
+    columns are paired (gate j, up j: kernels/reference/w4a16_repack.py's `pair_halves`, N
+    counting both halves), back in the layer's order."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+    if PAIRED:  # stored 2j -> gate j, 2j + 1 -> up j (N / 2 + j)
+        columns = offs_n // 2 + (offs_n % 2) * (N // 2)
+    else:
+        columns = offs_n
+    tl.store(out_ptr + offs_m[:, None] * stride_om + columns[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=mask_m[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _store_gated(out_ptr, gate, up, offs_m, pairs, mask_m, stride_om, N, ACT: tl.constexpr):
+    """act(gate) * up of a paired tile's fp32 halves [BLOCK_M, pairs] into out [M, N/2]: each
+    half rounded to the output's dtype first, as a GEMM stores the product the activation
+    kernel then reads, and that kernel's arithmetic (activation.py's `gated_product`)."""
+    dtype = out_ptr.dtype.element_ty
+    tl.store(out_ptr + offs_m[:, None] * stride_om + pairs[None, :],
+             gated_product(gate.to(dtype), up.to(dtype), ACT).to(dtype),
+             mask=mask_m[:, None] & (pairs < N // 2)[None, :])
 
 
 @triton.jit
 def _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
                  stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
-    """A program's fp32 tile into the output: at once, or with split-K as its partial, the
-    last of a tile's programs to arrive summing the partials in split order and storing."""
+                 HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, PAIRED: tl.constexpr, ACT: tl.constexpr):
+    """A program's fp32 tile (columns pid_n * BLOCK_N ...) into the output: at once, or with
+    split-K as its partial, the last of a tile's programs to arrive summing the partials in
+    split order and storing. PAIRED: the weight's gate and up columns are paired; ACT >= 0
+    (activation.py's codes): store act(gate) * up, [M, N/2], in place of the product."""
+    tl.static_assert(ACT < 0 or (PAIRED and not HAS_BIAS), "a fused activation takes paired columns, no bias")
     mask = mask_m[:, None] & mask_n[None, :]
     if SPLIT_K:
         part_offs = offs_m[:, None] * N + offs_n[None, :]
@@ -99,15 +121,32 @@ def _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m,
         tile = pid_m * tl.num_programs(1) + pid_n
         arrived = tl.atomic_add(counter_ptr + tile, 1, sem="acq_rel", scope="gpu")
         if arrived == split_k - 1:
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for split in range(0, scalar(split_k)):  # split order, whichever program finished last
-                acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
-                               cache_modifier=".cg")
+            if ACT >= 0:  # each half read apart (strided), so no registers shuffle the pairs
+                pairs = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+                gate_offs = offs_m[:, None] * N + 2 * pairs[None, :]
+                pair_mask = mask_m[:, None] & (pairs < N // 2)[None, :]
+                gate = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+                up = tl.zeros((BLOCK_M, BLOCK_N // 2), dtype=tl.float32)
+                for split in range(0, scalar(split_k)):  # split order, whichever program finished last
+                    gate += tl.load(partial_ptr + split * M * N + gate_offs, mask=pair_mask, other=0.0,
+                                    cache_modifier=".cg")
+                    up += tl.load(partial_ptr + split * M * N + gate_offs + 1, mask=pair_mask, other=0.0,
+                                  cache_modifier=".cg")
+                _store_gated(out_ptr, gate, up, offs_m, pairs, mask_m, stride_om, N, ACT)
+            else:
+                acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                for split in range(0, scalar(split_k)):  # split order, whichever program finished last
+                    acc += tl.load(partial_ptr + split * M * N + part_offs, mask=mask, other=0.0,
+                                   cache_modifier=".cg")
+                _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, N,
+                              HAS_BIAS, PAIRED)
             tl.atomic_xchg(counter_ptr + tile, 0)  # ready for the next launch
-            _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om,
-                          HAS_BIAS)
+    elif ACT >= 0:  # rounded before the pairs are pulled apart: half the registers to shuffle
+        gate, up = tl.split(tl.reshape(acc.to(out_ptr.dtype.element_ty), (BLOCK_M, BLOCK_N // 2, 2)))
+        gate_columns, _ = tl.split(tl.reshape(offs_n, (BLOCK_N // 2, 2)))  # the pairs in the halves' layout
+        _store_gated(out_ptr, gate, up, offs_m, gate_columns // 2, mask_m, stride_om, N, ACT)
     else:
-        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, HAS_BIAS)
+        _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride_om, N, HAS_BIAS, PAIRED)
 
 
 @jit(do_not_specialize=('M', 'split_k'))  # batch-dependent: one variant for every value
@@ -150,7 +189,7 @@ def _w4a16_gemm_kernel(
         acc = tl.dot(x, w, acc)
 
     _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
-                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K)
+                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K, False, -1)
 
 
 @triton.jit
@@ -245,8 +284,9 @@ class SplitLaunch:
 
     @classmethod
     def make(cls, out: torch.Tensor, k: int, block_m: int, block_n: int, block_k: int,
-             split_k: int) -> "SplitLaunch":
-        m, n = out.shape
+             split_k: int, n: int | None = None) -> "SplitLaunch":
+        """`n`: the product's columns where `out` has fewer (a fused gated activation's half)."""
+        m, n = out.shape[0], out.shape[1] if n is None else n
         k_per_split = triton.cdiv(triton.cdiv(k, split_k), block_k) * block_k
         split_k = triton.cdiv(k, k_per_split)
         grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n), split_k)

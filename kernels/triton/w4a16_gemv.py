@@ -68,7 +68,7 @@ def _w4a16_gemv_kernel(
     stride_xm, stride_qwt, stride_zg, stride_sg, stride_om,
     GROUP_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILE: tl.constexpr,
     HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr, LOP3: tl.constexpr,
-    STAGES: tl.constexpr, PDL: tl.constexpr = False,
+    STAGES: tl.constexpr, PAIRED: tl.constexpr = False, ACT: tl.constexpr = -1, PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)  # one activation row a program
     pid_n = tl.program_id(1)
@@ -101,14 +101,15 @@ def _w4a16_gemv_kernel(
 
     _finish_tile(tl.sum(acc, axis=0)[None, :], out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N,
                  offs_m, offs_n, mask_m, mask_n, stride_om, pid_m, pid_n, pid_k, split_k, 1, BLOCK_N,
-                 HAS_BIAS, SPLIT_K)
+                 HAS_BIAS, SPLIT_K, PAIRED, ACT)
 
 
 def w4a16_matmul_gemv(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None, config,
-                      lop3: bool) -> torch.Tensor:
+                      lop3: bool, act: int = -1) -> torch.Tensor:
     """x [M, K] (M small: one program a row and column tile) times the repacked weight, [M, N]
     in x's dtype; `config` a GEMV-form MarlinConfig fitted to the shape (its split_k), `lop3`
-    whether the inline PTX runs (w4a16_marlin.uses_lop3)."""
+    whether the inline PTX runs (w4a16_marlin.uses_lop3), `act` a fused gated activation's
+    code for a paired weight ([M, N/2] out; w4a16_marlin.w4a16_matmul_marlin checks it)."""
     if not config.gemv or config.block_m != 1:
         raise ValueError(f"not a GEMV-form config: {config}")
     if lop3 and x.dtype != w.scales.dtype:  # the PTX multiplies the activations as the scales' type
@@ -118,10 +119,10 @@ def w4a16_matmul_gemv(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None,
     # The activation pairs load as int32: unit stride along K, rows and base 4-byte aligned.
     if x.stride(1) != 1 or x.stride(0) % 2 or x.data_ptr() % 4:
         x = x.clone(memory_format=torch.contiguous_format)
-    out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
+    out = torch.empty((m, w.n if act < 0 else w.n // 2), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    split = SplitLaunch.make(out, k, 1, config.block_n, config.block_k, config.split_k)
+    split = SplitLaunch.make(out, k, 1, config.block_n, config.block_k, config.split_k, w.n)
     zeros = w.zeros if w.zeros is not None else w.scales  # unused placeholder when symmetric
     launch(_w4a16_gemv_kernel, split.grid,
            x, w.qweight, zeros, w.scales, out if bias is None else bias, out, split.partial, split.counters,
@@ -129,5 +130,5 @@ def w4a16_matmul_gemv(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None,
            x.stride(0), w.qweight.stride(0), zeros.stride(0), w.scales.stride(0), out.stride(0),
            GROUP_SIZE=w.group_size, BLOCK_N=config.block_n, BLOCK_K=config.block_k, TILE=TILE_N,
            HAS_ZEROS=w.zeros is not None, HAS_BIAS=bias is not None, SPLIT_K=split.split_k > 1, LOP3=lop3,
-           STAGES=config.num_stages, num_warps=config.num_warps)
+           STAGES=config.num_stages, PAIRED=w.paired, ACT=act, num_warps=config.num_warps)
     return out

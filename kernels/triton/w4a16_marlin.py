@@ -32,6 +32,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
+from kvdeck.kernels.triton.activation import GATED_ACTIVATIONS_TRITON, NO_ACTIVATION, activation_code
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
@@ -119,7 +120,7 @@ def _w4a16_marlin_kernel(
     GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, TILE: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_BIAS: tl.constexpr,
     SPLIT_K: tl.constexpr, BROADCAST_LOAD: tl.constexpr, LOP3: tl.constexpr, SWAP_AB: tl.constexpr,
-    PDL: tl.constexpr = False,
+    PAIRED: tl.constexpr = False, ACT: tl.constexpr = -1, PDL: tl.constexpr = False,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -158,14 +159,14 @@ def _w4a16_marlin_kernel(
         acc = tl.trans(acc)
 
     _finish_tile(acc, out_ptr, bias_ptr, partial_ptr, counter_ptr, M, N, offs_m, offs_n, mask_m, mask_n,
-                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K)
+                 stride_om, pid_m, pid_n, pid_k, split_k, BLOCK_M, BLOCK_N, HAS_BIAS, SPLIT_K, PAIRED, ACT)
 
 
 @triton.jit
 def _marlin_dequantize_kernel(
     qw_ptr, z_ptr, s_ptr, out_ptr, N, stride_qwt, stride_zg, stride_sg, stride_ok,
     GROUP_SIZE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, TILE: tl.constexpr,
-    HAS_ZEROS: tl.constexpr, LOP3: tl.constexpr, PDL: tl.constexpr = False,
+    HAS_ZEROS: tl.constexpr, LOP3: tl.constexpr, PAIRED: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     pdl_start(PDL)  # before any load or store (kernels/triton/pdl.py)
     k0 = tl.program_id(0) * BLOCK_K
@@ -174,7 +175,11 @@ def _marlin_dequantize_kernel(
     mask_n = offs_n < N
     w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
                       GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False, LOP3)
-    tl.store(out_ptr + offs_k[:, None] * stride_ok + offs_n[None, :], w.to(out_ptr.dtype.element_ty),
+    if PAIRED:  # back in the layer's order: stored 2j -> gate j, 2j + 1 -> up j (N / 2 + j)
+        columns = offs_n // 2 + (offs_n % 2) * (N // 2)
+    else:
+        columns = offs_n
+    tl.store(out_ptr + offs_k[:, None] * stride_ok + columns[None, :], w.to(out_ptr.dtype.element_ty),
              mask=mask_n[None, :])
 
 
@@ -189,18 +194,29 @@ def uses_lop3(device: torch.device, dtype: torch.dtype, plain: bool = False) -> 
             and dtype in (torch.float16, torch.bfloat16))
 
 
-def _check(x: torch.Tensor, w: RepackedW4) -> None:
+def _check(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None,
+           activation: str | None = None) -> int:
+    """The launch's ACT code (activation.py's; -1 with no `activation`), once the shapes fit."""
     if x.shape[1] != w.k:
         raise ValueError(f"x [{x.shape[0]}, {x.shape[1]}] does not fit a [{w.k}, {w.n}] weight")
     if w.group_size % 16 or w.group_size & (w.group_size - 1):
         raise ValueError(f"group_size must be a power of two >= 16, got {w.group_size}")
+    if w.paired and bias is not None:  # pairing is for gate | up layers, which have none
+        raise ValueError("a layer with paired gate and up columns takes no bias")
+    if activation is None:
+        return NO_ACTIVATION
+    if not w.paired:
+        raise ValueError("a fused gated activation needs the gate and up columns paired (pair_halves)")
+    return activation_code(activation)
 
 
 def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None,
-                        config: MarlinConfig | None = None) -> torch.Tensor:
+                        config: MarlinConfig | None = None, activation: str | None = None) -> torch.Tensor:
     """The fused GEMM for any M. x [M, K]: fp16/bf16 on a GPU, fp32 or fp16 under
-    TRITON_INTERPRET=1. Returns [M, N] in x's dtype."""
-    _check(x, w)
+    TRITON_INTERPRET=1. Returns [M, N] in x's dtype (a paired weight's columns in the layer's
+    order), or with `activation` ("silu", "gelu_tanh"; a paired weight) act(gate) * up, [M, N/2],
+    applied by the kernel's epilogue."""
+    act = _check(x, w, bias, activation)
     m, k = x.shape
     if config is None:
         config = config_for(m, w.n, k, w.group_size, x.device)
@@ -208,11 +224,11 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
         raise ValueError(f"block_k {config.block_k} must be a multiple of 16 dividing the group")
     if config.gemv:
         lop3 = uses_lop3(x.device, w.scales.dtype, config.plain_dequant)
-        return w4a16_matmul_gemv(x, w, bias, config, lop3)
-    out = torch.empty((m, w.n), dtype=x.dtype, device=x.device)
+        return w4a16_matmul_gemv(x, w, bias, config, lop3, act)
+    out = torch.empty((m, w.n if act < 0 else w.n // 2), dtype=x.dtype, device=x.device)
     if m == 0:
         return out
-    split = SplitLaunch.make(out, k, config.block_m, config.block_n, config.block_k, config.split_k)
+    split = SplitLaunch.make(out, k, config.block_m, config.block_n, config.block_k, config.split_k, w.n)
     zeros = w.zeros if w.zeros is not None else w.scales  # unused placeholder when symmetric
     launch(_w4a16_marlin_kernel, split.grid,
            x, w.qweight, zeros, w.scales, out if bias is None else bias, out, split.partial, split.counters,
@@ -223,14 +239,15 @@ def w4a16_matmul_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | Non
            BLOCK_K=config.block_k, TILE=TILE_N, HAS_ZEROS=w.zeros is not None,
            HAS_BIAS=bias is not None, SPLIT_K=split.split_k > 1, BROADCAST_LOAD=config.broadcast_load,
            LOP3=not config.broadcast_load and uses_lop3(x.device, w.scales.dtype, config.plain_dequant),
-           SWAP_AB=config.swap_ab, num_warps=config.num_warps, num_stages=config.num_stages)
+           SWAP_AB=config.swap_ab, PAIRED=w.paired, ACT=act, num_warps=config.num_warps,
+           num_stages=config.num_stages)
     return out
 
 
 def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None,
                       plain: bool = False) -> torch.Tensor:
-    """The dense weight [K, N] (`dtype`, default the scales'), made on the device (`plain`:
-    the plain-Triton dequantisation on CUDA too)."""
+    """The dense weight [K, N] (`dtype`, default the scales'; a paired weight's columns in the
+    layer's order), made on the device (`plain`: the plain-Triton dequantisation on CUDA too)."""
     dtype = dtype or w.scales.dtype
     out = torch.empty((w.k, w.n), dtype=dtype, device=w.qweight.device)
     block_k = min(DEQUANT_BLOCK_K, w.group_size)
@@ -240,16 +257,20 @@ def dequantize_marlin(w: RepackedW4, dtype: torch.dtype | None = None,
            w.qweight, zeros, w.scales, out, w.n, w.qweight.stride(0), zeros.stride(0),
            w.scales.stride(0), out.stride(0),
            GROUP_SIZE=w.group_size, BLOCK_K=block_k, BLOCK_N=DEQUANT_BLOCK_N, TILE=TILE_N,
-           HAS_ZEROS=w.zeros is not None, LOP3=uses_lop3(w.qweight.device, w.scales.dtype, plain))
+           HAS_ZEROS=w.zeros is not None, LOP3=uses_lop3(w.qweight.device, w.scales.dtype, plain),
+           PAIRED=w.paired)
     return out
 
 
-def w4a16_gemm_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None) -> torch.Tensor:
+def w4a16_gemm_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None = None,
+                      activation: str | None = None) -> torch.Tensor:
     """What the engine runs with this kernel: the fused GEMM up to the architecture's
     fused_max_tokens rows (FUSED_MAX_TOKENS untuned), above that a device-side dequantise and
-    one cuBLAS matmul (the bias fused into addmm)."""
+    one cuBLAS matmul (the bias fused into addmm). `activation` (a paired gate | up weight):
+    act(gate) * up, by the fused GEMM's epilogue, or after cuBLAS by the activation kernel."""
     if x.shape[0] <= tuning(device_arch(x.device)).fused_max_tokens:
-        return w4a16_matmul_marlin(x, w, bias)
-    _check(x, w)
+        return w4a16_matmul_marlin(x, w, bias, activation=activation)
+    _check(x, w, bias, activation)
     weight = dequantize_marlin(w, x.dtype)
-    return x @ weight if bias is None else torch.addmm(bias.to(x.dtype), x, weight)
+    out = x @ weight if bias is None else torch.addmm(bias.to(x.dtype), x, weight)
+    return out if activation is None else GATED_ACTIVATIONS_TRITON[activation](out)

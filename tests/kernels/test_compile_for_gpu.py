@@ -59,6 +59,12 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         assert f"marlin_dequantize_{dtype}" in aot.VARIANTS
         for tag in ("g128", "g32", "g128_sym"):  # the GEMV form for the smallest batches
             assert f"w4a16_marlin_gemv_{dtype}_{tag}_splitk" in aot.VARIANTS
+        # A gate | up layer's paired columns: the activation in the epilogue (split and not,
+        # the GEMV form), the product stored back in the layer's order, the large-M dequantise.
+        for tag in ("m16_{}_g128_silu_splitk", "m16_{}_g128_silu", "m16_{}_g128_paired_splitk",
+                    "gemv_{}_g128_silu_splitk"):
+            assert "w4a16_marlin_" + tag.format(dtype) in aot.VARIANTS
+        assert f"marlin_dequantize_{dtype}_paired" in aot.VARIANTS
         # LoRA's shrink/expand (and both in one launch) as eager steps launch them and as the
         # adapter decode graphs do.
         for kernel in ("shrink", "expand", "fused"):
@@ -72,6 +78,7 @@ def test_matrix_covers_attention_shapes_and_w4a16_buckets():
         for head_dim in (64, 128):
             assert f"qk_rope_kv_no_norm_{dtype}_d{head_dim}" in aot.VARIANTS
     assert "qk_norm_rope_kv_interleaved_partial_fp16_d80" in aot.VARIANTS
+    assert "w4a16_marlin_m16_bf16_g128_gelu_splitk" in aot.VARIANTS  # GeGLU (Gemma) in bf16
     for dtype in ("fp16", "bf16"):  # an INT4 model's int8 output head, decode's tiles and larger steps'
         assert {f"int8_head_m16_{dtype}", f"int8_head_mlarge_{dtype}"} <= set(aot.VARIANTS)
 

@@ -73,8 +73,9 @@ class LoRAManager:
             slots = {}
             for path in {target.linear for target in self.targets.values()}:
                 linear: Linear = layer.get_submodule(path)
-                slots[path] = linear.lora = LinearSlots(self.context, max_loras, max_rank, linear.input_size,
-                                                        linear.output_sizes, dtype, device)
+                slots[path] = LinearSlots(self.context, max_loras, max_rank, linear.input_size,
+                                          linear.output_sizes, dtype, device)
+                linear.attach_lora(slots[path])
             self.layer_slots.append(slots)
         self.host: OrderedDict[int, HostAdapter] = OrderedDict()  # LRU, newest last
         self.slot_of: OrderedDict[int, int] = OrderedDict()  # adapter id -> slot, LRU, newest last

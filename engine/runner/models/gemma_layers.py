@@ -46,12 +46,12 @@ class GemmaMLP(nn.Module):
             raise ValueError(f"Gemma's MLP activation {activation!r} is not supported "
                              f"(supported: {', '.join(GELU_TANH)})")
         size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, [size, size], False, linear_method, dtype)
+        self.gate_up_proj = Linear(cfg.hidden_size, [size, size], False, linear_method, dtype, gated=True)
         self.down_proj = Linear(size, [cfg.hidden_size], False, linear_method, dtype)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.gelu_tanh_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.act_and_mul(x, "gelu_tanh", self.ops.gelu_tanh_and_mul))
 
 
 class GemmaAttention(nn.Module):

@@ -6,6 +6,7 @@ decides which parameters exist (a dense `weight`, or AWQ's `qweight`/`qzeros`/
 `scales`, ...) and how a checkpoint tensor is copied into shard `shard_id`.
 """
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -30,6 +31,10 @@ class LinearMethod(Protocol):
 
     # Optional: `output_head(lm_head) -> nn.Module`, the output projection as this method
     # runs it (called once the weights are loaded; the input embedding stays as it is).
+    # Optional, for a `gated` layer: `fuses_activation(layer) -> bool` (the weights are laid
+    # out so the product's epilogue applies the MLP's activation), `apply_gated(layer, x,
+    # activation)` (that product: act(gate) * up) and `unfuse_activation(layer)` (the layout
+    # back to a plain product's, before a LoRA adapter adds to the gate | up output).
 
 
 class Linear(nn.Module):
@@ -44,8 +49,10 @@ class Linear(nn.Module):
         bias: bool,
         method: "LinearMethod",
         dtype: torch.dtype,
+        gated: bool = False,
     ) -> None:
         super().__init__()
+        self.gated = gated  # gate | up halves that a gated activation (an MLP's) consumes
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
         self.output_size = sum(output_sizes)
@@ -72,6 +79,26 @@ class Linear(nn.Module):
     def base_forward(self, x: torch.Tensor) -> torch.Tensor:
         """The product without adapters."""
         return self.method.apply(self, x)
+
+    def act_and_mul(self, x: torch.Tensor, activation: str,
+                    unfused: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """act(gate) * up of this gated layer's product (`activation`: "silu" or "gelu_tanh";
+        `unfused` the ops' function for it): by the product's own epilogue where the method
+        laid the weights out for that (one launch fewer), else `unfused` on the product."""
+        if self.lora is None and self.fuses_activation():
+            return self.method.apply_gated(self, x, activation)
+        return unfused(self.forward(x))
+
+    def fuses_activation(self) -> bool:
+        fuses = getattr(self.method, "fuses_activation", None)
+        return fuses is not None and fuses(self)
+
+    def attach_lora(self, slots) -> None:
+        """Adapters' slots for this layer (engine/runner/lora/slots.py): their deltas add to
+        the plain product, so a fused activation's layout is undone first."""
+        if self.fuses_activation():
+            self.method.unfuse_activation(self)
+        self.lora = slots
 
 
 def copy_shard(

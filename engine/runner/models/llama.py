@@ -69,12 +69,12 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: KernelOps, linear_method: LinearMethod, dtype) -> None:
         super().__init__()
         size = cfg.intermediate_size
-        self.gate_up_proj = Linear(cfg.hidden_size, [size, size], False, linear_method, dtype)
+        self.gate_up_proj = Linear(cfg.hidden_size, [size, size], False, linear_method, dtype, gated=True)
         self.down_proj = Linear(size, [cfg.hidden_size], False, linear_method, dtype)
         self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.act_and_mul(x, "silu", self.ops.silu_and_mul))
 
 
 class LlamaDecoderLayer(nn.Module):
