@@ -28,6 +28,9 @@ counts and large-M path (the JSON w4a16_tune.py turns into kernels/triton/w4a16_
 on the table and on that. --e2e adds engine decode (benchmarks/w4a16_e2e.py) in bf16 and AWQ on
 the repacked marlin kernel (under the sweep's pick when it ran), then both again with
 programmatic dependent launch (after the anatomy).
+At decode sizes the widest shape is also timed as a gate | up layer: its product then the
+activation kernel (`marlin_act`) against the activation in the GEMM's epilogue over paired
+columns (`marlin_gated`, what KVDECK_FUSED_ACTIVATION serves).
 --anatomy last: at M = 1 on each shape, the marlin kernel beside part-kernels on its grid
 (launch only; its loads; its loads and split-K epilogue) in graphs, where a decode-size
 launch's time goes (benchmarks/w4a16_anatomy.py).
@@ -57,6 +60,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 
 from kvdeck.kernels.dispatch import w4a16_gemm  # noqa: E402
+from kvdeck.kernels.reference.activation import silu_and_mul_torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_kernels  # noqa: E402
@@ -86,6 +90,8 @@ SWEEP = (
 
 
 REP_MS = 5  # ms of calls per CUDA graph, each replayed w4a16_sweep.ROUNDS times
+# The widest shape (a gate | up layer's) at decode sizes is also timed as a gated layer.
+GATED_MAX_TOKENS = 16
 
 
 def git_commit() -> str:
@@ -99,9 +105,11 @@ def git_commit() -> str:
         return "unknown"
 
 
-def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True) -> dict:
+def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True,
+                gated: bool = False) -> dict:
     """One table row: every candidate checked, then (`timing`: cuda_graph, eager or fake)
-    timed side by side with fp16 and bf16 cuBLAS, alternating."""
+    timed side by side with fp16 and bf16 cuBLAS, alternating. `gated`: the weight also as a
+    gate | up layer, unfused and with the activation in the epilogue (`_gated_candidates`)."""
     from kvdeck.kernels.triton import w4a16_marlin as marlin
     from kvdeck.kernels.triton.launch import device_arch, pdl_forced
     from kvdeck.kernels.triton.w4a16_gemm import W4A16Config, awq_dequantize_triton, w4a16_matmul_triton
@@ -129,10 +137,18 @@ def bench_shape(m: int, problem: Problem, timing: str | None, sweep: bool = True
         # graph of back-to-back calls each one's programs wait resident for the previous.
         # (pdl_forced decorates: sm_90 on, elsewhere and under the interpreter the plain launch)
         candidates["marlin_pdl"] = pdl_forced(True)(lambda: marlin.w4a16_gemm_marlin(x, repacked))
+    gated = _gated_candidates(problem, x) if gated else {}
     row: dict = {"m": m, "k": k, "n": n, "group_size": GROUP, "marlin_config": dataclasses.asdict(config),
                  "marlin_fused_max_tokens": fused_max, "marlin_lop3": marlin.uses_lop3(x.device, x.dtype)}
     check = checker()
+    if gated:  # against the activation of the reference product
+        gated_reference = silu_and_mul_torch(reference)
+        for name, fn in gated.items():
+            row[f"{name}_max_abs_err"] = check(f"{name} at m={m} k={k} n={n}", fn(), gated_reference)
+        candidates.update(gated)
     for name, fn in list(candidates.items()):
+        if name in gated:
+            continue
         try:
             row[f"{name}_max_abs_err"] = check(f"{name} at m={m} k={k} n={n}", fn(), reference)
         except Exception as error:
@@ -238,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
     for k, n in shapes:
         problems[k, n] = problem = Problem.make(k, n, device, dtype)
         for m in tokens:
-            row = bench_shape(m, problem, timing, not args.no_sweep)
+            gated = m <= GATED_MAX_TOKENS and n == max(width for _, width in shapes)
+            row = bench_shape(m, problem, timing, not args.no_sweep, gated)
             rows.append(row)
             summary.clear()
             summary.update(w4a16_tune.summarise_table(rows))
@@ -282,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary["targets_tuned"] = w4a16_tune.targets(tuned["rows"], e2e)
             summary.update(w4a16_tune.summarise_table(rows, tuned["rows"]))  # w4a16_auto, tuned
             summary["e2e_pdl"] = w4a16_tune.pdl_effect(e2e)
+            summary["e2e_fused_activation"] = w4a16_tune.twin_effect(e2e, "_unfused")
             save()
             for run in e2e[-1]["runs"]:
                 print(f"e2e {variant:10s} batch {run['batch']:3d}: "
@@ -289,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"ITL {run['mean_inter_token_latency_ms']:.2f} ms", flush=True)
                 if "kernels" in run:
                     print(f"    profiled: {step_kernels.summary_line(run['kernels'])}", flush=True)
-        verdicts = {key: value for key, value in summary.items() if key.startswith(("targets", "e2e_pdl"))}
+        verdicts = {key: value for key, value in summary.items()
+                    if key.startswith(("targets", "e2e_pdl", "e2e_fused_activation"))}
         for line in w4a16_tune.report(verdicts):
             print(line, flush=True)
 
@@ -309,6 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _gated_candidates(problem: Problem, x: torch.Tensor) -> dict:
+    """The weight as a gate | up layer (two halves of N): its product then the activation
+    kernel (`marlin_act`, the unfused engine's two launches) and the activation in the GEMM's
+    epilogue over the paired columns (`marlin_gated`, one launch; KVDECK_FUSED_ACTIVATION)."""
+    from kvdeck.kernels.reference.w4a16_repack import pair_halves
+    from kvdeck.kernels.triton import w4a16_marlin as marlin
+    from kvdeck.kernels.triton.activation import silu_and_mul_triton
+
+    paired = pair_halves(problem.repacked)
+    return {"marlin_act": lambda: silu_and_mul_triton(marlin.w4a16_gemm_marlin(x, problem.repacked)),
+            "marlin_gated": lambda: marlin.w4a16_gemm_marlin(x, paired, activation="silu")}
+
+
 def _print_row(row: dict, timing: str) -> None:
     m, k, n = row["m"], row["k"], row["n"]
     if "fp16_ms" not in row or timing == "fake":
@@ -320,6 +352,8 @@ def _print_row(row: dict, timing: str) -> None:
     plain = (f"  plain {row['marlin_plain_ms'] * 1e3:8.1f} us" if "marlin_plain_ms" in row else "")
     plain += (f"  pdl {row['marlin_pdl_ms'] * 1e3:8.1f} us ({row['marlin_pdl_speedup_vs_bf16']:.2f}x)"
               if "marlin_pdl_ms" in row else "")
+    plain += (f"  gated {row['marlin_gated_ms'] * 1e3:8.1f} us vs act {row['marlin_act_ms'] * 1e3:8.1f} us"
+              if "marlin_gated_ms" in row else "")
     print(f"M={m:4d} K={k:5d} N={n:5d}  fp16 {row['fp16_ms'] * 1e3:8.1f} us  "
           f"bf16 {row['bf16_ms'] * 1e3:8.1f} us  "
           f"triton {row['triton_ms'] * 1e3:8.1f} us ({row['triton_speedup_vs_bf16']:.2f}x bf16)"

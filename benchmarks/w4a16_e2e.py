@@ -3,7 +3,9 @@ with dummy weights in bf16, then as AWQ INT4 on the repacked `marlin` kernel (on
 on the AWQ-layout kernel, which `auto` no longer serves); batch 1 (the target: AWQ >= 2x its
 bf16 self) and 16; and the first two again with programmatic dependent launch (`_pdl`:
 KVDECK_PDL=1, off by default until measured; w4a16_tune.pdl_effect compares each with its
-twin, greedy tokens included, which must agree). Each engine runs in a process of its own
+twin, greedy tokens included, which must agree); last the AWQ engine with the MLP's activation
+as a launch of its own (`_unfused`: KVDECK_FUSED_ACTIVATION=0, against the default's epilogue).
+Each engine runs in a process of its own
 (`run_variant`), so one's GPU memory is gone before the next.
 After the timed runs, `PROFILED_STEPS` batch-1 decode steps run under torch.profiler
 (step_kernels.py): the batch-1 row's `kernels` says where a step's time went (device time by kind:
@@ -36,8 +38,10 @@ TINY_LLAMA = {**LLAMA_32_1B, "vocab_size": 1000, "hidden_size": 256, "intermedia
               "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2}
 # The target's pair first (a w4a16 stage cut at its cap keeps them), then the same pair with
 # programmatic dependent launch (KVDECK_PDL=1, kernels/triton/pdl.py): what bench_w4a16.py
-# --e2e runs. `awq` (the AWQ-layout kernel, which `auto` no longer serves) runs on request.
-VARIANTS = ("bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl")
+# --e2e runs, and last the AWQ engine with the MLP's activation as its own launch
+# (`_unfused`: KVDECK_FUSED_ACTIVATION=0; w4a16_tune.fused_activation_verdict). `awq` (the
+# AWQ-layout kernel, which `auto` no longer serves) runs on request.
+VARIANTS = ("bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq_marlin_unfused")
 ALL_VARIANTS = (*VARIANTS, "awq")
 RESULT_PREFIX = "E2E_RESULT "
 PROFILED_STEPS = 32  # batch-1 decode steps under the profiler (about 1 ms each on an H200)
@@ -62,7 +66,9 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
     pdl = variant.endswith("_pdl")
     if pdl:  # read at the first launch, so before the engine starts
         os.environ["KVDECK_PDL"] = "1"
-    variant, name = variant.removesuffix("_pdl"), variant
+    if variant.endswith("_unfused"):  # read as the weights are repacked at load
+        os.environ["KVDECK_FUSED_ACTIVATION"] = "0"
+    variant, name = variant.removesuffix("_pdl").removesuffix("_unfused"), variant
     config = dict(TINY_LLAMA if smoke else LLAMA_32_1B)
     if variant == "awq_marlin":  # the repack happens at load, as the engine reads it there
         os.environ["KVDECK_W4A16_KERNEL"] = "marlin"
@@ -90,6 +96,9 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
         # What serves the logits: an INT4 model's head is int8 (quant/int8_head.py) unless
         # KVDECK_INT8_HEAD=0, the bf16 model's its dense tied embedding.
         output_head = type(llm.engine.core.runner.model.lm_head).__name__
+        # Whether the MLPs' activation runs in the gate | up GEMM's epilogue (the AWQ engine's default).
+        fused_activation = all(layer.mlp.gate_up_proj.fuses_activation()
+                               for layer in llm.engine.core.runner.model.model.layers)
         # The smoke run interprets the kernels: short prompts and few tokens keep it seconds.
         prompt_len, new_tokens = (16, 2) if smoke else (128, 256)
         for batch in (1, 2) if smoke else (1, 16):
@@ -113,7 +122,8 @@ def decode(variant: str, smoke: bool, tuned_entry: dict | None) -> dict:
         steps = 2 if smoke else PROFILED_STEPS
         with decoding(llm, prompts[:1], max_tokens=steps + 8):
             rows[0]["kernels"] = profile_steps_or_error(llm.engine.step, steps)
-    return {"variant": name, "dtype": kwargs.get("dtype"), "pdl": pdl, "marlin_tuning": tuning_source,
+    return {"variant": name, "dtype": kwargs.get("dtype"), "pdl": pdl, "fused_activation": fused_activation,
+            "marlin_tuning": tuning_source,
             "output_head": output_head, "runs": rows}
 
 

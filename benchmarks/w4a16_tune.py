@@ -79,8 +79,12 @@ def summarise_table(rows: list[dict], tuned_rows: list[dict] | None = None) -> d
               for kernel in ("marlin", "triton")}
     # KVDECK_W4A16_KERNEL's names: the table's `triton` is the AWQ-layout kernel, `awq` there.
     auto = {"marlin": "marlin", "triton": "awq"}[max(decode, key=decode.get)] if by_m else None
+    # The gate | up rows (bench_w4a16.py's `_gated_candidates`): one launch against two.
+    gated = {str(row["m"]): round(row["marlin_act_ms"] / row["marlin_gated_ms"], 4)
+             for row in rows if "marlin_gated_ms" in row}
     return {"winners_by_m": {str(m): entry for m, entry in by_m.items()},
-            "w4a16_auto": auto, "decode_speedup_vs_bf16": {k: round(v, 4) for k, v in decode.items()}}
+            "w4a16_auto": auto, "decode_speedup_vs_bf16": {k: round(v, 4) for k, v in decode.items()},
+            **({"gated_speedup_vs_unfused": gated} if gated else {})}
 
 
 def _best_config(rows: list[dict]) -> tuple[list, float] | None:
@@ -195,10 +199,15 @@ def pdl_effect(e2e: list[dict]) -> dict:
     """Each `_pdl` e2e engine against its plain twin: tokens/s ratio per batch size, and
     whether their greedy tokens agree (the same kernels and dummy weights: they must, bit for
     bit, unless a kernel read before its predecessor finished)."""
+    return twin_effect(e2e, "_pdl")
+
+
+def twin_effect(e2e: list[dict], suffix: str) -> dict:
+    """Each e2e engine named `<plain><suffix>` against its plain twin, as `pdl_effect` says."""
     by_variant = {entry["variant"]: entry for entry in e2e}
     effect = {}
     for variant, entry in by_variant.items():
-        plain = by_variant.get(variant.removesuffix("_pdl")) if variant.endswith("_pdl") else None
+        plain = by_variant.get(variant.removesuffix(suffix)) if variant.endswith(suffix) else None
         if plain is None:
             continue
         if "error" in entry:  # the engine did not run under PDL: say so
@@ -238,6 +247,23 @@ def pdl_verdict(effect: dict) -> str:
     if all(gain >= PDL_GAIN for gain in gains.values()):
         return f"PDL: make KVDECK_PDL=1 the default ({shown}, tokens equal)"
     return f"PDL: keep off ({shown}; the default wants each >= {PDL_GAIN}x)"
+
+
+def fused_activation_verdict(effect: dict) -> str:
+    """Whether the e2e twin without the fused activation (w4a16_e2e.py's `awq_marlin_unfused`,
+    KVDECK_FUSED_ACTIVATION=0) says to keep the activation in the GEMM's epilogue (the
+    default): its greedy tokens must equal the fused engine's, and it must not be faster by
+    more than the timing's noise."""
+    figures = effect.get("awq_marlin_unfused")
+    if figures is None or "error" in figures:
+        return "fused activation: not measured" + (f" ({figures['error'][:120]})" if figures else "")
+    if not all(equal for key, equal in figures.items() if key.endswith("tokens_equal")):
+        return ("fused activation: turn off (KVDECK_FUSED_ACTIVATION=0) and find why: other tokens "
+                "than unfused")
+    unfused = figures.get("batch_1_speedup", 1.0)
+    if unfused >= PDL_GAIN:
+        return f"fused activation: turn off, the unfused engine is {unfused:.3f}x at batch 1"
+    return f"fused activation: keep on (the unfused engine {unfused:.3f}x at batch 1, tokens equal)"
 
 
 def entry_from_sweep(tuned: dict, source: str) -> dict:
@@ -294,6 +320,14 @@ def report(summary: dict) -> list[str]:
         lines.append(f"pdl {variant} over its plain twin: {json.dumps(figures)}")
     if summary.get("e2e_pdl"):
         lines.append(pdl_verdict(summary["e2e_pdl"]))
+    for variant, figures in summary.get("e2e_fused_activation", {}).items():
+        lines.append(f"{variant} over the fused engine: {json.dumps(figures)}")
+    if summary.get("e2e_fused_activation"):
+        lines.append(fused_activation_verdict(summary["e2e_fused_activation"]))
+    gated = summary.get("gated_speedup_vs_unfused", {})
+    if gated:
+        lines.append("gated GEMM (activation in the epilogue) over GEMM + activation kernel: "
+                     + "  ".join(f"M={m} {value:.3f}x" for m, value in gated.items()))
     for key, label in (("targets", "defaults"), ("targets_tuned", "the sweep's pick")):
         for target, figures in summary.get(key, {}).items():
             verdict = {True: "met", False: "MISSED", None: "not measured"}[figures["met"]]
@@ -313,7 +347,8 @@ def main(argv: list[str] | None = None) -> int:
     e2e = result.get("e2e_decode", [])
     summary = {**summarise_table(result.get("results", []), result.get("marlin_tuned")),
                **summarise_sweep(result.get("marlin_sweep", []), result.get("results", [])),
-               "targets": targets(result.get("results", []), e2e), "e2e_pdl": pdl_effect(e2e)}
+               "targets": targets(result.get("results", []), e2e), "e2e_pdl": pdl_effect(e2e),
+               "e2e_fused_activation": twin_effect(e2e, "_unfused")}
     if result.get("marlin_tuned"):
         summary["targets_tuned"] = targets(result["marlin_tuned"], e2e)
     for line in report(summary):

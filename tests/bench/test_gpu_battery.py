@@ -70,14 +70,25 @@ def test_every_stage_runs_on_a_tiny_model(tiny_llama_dir, tmp_path):
     assert awq["kvdeck"]["output_tokens"] == bf16["kvdeck"]["output_tokens"]  # the same workload
     w4a16 = json.loads((out / "w4a16_cpu.json").read_text())
     assert w4a16["complete"] and [e["variant"] for e in w4a16["e2e_decode"]] == [
-        "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl"]
+        "bf16", "awq_marlin", "awq_marlin_pdl", "bf16_pdl", "awq_marlin_unfused"]
     # The PDL twins (no GPU here: the plain launch) compute what their twins do, token for token.
     assert not [entry for entry in w4a16["e2e_decode"] if "error" in entry]
     # The INT4 engines serve their head in int8 (quant/int8_head.py), the bf16 ones dense.
     heads = [entry["output_head"] for entry in w4a16["e2e_decode"]]
-    assert [head == "W8A16OutputHead" for head in heads] == [False, True, True, False], heads
+    assert [head == "W8A16OutputHead" for head in heads] == [False, True, True, False, True], heads
     assert w4a16["summary"]["e2e_pdl"]["awq_marlin_pdl"]["batch_1_tokens_equal"] is True
     assert w4a16["summary"]["e2e_pdl"]["bf16_pdl"]["batch_2_tokens_equal"] is True
+    # The AWQ engines apply the MLP's activation in the gate | up GEMM's epilogue, but the
+    # `_unfused` twin (KVDECK_FUSED_ACTIVATION=0), which gives the same tokens.
+    fused = [entry["fused_activation"] for entry in w4a16["e2e_decode"]]
+    assert fused == [False, True, True, False, False], fused
+    unfused = w4a16["summary"]["e2e_fused_activation"]["awq_marlin_unfused"]
+    assert unfused["batch_1_tokens_equal"] is True and unfused["batch_2_tokens_equal"] is True
+    # The widest shape timed as a gate | up layer at decode sizes, fused and not, both checked.
+    gated = [row for row in w4a16["results"] if "marlin_gated_ms" in row]
+    assert [(row["m"], row["n"]) for row in gated] == [(1, 256), (4, 256)]
+    assert all(row["marlin_gated_max_abs_err"] < 1e-3 and "marlin_act_ms" in row for row in gated)
+    assert set(w4a16["summary"]["gated_speedup_vs_unfused"]) == {"1", "4"}
     # The table's marlin path again under the sweep's pick, which e2e's marlin engine ran too,
     # and the targets judged on both (the tiny shapes measure only "every M").
     assert len(w4a16["marlin_tuned"]) == len(w4a16["results"])

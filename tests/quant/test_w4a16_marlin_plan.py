@@ -285,6 +285,26 @@ def test_the_pdl_verdict_wants_both_engines_faster_with_equal_tokens():
                                                "CUDA error: operation not supported)")
 
 
+def test_the_fused_activation_verdict_wants_equal_tokens_and_no_faster_unfused_twin():
+    runs = lambda tps, tokens: [{"batch": 1, "output_tokens_per_s": tps, "tokens": tokens}]  # noqa: E731
+    e2e = [{"variant": "awq_marlin", "runs": runs(100.0, [3, 4])},
+           {"variant": "awq_marlin_unfused", "runs": runs(95.0, [3, 4])}]
+    effect = w4a16_tune.twin_effect(e2e, "_unfused")
+    assert effect == {"awq_marlin_unfused": {"batch_1_speedup": 0.95, "batch_1_tokens_equal": True}}
+    lines = w4a16_tune.report({"e2e_fused_activation": effect})
+    assert lines == [
+        'awq_marlin_unfused over the fused engine: {"batch_1_speedup": 0.95, "batch_1_tokens_equal": true}',
+        "fused activation: keep on (the unfused engine 0.950x at batch 1, tokens equal)"]
+    faster = {"awq_marlin_unfused": {"batch_1_speedup": 1.05, "batch_1_tokens_equal": True}}
+    assert w4a16_tune.fused_activation_verdict(faster).startswith("fused activation: turn off, the unfused")
+    other = {"awq_marlin_unfused": {"batch_1_speedup": 0.9, "batch_1_tokens_equal": False}}
+    assert "find why" in w4a16_tune.fused_activation_verdict(other)
+    assert w4a16_tune.fused_activation_verdict({}) == "fused activation: not measured"
+    # The gate | up rows of the table: the unfused pair's time over the gated launch's.
+    rows = [{"m": 1, "bf16_ms": 1.0, "marlin_ms": 0.5, "marlin_act_ms": 0.6, "marlin_gated_ms": 0.5}]
+    assert w4a16_tune.summarise_table(rows)["gated_speedup_vs_unfused"] == {"1": 1.2}
+
+
 @pytest.fixture(scope="module")
 def marlin():
     if os.environ.get("TRITON_INTERPRET") != "1":
