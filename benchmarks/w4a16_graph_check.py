@@ -1,7 +1,9 @@
 """The W4A16 GEMM captured in CUDA graphs (bench_w4a16.py --check-graphs, the battery's check
 stage): what AWQ layers run (with KVDECK_W4A16_KERNEL=marlin, the repacked kernel) at every
 batch size the engine captures for decode, replayed on new inputs against eager calls, then
-the repacked kernel's GEMV form at M = 1, 2, 4 against eager calls and the dense product."""
+the repacked kernel's GEMV form at M = 1, 2, 4 against eager calls and the dense product, and
+the weight as a gate | up layer with the activation in the epilogue (paired columns) at decode
+sizes, against eager calls and the unfused pair."""
 
 import sys
 from pathlib import Path
@@ -53,6 +55,7 @@ def check_graphs(smoke: bool = False) -> None:
             raise AssertionError(f"CUDA graph replay differs from eager at M={m}: {diff}")
     if w4a16_kernel() == "marlin":  # the GEMV form too, before any tuned table serves it
         _check_gemv_graphs(repacked, dequantize_awq(qweight, qzeros, scales, GROUP), smoke)
+        _check_gated_graphs(repacked, dequantize_awq(qweight, qzeros, scales, GROUP), smoke)
 
 
 def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
@@ -82,3 +85,37 @@ def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
         error = check(f"gemv M={m}", eager, (x.float() @ dense.float()).to(x.dtype))
         print(f"graph gemv M={m}: replay == eager, max |out - dense product| {error:.3g}", flush=True)
 
+
+
+def _check_gated_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
+    """The weight as an MLP's gate | up layer, its columns paired and SiLU-and-mul applied in
+    the GEMM's epilogue (KVDECK_FUSED_ACTIVATION's default): at M = 1, 4, 16 captured,
+    replayed on new inputs, equal to eager calls and close to the activation of the dense
+    product; whether it is bit for bit the unfused pair (the product, then the activation
+    kernel) is printed (the engines' tokens are compared end to end by w4a16_e2e.py)."""
+    from kvdeck.kernels.reference.activation import silu_and_mul_torch
+    from kvdeck.kernels.reference.w4a16_repack import pair_halves
+    from kvdeck.kernels.triton import w4a16_marlin as marlin
+    from kvdeck.kernels.triton.activation import silu_and_mul_triton
+
+    paired = pair_halves(repacked)
+    check = checker()
+    for m in (1, 4, 16):
+        x = torch.randn(m, dense.shape[0], device=dense.device, dtype=dense.dtype)
+        gated = lambda x=x: marlin.w4a16_gemm_marlin(x, paired, activation="silu")  # noqa: E731
+        gated()  # compiles outside the capture
+        if smoke:
+            captured = gated()
+        else:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                captured = gated()
+            x.normal_()
+            graph.replay()
+        eager = gated()
+        if not torch.equal(captured, eager):
+            raise AssertionError(f"the gated GEMM's graph replay differs from eager at M={m}")
+        unfused = silu_and_mul_triton(marlin.w4a16_gemm_marlin(x, repacked))
+        error = check(f"gated M={m}", eager, silu_and_mul_torch((x.float() @ dense.float()).to(x.dtype)))
+        print(f"graph gated M={m}: replay == eager, max |out - act(dense product)| {error:.3g}, "
+              f"bit for bit the unfused pair: {torch.equal(eager, unfused)}", flush=True)
