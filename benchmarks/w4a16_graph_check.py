@@ -58,6 +58,21 @@ def check_graphs(smoke: bool = False) -> None:
         _check_gated_graphs(repacked, dequantize_awq(qweight, qzeros, scales, GROUP), smoke)
 
 
+def _replayed(call, x: torch.Tensor, smoke: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(what `call` gave captured in a CUDA graph and replayed after x was redrawn, an eager
+    call's result on that x); --smoke (the CPU): the "replay" an eager call."""
+    call()  # compiles outside the capture
+    if smoke:
+        captured = call()
+    else:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = call()
+        x.normal_()
+        graph.replay()
+    return captured, call()
+
+
 def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
     """The repacked kernel's GEMV form (its inline PTX on a GPU) at M = 1, 2 and 4: captured,
     replayed on new inputs, equal to eager calls and to the dense product."""
@@ -70,16 +85,7 @@ def _check_gemv_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
     for m in (1, 2, 4):
         x = torch.randn(m, dense.shape[0], device=dense.device, dtype=dense.dtype)
         gemv = lambda x=x: marlin.w4a16_matmul_marlin(x, repacked, config=config)  # noqa: E731
-        gemv()  # compiles outside the capture
-        if smoke:
-            captured = gemv()
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = gemv()
-            x.normal_()
-            graph.replay()
-        eager = gemv()
+        captured, eager = _replayed(gemv, x, smoke)
         if not torch.equal(captured, eager):
             raise AssertionError(f"the GEMV form's graph replay differs from eager at M={m}")
         error = check(f"gemv M={m}", eager, (x.float() @ dense.float()).to(x.dtype))
@@ -103,16 +109,7 @@ def _check_gated_graphs(repacked, dense: torch.Tensor, smoke: bool) -> None:
     for m in (1, 4, 16):
         x = torch.randn(m, dense.shape[0], device=dense.device, dtype=dense.dtype)
         gated = lambda x=x: marlin.w4a16_gemm_marlin(x, paired, activation="silu")  # noqa: E731
-        gated()  # compiles outside the capture
-        if smoke:
-            captured = gated()
-        else:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                captured = gated()
-            x.normal_()
-            graph.replay()
-        eager = gated()
+        captured, eager = _replayed(gated, x, smoke)
         if not torch.equal(captured, eager):
             raise AssertionError(f"the gated GEMM's graph replay differs from eager at M={m}")
         unfused = silu_and_mul_triton(marlin.w4a16_gemm_marlin(x, repacked))

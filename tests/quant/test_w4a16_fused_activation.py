@@ -26,6 +26,7 @@ from kvdeck.kernels.reference.w4a16_repack import (
     w4a16_gated_repacked_torch,
 )
 from kvdeck.quant.awq_linear import fused_activation_setting
+from tests.kernel_launches import LaunchRecorder
 from tests.model_factory import build_tiny_model
 from tests.quant.awq_checkpoint import write_awq
 from tests.quant.test_w4a16_marlin import _gptq_sym_layer_tensors, _random_awq
@@ -251,7 +252,7 @@ def test_the_engine_launches_no_activation_kernel_and_gives_the_same_tokens(marl
             layers = llm.engine.core.runner.model.model.layers
             assert all(layer.mlp.gate_up_proj.fuses_activation() == (setting == "1") for layer in layers)
             llm.generate(prompt, SamplingParams(max_tokens=1))  # the variants compile
-            recorder = _Launches(launch_module.COMPILES)
+            recorder = LaunchRecorder(launch_module.COMPILES)
             monkeypatch.setattr(launch_module, "COMPILES", recorder)
             tokens = llm.generate(prompt, params)[0].outputs[0].token_ids
             monkeypatch.setattr(launch_module, "COMPILES", recorder.counter)
@@ -261,13 +262,3 @@ def test_the_engine_launches_no_activation_kernel_and_gives_the_same_tokens(marl
         assert activations == (0 if setting == "1" else steps * len(layers)), (setting, activations)
     assert results["1"] == results["0"]
 
-
-class _Launches:
-    """The interpreter's compile counter, also listing each launch's kernel."""
-
-    def __init__(self, counter) -> None:
-        self.counter, self.kernels = counter, []
-
-    def launched(self, kernel: str, key: tuple) -> None:
-        self.kernels.append(kernel)
-        self.counter.launched(kernel, key)

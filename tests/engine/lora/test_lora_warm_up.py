@@ -2,6 +2,7 @@
 tests/conftest.py; the interpreter's counter works out each launch's variant as Triton would)."""
 
 from kvdeck import LLM, SamplingParams
+from tests.kernel_launches import LaunchRecorder
 
 
 def test_the_warm_up_compiles_the_lora_kernels(lora_llama):
@@ -85,7 +86,7 @@ def test_lora_launches_a_step_takes_per_launch_form(lora_llama, monkeypatch):
         with LLM(str(setup.model_dir), attention_backend="triton", kv_cache_memory_gib=0.01, enable_lora=True,
                  max_loras=2, max_lora_rank=8, max_model_len=128) as llm:
             llm.generate(prompt, params, lora_request=setup.requests["sql"])  # the variants compile
-            recorder = _Launches(launch_module.COMPILES)
+            recorder = LaunchRecorder(launch_module.COMPILES)
             monkeypatch.setattr(launch_module, "COMPILES", recorder)
             llm.generate(prompt, params, lora_request=setup.requests["sql"])  # one prefill step
             assert len(recorder.lora()) == expected, (name, recorder.lora())
@@ -94,16 +95,3 @@ def test_lora_launches_a_step_takes_per_launch_form(lora_llama, monkeypatch):
             assert not recorder.lora(), name
             monkeypatch.setattr(launch_module, "COMPILES", recorder.counter)
 
-
-class _Launches:
-    """The interpreter's compile counter, also listing each launch's kernel."""
-
-    def __init__(self, counter) -> None:
-        self.counter, self.kernels = counter, []
-
-    def launched(self, kernel: str, key: tuple) -> None:
-        self.kernels.append(kernel)
-        self.counter.launched(kernel, key)
-
-    def lora(self) -> list[str]:
-        return [kernel for kernel in self.kernels if "lora" in kernel or "grouped" in kernel]
