@@ -67,6 +67,9 @@ async def test_quit_asks_while_a_reply_or_a_burst_runs(make_app):
         app.load_spec.num_requests = 4
         app.run_load(app.load_spec)
         assert await wait_for(pilot, lambda: app.load.running)
+        # All four in flight (on a busy machine the burst's tasks may not have sent them yet).
+        in_flight = lambda: sum(rid.startswith("load") for rid in factory.client.requests)  # noqa: E731
+        assert await wait_for(pilot, lambda: in_flight() == 4)
         await pilot.press("ctrl+c")
         assert await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuitScreen))
         assert "load burst of 4" in app.screen.running[0]
