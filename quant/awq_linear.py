@@ -89,6 +89,8 @@ class AWQLinearMethod:
             raise ValueError(f"w4a16_backend must be one of {KERNEL_BACKENDS}, got {backend!r}")
         self.config = config
         self.backend = backend
+        # Read as the model is built, so a bad value stops any INT4 load, not only a CUDA one.
+        self.fuse_activation = fused_activation_setting()
         # What stays dense (the output head, where it is not int8): on a bf16 CPU it takes the
         # unquantised method's packed weight and small-batch GEMV.
         self.dense = UnquantizedLinearMethod()
@@ -154,7 +156,7 @@ class AWQLinearMethod:
     def _repack_for_cuda(self, layer: Linear) -> None:
         repacked = repack_awq(layer.qweight.data, layer.qzeros.data, layer.scales.data,
                               self.config.group_size)
-        if layer.gated and layer.bias is None and fused_activation_setting():
+        if layer.gated and layer.bias is None and self.fuse_activation:
             repacked = pair_halves(repacked)
         self._hold_repacked(layer, repacked)
 

@@ -223,6 +223,15 @@ def test_the_setting_is_on_unless_turned_off(value, on):
         fused_activation_setting({"KVDECK_FUSED_ACTIVATION": "yes"})
 
 
+def test_a_bad_value_stops_any_int4_load(tmp_path, monkeypatch):
+    # Also where no layer would be paired (the CPU's own INT4 path): the value is read at load.
+    write_awq(build_tiny_model(tmp_path / "llama", "llama"), tmp_path / "awq")
+    monkeypatch.setenv("KVDECK_FUSED_ACTIVATION", "on")
+    with pytest.raises(ValueError, match="KVDECK_FUSED_ACTIVATION must be 0 or 1, got 'on'"):
+        LLM(str(tmp_path / "awq"), device="cpu", dtype="float32", kv_cache_memory_gib=0.01,
+            enforce_eager=True)
+
+
 @pytest.fixture(scope="module", params=["llama", "gemma2"])  # SiLU; GeGLU's GELU(tanh)
 def awq_model_dir(tmp_path_factory, request):
     """A tiny AWQ model whose INT4 layers run the Triton kernels (interpreted)."""
