@@ -210,7 +210,7 @@ def twin_effect(e2e: list[dict], suffix: str) -> dict:
         plain = by_variant.get(variant.removesuffix(suffix)) if variant.endswith(suffix) else None
         if plain is None:
             continue
-        if "error" in entry:  # the engine did not run under PDL: say so
+        if "error" in entry:  # the twin did not run (under PDL, say): say so
             effect[variant] = {"error": entry["error"][-300:]}
             continue
         plain_runs = {run["batch"]: run for run in plain["runs"]}
