@@ -47,6 +47,12 @@ def make_app(tmp_path: Path) -> Callable[..., tuple[KvdeckApp, FakeFactory]]:
     return make
 
 
+def load_requests_in_flight(client) -> int:
+    """The fake engine's load-burst requests sent and not yet finished or aborted (a burst's
+    tasks send them one by one: on a busy machine some may not be sent yet)."""
+    return sum(request_id.startswith("load") for request_id in client.requests)
+
+
 async def wait_for(pilot, condition: Callable[[], bool], timeout: float = 5.0,
                    step: float = 0.02) -> bool:
     """Let the app run until condition() holds (True) or timeout passes (False)."""

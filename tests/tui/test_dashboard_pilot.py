@@ -13,7 +13,7 @@ from kvdeck.tui.screens.load_generator import LoadGeneratorScreen
 from kvdeck.tui.widgets.block_map import BlockMap
 from kvdeck.tui.widgets.dashboard import Dashboard
 from kvdeck.tui.widgets.request_inspector import RequestInspector
-from tests.tui.conftest import wait_for
+from tests.tui.conftest import load_requests_in_flight, wait_for
 
 
 async def fire_load(pilot, **values: int) -> None:
@@ -66,6 +66,7 @@ async def test_load_generator_rejects_bad_values_and_can_be_stopped(make_app):
         assert await wait_for(pilot, lambda: app.load.running)
         # In a narrow terminal firing the load switches to the dashboard.
         assert app.screen.has_class("-show-dashboard")
+        assert await wait_for(pilot, lambda: load_requests_in_flight(factory.client) == 3)
         await pilot.press("ctrl+l")  # again: stops the burst
         assert await wait_for(pilot, lambda: not app.load.running)
         assert len(factory.client.aborted_ids) == 3

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kvdeck.tui.screens.confirm_quit import ConfirmQuitScreen
 from kvdeck.tui.widgets.block_map import BlockMap
 from kvdeck.tui.widgets.chat_input import ChatInput
-from tests.tui.conftest import wait_for
+from tests.tui.conftest import load_requests_in_flight, wait_for
 
 
 async def test_typing_without_focus_reaches_the_chat_after_clicks_and_resizes(make_app):
@@ -67,9 +67,7 @@ async def test_quit_asks_while_a_reply_or_a_burst_runs(make_app):
         app.load_spec.num_requests = 4
         app.run_load(app.load_spec)
         assert await wait_for(pilot, lambda: app.load.running)
-        # All four in flight (on a busy machine the burst's tasks may not have sent them yet).
-        in_flight = lambda: sum(rid.startswith("load") for rid in factory.client.requests)  # noqa: E731
-        assert await wait_for(pilot, lambda: in_flight() == 4)
+        assert await wait_for(pilot, lambda: load_requests_in_flight(factory.client) == 4)
         await pilot.press("ctrl+c")
         assert await wait_for(pilot, lambda: isinstance(app.screen, ConfirmQuitScreen))
         assert "load burst of 4" in app.screen.running[0]
