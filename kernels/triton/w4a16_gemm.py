@@ -29,6 +29,7 @@ from kvdeck.kernels.triton.activation import gated_product
 from kvdeck.kernels.triton.launch import jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
+from kvdeck.kernels.triton.w4a16_layout import layer_columns
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,10 +84,7 @@ def _store_output(out_ptr, acc, bias_ptr, offs_m, offs_n, mask_m, mask_n, stride
     counting both halves), back in the layer's order."""
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    if PAIRED:  # stored 2j -> gate j, 2j + 1 -> up j (N / 2 + j)
-        columns = offs_n // 2 + (offs_n % 2) * (N // 2)
-    else:
-        columns = offs_n
+    columns = layer_columns(offs_n, N, PAIRED)
     tl.store(out_ptr + offs_m[:, None] * stride_om + columns[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=mask_m[:, None] & mask_n[None, :])
 

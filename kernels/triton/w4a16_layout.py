@@ -1,5 +1,6 @@
 """Triton's view of the repacked W4A16 layout (kernels/reference/w4a16_repack.py): where a
-column tile's packed words sit, which bits hold each row, and a group's zeros and scales. One
+column tile's packed words sit, which bits hold each row, a group's zeros and scales, and where
+a paired gate | up layer's columns go back to (`layer_columns`). One
 home for the loads the fused kernel (w4a16_marlin.py), the GEMV form (w4a16_gemv.py) and the
 benchmarks' part-kernels (benchmarks/w4a16_anatomy.py) all make, so they read the same words.
 """
@@ -18,6 +19,15 @@ def row_shift(j):
 def packed_columns(offs_n, stride_qwt, TILE: tl.constexpr):
     """Each output column's offset in qweight [N_pad/TILE, K/8, TILE]: its tile, then its lane."""
     return (offs_n // TILE) * stride_qwt + offs_n % TILE
+
+
+@triton.jit
+def layer_columns(offs_n, N, PAIRED: tl.constexpr):
+    """Where stored columns `offs_n` sit in the layer's own order: themselves, or for a paired
+    gate | up layer (`w4a16_repack.pair_halves`; N both halves) 2j -> gate j, 2j + 1 -> up j."""
+    if PAIRED:
+        return offs_n // 2 + (offs_n % 2) * (N // 2)
+    return offs_n
 
 
 @triton.jit

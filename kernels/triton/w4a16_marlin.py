@@ -44,6 +44,7 @@ from kvdeck.kernels.triton.w4a16_gemm import (
 )
 from kvdeck.kernels.triton.w4a16_gemv import w4a16_matmul_gemv
 from kvdeck.kernels.triton.w4a16_layout import (
+    layer_columns,
     load_group,
     load_words,
     packed_columns,
@@ -175,10 +176,7 @@ def _marlin_dequantize_kernel(
     mask_n = offs_n < N
     w = _dequant_tile(qw_ptr, z_ptr, s_ptr, k0, offs_n, mask_n, stride_qwt, stride_zg, stride_sg,
                       GROUP_SIZE, BLOCK_K, BLOCK_N, TILE, HAS_ZEROS, False, LOP3)
-    if PAIRED:  # back in the layer's order: stored 2j -> gate j, 2j + 1 -> up j (N / 2 + j)
-        columns = offs_n // 2 + (offs_n % 2) * (N // 2)
-    else:
-        columns = offs_n
+    columns = layer_columns(offs_n, N, PAIRED)  # a paired layer's weight back in its own order
     tl.store(out_ptr + offs_k[:, None] * stride_ok + columns[None, :], w.to(out_ptr.dtype.element_ty),
              mask=mask_n[None, :])
 

@@ -1,3 +1,4 @@
+import os
 from pathlib import Path
 
 import pytest
@@ -27,3 +28,15 @@ def build_group128_llama(out_dir: Path, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def group128_llama_dir(tmp_path_factory) -> Path:
     return build_group128_llama(tmp_path_factory.mktemp("quant") / "llama-g128")
+
+
+@pytest.fixture(scope="module")
+def marlin():
+    """The repacked W4A16 kernel's module (kernels/triton/w4a16_marlin.py), compiled on a GPU or
+    interpreted (tests/conftest.py sets TRITON_INTERPRET=1 for the suite, so CI never skips;
+    the guard is for a test file run without it on a machine with no GPU)."""
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("the Triton kernel needs a GPU or TRITON_INTERPRET=1")
+    from kvdeck.kernels.triton import w4a16_marlin
+
+    return w4a16_marlin

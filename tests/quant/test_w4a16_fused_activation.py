@@ -6,7 +6,6 @@ path; the layer serves it with one launch fewer, KVDECK_FUSED_ACTIVATION=0 keeps
 layout, and a LoRA adapter's slots undo the pairing."""
 
 import json
-import os
 from dataclasses import replace
 
 import pytest
@@ -33,15 +32,6 @@ from tests.quant.test_w4a16_marlin import _gptq_sym_layer_tensors, _random_awq
 
 GROUP_SIZES = (32, 64, 128)
 ACTIVATIONS = tuple(GATED_ACTIVATIONS)  # silu, gelu_tanh
-
-
-@pytest.fixture(scope="module")
-def marlin():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the Triton kernel needs a GPU or TRITON_INTERPRET=1")
-    from kvdeck.kernels.triton import w4a16_marlin
-
-    return w4a16_marlin
 
 
 def _layer(k: int, half: int, group: int, seed: int, symmetric: bool = False):

@@ -27,15 +27,6 @@ GROUP_SIZES = (32, 64, 128)
 TOKENS = (1, 4, 16, 64)  # the decode buckets' sizes (and one past the smallest)
 
 
-@pytest.fixture(scope="module")
-def marlin():
-    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the Triton kernel needs a GPU or TRITON_INTERPRET=1")
-    from kvdeck.kernels.triton import w4a16_marlin
-
-    return w4a16_marlin
-
-
 def _random_awq(k: int, n: int, group: int, dtype: torch.dtype, seed: int, symmetric: bool = False):
     gen = torch.Generator().manual_seed(seed)
     qweight = torch.randint(-(2**31), 2**31 - 1, (k, n // 8), generator=gen, dtype=torch.int32)
