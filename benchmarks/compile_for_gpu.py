@@ -55,6 +55,11 @@ ALIGNED_INTS = {
     "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",
     "k_per_split", "stride_qwt", "stride_zg",
     "stride_qv", "stride_sv", "H",  # the int8 head's rows: hidden sizes and their / 32
+    # LoRA's slots and sums (ranks 16 and 64 times model dims): a launch's JIT marks them as it
+    # marks any int argument that is a multiple of 16, and without the mark A and B were read
+    # by 2-byte loads.
+    "in_size", "rank", "stride_a_piece", "stride_a_slot", "stride_a_rank", "stride_h", "stride_split",
+    "stride_b_slot", "stride_b_out",
 }
 
 
@@ -84,7 +89,7 @@ def compile_variant(name: str, archs: list[int]) -> list[dict]:
             else:
                 result, ptx_by_arch[arch] = _compile(name, arch)
         except Exception as exc:  # report every variant, not just the first failure
-            result = {"variant": name, "arch": arch, "ok": False,
+            result = {"variant": name, "arch": arch, "triton": triton.__version__, "ok": False,
                       "error": f"{type(exc).__name__}: {exc}"[:2000]}
         results.append({**result, "compile_s": round(time.perf_counter() - start, 2)})
     return results
@@ -108,7 +113,7 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
         compiled = triton.compile(ASTSource(fn, signature, constexprs, aligned),
                                   target=GPUTarget("cuda", arch, 32), options=variant.options)
     result = {
-        "variant": name, "arch": arch, "ok": True, "decode": variant.decode,
+        "variant": name, "arch": arch, "triton": triton.__version__, "ok": True, "decode": variant.decode,
         "shared_bytes": compiled.metadata.shared, "shared_limit": SHARED_MEMORY_LIMIT[arch],
         **_ptxas_usage(log.getvalue()),
         # cp.async copies in the loop: tiles stream in while the previous tile computes.

@@ -42,13 +42,16 @@ def instructions(cubin: bytes) -> tuple[list[str], dict[str, int]]:
 
 
 _MULTIPLY = re.compile(r"\b(FFMA|FMUL|HFMA2|HMUL2)\b")
+# ptxas zeroes a register with a multiply-add of zeros (`HFMA2.MMA R3, -RZ, RZ, 0, 0`): a move.
+_ZEROING = re.compile(r"\bHFMA2(\.MMA)?\s+R\d+,\s*-?RZ,\s*RZ\b")
 
 
 def loads_before_first_multiply(cubin: bytes) -> tuple[int, int]:
     """(global loads issued before the first floating-point multiply, all global loads): a
     kernel whose tiles' loads all come first has them in flight together."""
     listing, _ = instructions(cubin)
-    first = next((i for i, instruction in enumerate(listing) if _MULTIPLY.search(instruction)), len(listing))
+    first = next((i for i, instruction in enumerate(listing)
+                  if _MULTIPLY.search(instruction) and not _ZEROING.search(instruction)), len(listing))
     loads = [i for i, instruction in enumerate(listing) if "LDG" in instruction]
     return sum(1 for i in loads if i < first), len(loads)
 

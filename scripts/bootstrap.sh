@@ -32,3 +32,12 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     fi
     touch "$stamp"
 fi
+# The Triton the GPU image runs (3.6; the venv's is torch's, 3.9): the ahead-of-time compile
+# matrix builds sm_90 with it too (tests/kernels/test_compile_for_gpu.py), so a kernel that
+# lowers with one and not the other, or spills or loops worse there, shows before a lease.
+gpu_image_triton=3.6.0
+if [ "$extras" = "test" ] && [ ! -d ".venv/gpu-image-triton/triton-$gpu_image_triton.dist-info" ]; then
+    echo "bootstrap: installing triton $gpu_image_triton for the GPU image's compile matrix"
+    rm -rf .venv/gpu-image-triton
+    "$venv_python" -m pip install -q --no-deps --target .venv/gpu-image-triton "triton==$gpu_image_triton"
+fi

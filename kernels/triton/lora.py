@@ -30,8 +30,9 @@ from kvdeck.kernels.triton.pdl import pdl_start
 _BLOCK_K = 64  # input columns a shrink program reads at a time (at ranks up to 32)
 _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLOCK_K
 # ... when it covers a chunk of `split_k` inputs: one tile of a chunk has every load in flight
-# before the first multiply (sm_90 SASS: 36 of 36 at rank 16 and 256 inputs), where four
-# unrolled 64-wide tiles had 11 of 38, the rest waiting on the first tile's sums.
+# before the first multiply (sm_90 SASS, triton 3.9: 7 of 7 at rank 16 and 256 inputs, A and x
+# in 128-bit loads; triton 3.6: 5 of 7), where four unrolled 64-wide tiles had 11 of 38, the
+# rest waiting on the first tile's sums.
 _CHUNK_TILE = 4096
 _EXPAND_TILE = 4096  # B elements an expand program holds: BLOCK_N x BLOCK_R
 

@@ -1,7 +1,11 @@
 """The interpreter does not prove that kernels lower for a real GPU: compile every kernel
 variant for sm_80, sm_86, sm_89 and sm_90 down to cubins with Triton's own toolchain (in a
-process without the interpreter), then check what would refuse a launch or slow decode."""
+process without the interpreter), then check what would refuse a launch or slow decode. The
+checks run on two builds: the installed Triton's (torch's) for every arch, and the GPU
+image's Triton (3.6, which scripts/bootstrap.sh installs beside the venv's) for sm_90, what a
+lent H100/H200 compiles."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -22,21 +26,50 @@ _spec.loader.exec_module(aot)
 pytestmark = [pytest.mark.slow(seconds=140), pytest.mark.timeout(900)]  # the matrix: 2 compile processes
 
 
-@pytest.fixture(scope="module")
-def compiled() -> list[dict]:
+GPU_IMAGE_TRITON = SCRIPT.parents[1] / ".venv" / "gpu-image-triton"
+# Each build's archs: the installed Triton's every one, the GPU image's the lent GPUs'.
+BUILD_ARCHS = {"installed": tuple(aot.ARCHS), "gpu_image": (aot.SASS_ARCH,)}
+
+
+@functools.cache
+def _compile(build: str) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, aot.__file__], env=env, capture_output=True, text=True,
-                          timeout=900)
+    if build == "gpu_image":
+        assert (GPU_IMAGE_TRITON / "triton").is_dir(), \
+            f"no GPU-image Triton at {GPU_IMAGE_TRITON}: `bash scripts/bootstrap.sh test` installs it"
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(GPU_IMAGE_TRITON), env.get("PYTHONPATH"))))
+    done = subprocess.run([sys.executable, aot.__file__, "--arch", *map(str, BUILD_ARCHS[build])],
+                          env=env, capture_output=True, text=True, timeout=900)
     rows = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert rows, done.stderr[-3000:]
     return rows
 
 
-def test_every_variant_compiles_for_every_arch(compiled):
+@pytest.fixture(scope="module", params=list(BUILD_ARCHS))
+def build(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def compiled(build) -> list[dict]:
+    return _compile(build)
+
+
+def test_each_build_compiles_with_its_own_triton(compiled, build):
+    import triton
+    if build == "gpu_image":  # the version bootstrap.sh installed, by its dist-info
+        expected = {path.name.removeprefix("triton-").removesuffix(".dist-info")
+                    for path in GPU_IMAGE_TRITON.glob("triton-*.dist-info")}
+    else:
+        expected = {triton.__version__}
+    assert {r["triton"] for r in compiled} == expected
+
+
+def test_every_variant_compiles_for_every_arch(compiled, build):
     failed = [r for r in compiled if not r["ok"]]
     assert not failed, failed
     built = {(r["variant"], r["arch"]) for r in compiled}
-    assert built == {(name, arch) for name in aot.VARIANTS for arch in aot.ARCHS}
+    assert built == {(name, arch) for name in aot.VARIANTS for arch in BUILD_ARCHS[build]}
 
 
 def test_matrix_covers_attention_shapes_and_w4a16_buckets():
@@ -114,11 +147,16 @@ def test_tiled_loops_stream_through_shared_memory(compiled):
     assert not unpipelined, unpipelined
 
 
-def test_sm89_ptx_is_the_sm86_ptx(compiled):
+def test_sm89_ptx_is_the_sm86_ptx():
     # The matrix assembles sm_86's PTX for sm_89; that is only sound while Triton emits the
     # same PTX for both, which these variants check against a full sm_89 compile.
-    checked = {r["variant"]: r["ptx_matches_own"] for r in compiled if "ptx_matches_own" in r}
+    checked = {r["variant"]: r["ptx_matches_own"] for r in _compile("installed") if "ptx_matches_own" in r}
     assert checked == {name: True for name in aot.DERIVATION_CHECKED}
+
+
+# The instruction-count claims below were measured and tuned with the installed Triton (3.9)
+# and are checked on its build; the GPU image's (3.6) figures differ and are recorded in
+# kernels/README.md ("Two Tritons"). Both builds must compile, fit, not spill and pipeline.
 
 
 def _sass_per_weight(compiled: list[dict]) -> dict[str, float]:
@@ -126,7 +164,7 @@ def _sass_per_weight(compiled: list[dict]) -> dict[str, float]:
     return {r["variant"]: r["sass_per_weight"] for r in compiled if "sass_per_weight" in r}
 
 
-def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instructions(compiled):
+def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instructions():
     # The W4A16 issue's diagnosis: the AWQ-layout kernel spends its K loop on shifts, masks,
     # converts and multiplies per weight (11.4 instructions per weight per thread on sm_90).
     # The repacked kernel's lop3 dequantisation must issue under half that: 4.38 (fp16) and
@@ -134,7 +172,7 @@ def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instruction
     # thread instructions (sass_loop.py). The interleaved rows of the layout (ROW_SHIFTS: the
     # lop3 pairs are the MMA's) took 32 byte permutes out of the loop: 4.95 and 5.11 before,
     # so 4.8 is the ceiling for the decode bucket.
-    per_weight = _sass_per_weight(compiled)
+    per_weight = _sass_per_weight(_compile("installed"))
     for dtype in ("fp16", "bf16"):
         marlin = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]
         awq_layout = per_weight[f"w4a16_m16_{dtype}_g128_splitk"]
@@ -143,16 +181,33 @@ def test_marlin_decode_loop_issues_under_half_the_awq_layout_kernels_instruction
         assert per_weight[f"w4a16_marlin_m16_{dtype}_g128_sym_splitk"] <= marlin
 
 
-def test_gemv_form_loop_issues_fewer_instructions_a_weight_than_the_fused_decode_kernel(compiled):
+def test_gemv_form_loop_issues_fewer_instructions_a_weight_than_the_fused_decode_kernel():
     # The GEMV form (kernels/triton/w4a16_gemv.py) dots each packed word with its activations
     # in one PTX block, no padded 16-row MMA operand to assemble (49 register moves of the
     # fused kernel's 294 a K step on sm_90): 3.11 (fp16) and 3.28 (bf16) a weight against
     # 4.38 and 4.59, the sweep's reason to time it at M = 1.
-    per_weight = _sass_per_weight(compiled)
+    per_weight = _sass_per_weight(_compile("installed"))
     for dtype in ("fp16", "bf16"):
         gemv = per_weight[f"w4a16_marlin_gemv_{dtype}_g128_splitk"]
         fused = per_weight[f"w4a16_marlin_m16_{dtype}_g128_splitk"]
         assert gemv <= 0.8 * fused and gemv <= 3.5, (dtype, gemv, fused)
+
+
+def test_fused_activation_costs_the_k_loop_at_most_4_percent(compiled):
+    # A gate | up layer's GEMM with its activation in the epilogue runs the plain GEMM's K
+    # loop: the epilogue must not make the loop rematerialise addresses. With triton 3.6 the
+    # split-K finisher's own pair offsets once did (sm_90 bf16: 349 instructions a K step
+    # against 301, w4a16_gemm.py's _finish_tile); now 309 (3.6) and 297 (3.9) against 301 and
+    # 294, fp16 294 and 290 against 294 and 280. (A paired product stored without the
+    # activation, which no model's forward asks for, is 5% over with 3.6 in fp16: not checked.)
+    loop = {r["variant"]: r["k_loop_sass"] for r in compiled if "k_loop_sass" in r}
+    pairs = [(f"w4a16_marlin_m16_{dtype}_g128_{tag}_splitk", f"w4a16_marlin_m16_{dtype}_g128_splitk")
+             for dtype in ("fp16", "bf16") for tag in ("silu",)]
+    pairs += [(f"w4a16_marlin_gemv_{dtype}_g128_silu_splitk", f"w4a16_marlin_gemv_{dtype}_g128_splitk")
+              for dtype in ("fp16", "bf16")]
+    pairs.append(("w4a16_marlin_m16_bf16_g128_gelu_splitk", "w4a16_marlin_m16_bf16_g128_splitk"))
+    for fused, plain in pairs:
+        assert loop[fused] <= 1.04 * loop[plain], (fused, loop[fused], loop[plain])
 
 
 def test_marlin_kernels_dequantise_by_lop3_ptx(compiled):
@@ -166,15 +221,18 @@ def test_marlin_kernels_dequantise_by_lop3_ptx(compiled):
         assert (r["lop3"] == 0) == plain, (r["variant"], r["arch"], r["lop3"])
 
 
-def test_lora_shrink_chunk_has_its_loads_in_flight_together(compiled):
+def test_lora_shrink_chunk_has_its_loads_in_flight_together():
     # A decode step's LoRA launches are bound by latency (2.45x the base step on the H200 when
     # one program walked a row's whole K): at the decode target's rank 16 the shrink reads its
     # chunk of inputs as one tile, so every load is issued before the first multiply waits
-    # on one (four unrolled 64-wide tiles had 11 of 38 loads first).
-    lora = {r["variant"]: r for r in compiled if "sass_loads" in r}
+    # on one (four unrolled 64-wide tiles had 11 of 38 loads first), and A and x come in
+    # 128-bit loads (7 in all with the row's index and slot; a build without the launch's
+    # multiple-of-16 marks on the strides read A 2 bytes a load, 36 loads). With triton 3.6
+    # (the GPU image's) two of A's four loads follow the first multiply: 5 of 7.
+    lora = {r["variant"]: r for r in _compile("installed") if "sass_loads" in r}
     for dtype in ("fp16", "bf16"):
         row = lora[f"lora_shrink_{dtype}_rows_r16"]
-        assert row["sass_loads_before_first_multiply"] == row["sass_loads"] >= 16, row
+        assert row["sass_loads_before_first_multiply"] == row["sass_loads"] <= 8, row
         # Under the default split neither kernel loops: the shrink's chunk is straight-line code
         # and the expand reads its row's partial sums in one load (a loop over them waited on
         # each in turn); the largest "loop" left is the exit's self-branch.
