@@ -23,7 +23,8 @@ _spec = importlib.util.spec_from_file_location("compile_for_gpu", SCRIPT)
 aot = importlib.util.module_from_spec(_spec)  # names and limits; compiles run below
 _spec.loader.exec_module(aot)
 
-pytestmark = [pytest.mark.slow(seconds=140), pytest.mark.timeout(900)]  # the matrix: 2 compile processes
+# The matrix, then sm_90 again with the GPU image's Triton: 2 compile processes each.
+pytestmark = [pytest.mark.slow(seconds=180), pytest.mark.timeout(900)]
 
 
 GPU_IMAGE_TRITON = SCRIPT.parents[1] / ".venv" / "gpu-image-triton"
