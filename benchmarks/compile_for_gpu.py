@@ -54,7 +54,8 @@ ALIGNED_INTS = {
     "stride_cache_pos", "hidden", "d",
     "stride_xm", "stride_qwk", "stride_qzg", "stride_sg", "stride_om", "stride_ok", "N", "K",
     "k_per_split", "stride_qwt", "stride_zg",
-    "stride_qv", "stride_sv", "H",  # the int8 head's rows: hidden sizes and their / 32
+    "stride_qv", "stride_sv", "H", "V",  # the int8 head's rows (hidden sizes and their / 32), vocab
+    "stride_k_tok",  # RoPE's keys: a token's q | k | v row
     # LoRA's slots and sums (ranks 16 and 64 times model dims): a launch's JIT marks them as it
     # marks any int argument that is a multiple of 16, and without the mark A and B were read
     # by 2-byte loads.
