@@ -32,8 +32,10 @@ _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLO
 # ... when it covers a chunk of `split_k` inputs: one tile of a chunk has every load in flight
 # before the first multiply (sm_90 SASS, triton 3.9: 7 of 7 at rank 16 and 256 inputs, A and x
 # in 128-bit loads; triton 3.6: 5 of 7), where four unrolled 64-wide tiles had 11 of 38, the
-# rest waiting on the first tile's sums.
-_CHUNK_TILE = 4096
+# rest waiting on the first tile's sums. As large as a chunk of the sweep's splits (up to 512)
+# at ranks up to 64 (sm_90, rank 64, 256 inputs: 19 of 19 loads first, 96 registers, where
+# 64-wide tiles had 5 of 22); no spill on sm_80-90 with triton 3.6 or 3.9.
+_CHUNK_TILE = 16384
 _EXPAND_TILE = 4096  # B elements an expand program holds: BLOCK_N x BLOCK_R
 
 
@@ -47,8 +49,9 @@ def shrink_block_k(block_r: int, split_k: int = 0) -> int:
 
 
 def fused_block_k(block_r: int, config: LoRAKernelConfig) -> int:
-    """The fused kernel's K tile: it holds a B tile beside, so half a chunk's (at rank 64 the
-    chunk's tile spilled 44-344 bytes on sm_80-90; half of it, none)."""
+    """The fused kernel's K tile: it holds a B tile beside, so half what the shrink's may be
+    (rank 64: 128 inputs, 96 registers on sm_90; a whole 256-input chunk took 128-167, no
+    spill either way)."""
     return max(16, min(config.split_k or _BLOCK_K, _CHUNK_TILE // 2 // block_r))
 
 

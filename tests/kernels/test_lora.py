@@ -151,7 +151,8 @@ def test_a_large_rank_reads_narrower_k_tiles_with_the_same_sums():
     from kvdeck.kernels.triton.lora import shrink_block_k
 
     assert shrink_block_k(64) == 32 and shrink_block_k(16) == 64 and shrink_block_k(256) == 16
-    assert shrink_block_k(16, 256) == 256 and shrink_block_k(64, 256) == 64 and shrink_block_k(16, 32) == 32
+    assert shrink_block_k(16, 256) == 256 and shrink_block_k(64, 256) == 256 and shrink_block_k(16, 32) == 32
+    assert shrink_block_k(256, 512) == 64  # a chunk of 512 at rank 256: eight 64-wide tiles
     output_sizes, rank = [24, 40], 40
     x, out, a, b = _case(5, output_sizes, slots=2, padded=48, in_size=100, tokens=4)
     token_slots = [1, -1, 0, 1]
@@ -161,6 +162,23 @@ def test_a_large_rank_reads_narrower_k_tiles_with_the_same_sums():
     got = lora_linear_delta_triton(x, out.clone(), a, b, rows, row_slots, output_sizes, rank)
     torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
     assert torch.equal(got[1], out[1])
+
+
+def test_a_chunk_wider_than_a_tile_sums_its_tiles():
+    # Rank 100 pads to a 128-rank block, whose chunk of 256 inputs is two 128-wide tiles
+    # (shrink_block_k); 300 inputs leave a ragged second chunk.
+    from kvdeck.kernels.triton.lora import shrink_block_k
+
+    assert shrink_block_k(128, 256) == 128
+    output_sizes, rank = [24], 100
+    x, out, a, b = _case(8, output_sizes, slots=2, padded=rank, in_size=300, tokens=3)
+    token_slots = [1, 0, -1]
+    rows, row_slots = torch.tensor([0, 1]), torch.tensor([1, 0])
+    expected = _loop(x, out, a, b, token_slots, output_sizes, rank)
+    got = lora_linear_delta_triton(x, out.clone(), a, b, rows, row_slots, output_sizes, rank,
+                                   config=LoRAKernelConfig(split_k=256))
+    torch.testing.assert_close(got.double(), expected, rtol=1e-5, atol=1e-3)
+    assert torch.equal(got[2], out[2])
 
 
 # Launch configs (kernels/triton/lora_plan.py): K split into chunks whose partial sums the
