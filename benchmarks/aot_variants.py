@@ -74,15 +74,17 @@ KV_STORAGE = {"auto": (None, 0, False), "fp8_e4m3": ("*u8", 3, False),
 
 
 def attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
-                      kv: str = "auto", sliding: bool = False, soft_cap: bool = False) -> Variant:
-    """The launch on every arch but Hopper, with Hopper's own where its tiles differ."""
-    args = (dtype, head_dim, group, decode, segments, kv, sliding, soft_cap)
+                      kv: str = "auto", sliding: bool = False, soft_cap: bool = False,
+                      wide: bool = False) -> Variant:
+    """The launch on every arch but Hopper, with Hopper's own where its tiles differ. `wide`:
+    a cache of 2^31 elements or more (64-bit offsets); launches on smaller ones are not."""
+    args = (dtype, head_dim, group, decode, segments, kv, sliding, soft_cap, wide)
     variant, hopper = _attention_variant(*args, arch=ARCHS[0]), _attention_variant(*args, arch=90)
     return variant if hopper == variant else dataclasses.replace(variant, on_arch={90: hopper})
 
 
 def _attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segments: int,
-                       kv: str, sliding: bool, soft_cap: bool, arch: int) -> Variant:
+                       kv: str, sliding: bool, soft_cap: bool, wide: bool, arch: int) -> Variant:
     f32 = dtype == "fp32"
     cache_type, fp8_mantissa, token_scales = KV_STORAGE[kv]
     config = attention_tuning.default_config(1 if decode else 16, head_dim, torch.device("cuda"),
@@ -101,7 +103,8 @@ def _attention_variant(dtype: str, head_dim: int, group: int, decode: bool, segm
              BLOCK_SIZE=16, GROUP=group, BLOCK_M=block_m, BLOCK_Q=block_m // group,
              TILE_N=config.tile_n, NUM_SEGMENTS=segments, COMPUTE_F32=f32,
              DOT_PRECISION="ieee" if f32 else "tf32", DECODE_ROWS=decode, SLIDING=sliding,
-             SOFT_CAP=soft_cap, FP8_MANT=fp8_mantissa, TOKEN_SCALES=token_scales),
+             SOFT_CAP=soft_cap, FP8_MANT=fp8_mantissa, TOKEN_SCALES=token_scales,
+             WIDE_OFFSETS=wide),
         dict(num_warps=config.num_warps, num_stages=config.num_stages),
         decode=decode,
     )
@@ -379,6 +382,10 @@ def build_variants() -> dict[str, Variant]:
         "bf16", 128, 4, False, 1, sliding=True)
     variants["attention_decode_split8_sliding_int8_fp16_d128_g8"] = attention_variant(
         "fp16", 128, 8, True, 8, kv="int8", sliding=True)
+    # A cache of 2^31 elements or more (64-bit offsets): the decode and prefill forms.
+    for decode, form in ((True, "decode"), (False, "prefill")):
+        variants[f"attention_{form}_wide_bf16_d128_g4"] = attention_variant(
+            "bf16", 128, 4, decode, 1, wide=True)
     for head_dim in (80, 128, 256):
         variants[f"merge_segments_bf16_d{head_dim}"] = Variant(
             attention_triton._merge_segments_kernel,

@@ -127,6 +127,8 @@ def _compile(name: str, arch: int) -> tuple[dict, str]:
     }
     if name.startswith("w4a16") and arch == SASS_ARCH:
         result.update(_k_loop(compiled.asm["cubin"], variant))
+    if name.startswith("attention") and arch == SASS_ARCH:  # the KV tile loop
+        result["loop_sass"] = sum(sass_loop.largest_loop(compiled.asm["cubin"]).values())
     if name.startswith(("lora_shrink", "lora_expand")) and arch == SASS_ARCH:
         early, loads = sass_loop.loads_before_first_multiply(compiled.asm["cubin"])
         result.update(sass_loads=loads, sass_loads_before_first_multiply=early,

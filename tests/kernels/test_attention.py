@@ -184,3 +184,48 @@ def test_default_config_per_launch_and_row_width(arch):
     assert config(1, 128, element_size=1) == at.DECODE_CONFIG_8BIT
     assert config(7, 128, element_size=1) == at.PREFILL_CONFIG
     assert config(1, 64, element_size=4) == at.DECODE_CONFIG
+
+
+def test_cache_offsets_are_32_bit_below_2_31_elements():
+    # The kernel addresses a cache in 32-bit offsets unless an element lies 2^31 or more past
+    # its start (then 64-bit): a meta tensor has the shape without the memory.
+    from kvdeck.kernels.triton.attention import _CacheReading, element_span
+
+    small = torch.empty(64, 16, 8, 128)
+    assert element_span(small) == small.numel() and element_span(small[:, :, 1]) == small.numel() - 7 * 128
+    assert not _CacheReading.of(small, small, None, None).wide_offsets
+    wide = torch.empty(1 << 17, 16, 8, 128, device="meta")  # 2^31 elements
+    assert element_span(wide) == 1 << 31 and element_span(torch.empty(0)) == 0
+    assert _CacheReading.of(wide, wide, None, None).wide_offsets
+    assert not _CacheReading.of(wide[:-1], wide[:-1], None, None).wide_offsets
+
+
+@pytest.mark.parametrize("kv", ["auto", "int8"])
+def test_64_bit_offsets_read_the_same_cache(paged_batch, monkeypatch, kv):
+    # A cache past 2^31 elements takes the 64-bit form: on a small cache it must read the same
+    # keys and values, bit for bit, as the 32-bit form does.
+    from kvdeck.kernels.triton import attention as attention_triton
+
+    batch = paged_batch(*MIXED, num_heads=8, num_kv_heads=2, head_dim=64, block_size=16,
+                        dtype=torch.float16, seed=3)
+    args = batch.args()
+    scales = {}
+    if kv == "int8":  # an int8 cache and its per-(token, head) scales, read through the same offsets
+        k8 = torch.randint(-127, 128, args[1].shape, dtype=torch.int8)
+        v8 = torch.randint(-127, 128, args[2].shape, dtype=torch.int8)
+        scales = dict(k_scale=torch.rand(args[1].shape[:3], dtype=torch.float16),
+                      v_scale=torch.rand(args[1].shape[:3], dtype=torch.float16))
+        args = (args[0], k8, v8, *args[3:])
+    forms, launch = [], attention_triton.launch
+
+    def recording(kernel, grid, *launch_args, **kwargs):
+        forms.append(kwargs.get("WIDE_OFFSETS"))
+        return launch(kernel, grid, *launch_args, **kwargs)
+
+    monkeypatch.setattr(attention_triton, "launch", recording)
+    narrow = paged_attention_triton(*args, **scales)
+    monkeypatch.setattr(attention_triton._CacheReading, "wide_offsets", property(lambda self: True))
+    wide = paged_attention_triton(*args, **scales)
+    assert torch.equal(wide, narrow)
+    # Both launches (the decode rows, the chunks) each way; the merge takes no such argument.
+    assert [form for form in forms if form is not None] == [False, False, True, True]
