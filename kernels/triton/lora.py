@@ -32,9 +32,9 @@ _SHRINK_TILE = 2048  # A elements a shrink program holds per step: BLOCK_R x BLO
 # ... when it covers a chunk of `split_k` inputs: one tile of a chunk has every load in flight
 # before the first multiply (sm_90 SASS, triton 3.9: 7 of 7 at rank 16 and 256 inputs, A and x
 # in 128-bit loads; triton 3.6: 5 of 7), where four unrolled 64-wide tiles had 11 of 38, the
-# rest waiting on the first tile's sums. As large as a chunk of the sweep's splits (up to 512)
-# at ranks up to 64 (sm_90, rank 64, 256 inputs: 19 of 19 loads first, 96 registers, where
-# 64-wide tiles had 5 of 22); no spill on sm_80-90 with triton 3.6 or 3.9.
+# rest waiting on the first tile's sums. A chunk of 256 inputs is one tile up to rank 64 (512
+# up to rank 32; sm_90, rank 64: 19 of 19 loads first, 96 registers, where 64-wide tiles had 5
+# of 22); no spill on sm_80-90 with triton 3.6 or 3.9, the sweep's 512 split included.
 _CHUNK_TILE = 16384
 _EXPAND_TILE = 4096  # B elements an expand program holds: BLOCK_N x BLOCK_R
 
