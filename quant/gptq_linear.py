@@ -145,18 +145,19 @@ class GPTQLinearMethod:
     def output_head(self, lm_head: nn.Linear) -> nn.Module:
         return self.awq.output_head(lm_head)
 
+    @staticmethod
+    def _permuted(layer: Linear, x: torch.Tensor) -> torch.Tensor:
+        """x's inputs in the order act-order's load permutation gave the weight's rows."""
+        return x if layer.input_permutation is None else x.index_select(-1, layer.input_permutation)
+
     def apply(self, layer: Linear, x: torch.Tensor) -> torch.Tensor:
-        if layer.input_permutation is not None:
-            x = x.index_select(-1, layer.input_permutation)
-        return self.awq.apply(layer, x)
+        return self.awq.apply(layer, self._permuted(layer, x))
 
     def fuses_activation(self, layer: Linear) -> bool:
         return self.awq.fuses_activation(layer)
 
     def apply_gated(self, layer: Linear, x: torch.Tensor, activation: str) -> torch.Tensor:
-        if layer.input_permutation is not None:
-            x = x.index_select(-1, layer.input_permutation)
-        return self.awq.apply_gated(layer, x, activation)
+        return self.awq.apply_gated(layer, self._permuted(layer, x), activation)
 
     def unfuse_activation(self, layer: Linear) -> None:
         self.awq.unfuse_activation(layer)

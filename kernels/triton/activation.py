@@ -63,8 +63,9 @@ def gelu_tanh_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
     return _act_and_mul(x, GELU_TANH)
 
 
-# The gated activations by name, as kernels/reference/activation.py's GATED_ACTIVATIONS.
-GATED_ACTIVATIONS_TRITON = {"silu": silu_and_mul_triton, "gelu_tanh": gelu_tanh_and_mul_triton}
+def gated_activation_triton(x: torch.Tensor, activation: str) -> torch.Tensor:
+    """act(gate) * up by name (kernels/reference/activation.py's GATED_ACTIVATIONS' names)."""
+    return _act_and_mul(x, activation_code(activation))
 
 
 def activation_code(activation: str) -> int:

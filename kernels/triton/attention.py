@@ -327,29 +327,26 @@ class _CacheReading:
     k_factor: float  # per-tensor multipliers (fp8's scales, e4m3's decode factor)
     v_factor: float
     fp8_mantissa: int  # 0: not fp8
-
-    @property
-    def wide_offsets(self) -> bool:
-        """Whether an element of the cache lies 2^31 or more past its start (then the kernel
-        addresses it with 64-bit offsets)."""
-        return max(element_span(self.k), element_span(self.v)) > 2**31 - 1
+    # An element of the cache 2^31 or more past its start: the kernel's offsets are 64-bit.
+    wide_offsets: bool
 
     @classmethod
     def of(cls, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale, v_scale) -> "_CacheReading":
+        wide = max(element_span(k_cache), element_span(v_cache)) > 2**31 - 1
         if k_cache.dtype in FP8_DTYPES:
             factor = E4M3_DECODE_FACTOR if k_cache.dtype == torch.float8_e4m3fn else 1.0
             return cls(k_cache.view(torch.uint8), v_cache.view(torch.uint8), None, None,
                        factor * (1.0 if k_scale is None else float(k_scale)),
                        factor * (1.0 if v_scale is None else float(v_scale)),
-                       FP8_MANTISSA[k_cache.dtype])
+                       FP8_MANTISSA[k_cache.dtype], wide)
         if k_cache.dtype == torch.int8:
             if not (isinstance(k_scale, torch.Tensor) and isinstance(v_scale, torch.Tensor)):
                 raise ValueError("an int8 KV cache needs its per-(token, head) scale tensors")
             if k_scale.shape != k_cache.shape[:3] or not k_scale.is_contiguous() \
                     or v_scale.shape != k_scale.shape or not v_scale.is_contiguous():
                 raise ValueError(f"int8 scales must be contiguous {tuple(k_cache.shape[:3])}")
-            return cls(k_cache, v_cache, k_scale, v_scale, 1.0, 1.0, 0)
-        return cls(k_cache, v_cache, None, None, 1.0, 1.0, 0)
+            return cls(k_cache, v_cache, k_scale, v_scale, 1.0, 1.0, 0, wide)
+        return cls(k_cache, v_cache, None, None, 1.0, 1.0, 0, wide)
 
 
 def paged_attention_triton_impl(

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from kvdeck.kernels.reference.w4a16_repack import TILE_N, RepackedW4
-from kvdeck.kernels.triton.activation import GATED_ACTIVATIONS_TRITON, NO_ACTIVATION, activation_code
+from kvdeck.kernels.triton.activation import NO_ACTIVATION, activation_code, gated_activation_triton
 from kvdeck.kernels.triton.launch import device_arch, jit, launch
 from kvdeck.kernels.triton.loop_bounds import scalar
 from kvdeck.kernels.triton.pdl import pdl_start
@@ -271,4 +271,4 @@ def w4a16_gemm_marlin(x: torch.Tensor, w: RepackedW4, bias: torch.Tensor | None 
     _check(x, w, bias, activation)
     weight = dequantize_marlin(w, x.dtype)
     out = x @ weight if bias is None else torch.addmm(bias.to(x.dtype), x, weight)
-    return out if activation is None else GATED_ACTIVATIONS_TRITON[activation](out)
+    return out if activation is None else gated_activation_triton(out, activation)

@@ -224,7 +224,7 @@ def test_64_bit_offsets_read_the_same_cache(paged_batch, monkeypatch, kv):
 
     monkeypatch.setattr(attention_triton, "launch", recording)
     narrow = paged_attention_triton(*args, **scales)
-    monkeypatch.setattr(attention_triton._CacheReading, "wide_offsets", property(lambda self: True))
+    monkeypatch.setattr(attention_triton, "element_span", lambda t: 1 << 31)
     wide = paged_attention_triton(*args, **scales)
     assert torch.equal(wide, narrow)
     # Both launches (the decode rows, the chunks) each way; the merge takes no such argument.
