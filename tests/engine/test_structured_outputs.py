@@ -4,6 +4,7 @@ are unchanged; grammars compile off the step loop and a bad one fails alone."""
 
 import json
 import re
+import threading
 
 import jsonschema
 import pytest
@@ -130,3 +131,44 @@ def test_exactly_one_constraint():
         Spec(regex="a", choice=("b",))
     with pytest.raises(ValueError, match="exactly one"):
         Spec()
+
+
+def test_a_compiling_grammar_does_not_hold_back_the_step_loop(demo, monkeypatch):
+    """The grammar compiles in the manager's thread: held there (an Event, as a slow compile
+    that releases the GIL would be), the constrained request waits in the queue while its
+    neighbour runs to its end; released, the constrained request completes in its schema."""
+    from kvdeck.engine.grammar.matchers import GrammarManager
+
+    held, entered = threading.Event(), threading.Event()
+    compile_grammar = GrammarManager._compile
+
+    def slow_compile(manager, spec):
+        entered.set()
+        assert held.wait(60), "the test never released the compile"
+        return compile_grammar(manager, spec)
+
+    monkeypatch.setattr(GrammarManager, "_compile", slow_compile)
+    engine, schema = demo.engine, SCHEMAS[0]
+    engine.add_request("held", "Answer in JSON:", SamplingParams(
+        temperature=0, max_tokens=160, structured_outputs=Spec(json={**schema, "title": "held"})))
+    engine.add_request("free", "def main():", SamplingParams(temperature=0, max_tokens=24,
+                                                             ignore_eos=True))
+    texts: dict[str, str] = {"held": "", "free": ""}
+    finished: set[str] = set()
+    try:
+        while "free" not in finished:
+            for out in engine.step():
+                texts[out.request_id] += out.delta_text
+                if out.finished:
+                    finished.add(out.request_id)
+        assert entered.is_set() and texts["held"] == "" and "held" not in finished
+    finally:
+        held.set()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            texts[out.request_id] += out.delta_text
+            if out.finished:
+                assert out.outputs[0].finish_reason == "stop", texts[out.request_id]
+    jsonschema.validate(json.loads(texts["held"]), schema)
+    manager = engine.core.block_manager
+    assert manager.num_free_blocks == manager.num_blocks

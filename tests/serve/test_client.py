@@ -5,12 +5,15 @@ import json
 import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 import pytest
 
 from kvdeck import LLM, SamplingParams
+from kvdeck.engine.api import async_llm
 from kvdeck.engine.api.async_llm import AsyncLLM, EngineDeadError, EngineStartError
+from kvdeck.engine.types.structured import StructuredOutputsParams
 from tests.serve.conftest import KV_GIB
 
 pytestmark = pytest.mark.timeout(120)
@@ -154,6 +157,37 @@ async def test_client_lifecycle(serve_model_dir):
         await client.shutdown()
     assert client.health().status == "stopped"
     assert pid is None or process_gone(pid)
+
+
+async def test_a_grammar_check_runs_off_the_event_loop(serve_model_dir, monkeypatch):
+    """The front-end checks a request's grammar in the tokenizer's thread: held there (as a
+    slow check that releases the GIL would be), a running stream goes on to its end while
+    the constrained request waits to be queued; released, the constrained request runs."""
+    held = threading.Event()
+    check = async_llm.checked_grammar
+
+    def slow_check(spec):
+        assert held.wait(60), "the test never released the check"
+        check(spec)
+
+    client = AsyncLLM(str(serve_model_dir), kv_cache_memory_gib=float(KV_GIB))
+    await client.start()
+    try:
+        free = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+        stream = await client.add_request(None, "Paged attention", free)
+        monkeypatch.setattr(async_llm, "checked_grammar", slow_check)
+        constrained = asyncio.ensure_future(client.add_request(None, "Yes or no?", SamplingParams(
+            max_tokens=8, structured_outputs=StructuredOutputsParams(choice=("yes", "no")))))
+        try:
+            outputs = [out async for out in stream]
+            assert outputs[-1].finished and len(outputs[-1].outputs[0].token_ids) == 40
+            assert not constrained.done()
+        finally:
+            held.set()
+        answer = [out async for out in await constrained]
+        assert answer[-1].outputs[0].text in ("yes", "no")
+    finally:
+        await client.shutdown()
 
 
 async def test_start_failure_is_reported(serve_model_dir, tmp_path):
